@@ -1,0 +1,112 @@
+"""``fedray.run``: the one Python entry point, shared by the CLI, sweeps and tests.
+
+    result = fedray.run("jobs/quickstart.yaml", overrides=["rounds=5"])
+    result = fedray.run({"rounds": 3}, model_fn=MyNet, client_data={0: (x0, y0), ...},
+                        test_data=(x_test, y_test))
+
+It validates the whole config before Ray starts, runs the driver actor to the end, and
+returns the final weights (a state_dict) and the per-round metrics.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from omegaconf import DictConfig, OmegaConf
+from torch import nn
+
+from fedray.config import ConfigSource, load_config, validate
+from fedray.errors import FedrayError
+from fedray.run_dir import RunDir, absolute_url
+
+
+@dataclass
+class RunResult:
+    weights: dict[str, torch.Tensor]  # final global model as a state_dict
+    metrics: list[dict]  # one dict per round, as in metrics.jsonl
+    summary: dict  # as in summary.json
+    run_dir: str  # where config.yaml, metrics.jsonl, summary.json and the weights are
+    config: DictConfig  # the resolved configuration
+
+
+def prepare(config: ConfigSource | None, overrides: list[str] | tuple = (),
+            client_data: Mapping | None = None, model_fn: Callable | None = None) -> DictConfig:
+    """Load and validate a job; nothing is started or written."""
+    cfg = load_config(config, overrides)
+    if client_data is not None or model_fn is not None:
+        cfg = OmegaConf.merge(cfg, {
+            "data": {"partition": "memory" if client_data is not None else cfg.data.partition},
+            "model": {"name": "custom" if model_fn is not None else cfg.model.name}})
+        OmegaConf.set_readonly(cfg, True)
+    population = len(client_data) if client_data is not None else cfg.data.synthetic.num_clients
+    validate(cfg, population, custom_model=model_fn is not None)
+    if client_data is not None and cfg.eval.federated_clients:
+        raise FedrayError("eval.federated_clients: in-memory client_data has no per-client test "
+                          "split; set it to 0 and pass test_data")
+    return cfg
+
+
+def _unwrap_remote_error(exc: BaseException) -> BaseException:
+    """The user-facing cause behind a Ray task/actor error, if there is one."""
+    cause = getattr(exc, "cause", None)
+    while cause is not None:
+        if isinstance(cause, FedrayError):
+            return FedrayError(str(cause.args[0]) if cause.args else str(cause))
+        cause = getattr(cause, "cause", None) or cause.__cause__
+    return exc
+
+
+def run(config: ConfigSource | None = None, model_fn: Callable[[], nn.Module] | None = None,
+        client_data: Mapping[Any, tuple[Any, Any]] | None = None,
+        test_data: tuple[Any, Any] | None = None, *, overrides: list[str] | tuple = (),
+        progress: Callable[[dict], None] | None = None) -> RunResult:
+    """Run a federated job to the end.
+
+    config: a YAML path, a dict, a DictConfig or a FedrayConfig; ``overrides`` are
+    ``key=value`` strings applied on top. model_fn: a zero-argument factory of a
+    torch.nn.Module (default: ``model.name``). client_data: ``{client_id: (x, y)}`` arrays
+    to train on instead of ``data.partition``; test_data: a central ``(x, y)`` test set.
+    progress: called with each round's metrics as they arrive.
+    """
+    import ray
+
+    from fedray.data.source import build_source
+    from fedray.driver import Driver
+    from fedray.models import build_model
+    from fedray.pool import pool_size
+    from fedray.runtime import ray_session
+
+    cfg = prepare(config, overrides, client_data, model_fn)
+    url = absolute_url(cfg.output.dir)
+    RunDir(url).check_new()
+    with ray_session(cfg):
+        source = build_source(cfg, client_data, test_data)
+        make_model = model_fn or functools.partial(
+            build_model, cfg.model.name, tuple(source.input_shape), source.num_classes)
+        num_workers = pool_size(cfg, ray.cluster_resources())
+        node = ray.get_runtime_context().get_node_id()
+        strategy = ray.util.scheduling_strategies.NodeAffinitySchedulingStrategy(node, soft=False)
+        driver_cls = ray.remote(Driver).options(num_cpus=0, scheduling_strategy=strategy)
+        driver = driver_cls.remote(OmegaConf.to_container(cfg, resolve=True), source,
+                                   make_model, num_workers, url)
+        metrics: list[dict] = []
+        summary: dict = {}
+        try:
+            for ref in driver.run.remote():
+                item = ray.get(ref)
+                if "summary" in item:
+                    summary = item["summary"]
+                    break
+                metrics.append(item)
+                if progress is not None:
+                    progress(item)
+            weights = ray.get(driver.state_dict.remote())
+        except (ray.exceptions.RayTaskError, ray.exceptions.RayActorError) as exc:
+            raise _unwrap_remote_error(exc) from None
+        finally:
+            ray.kill(driver)  # its worker actors go with it
+    return RunResult(weights=weights, metrics=metrics, summary=summary, run_dir=url, config=cfg)

@@ -1,0 +1,250 @@
+"""Job configuration: structured (typed) omegaconf configs, YAML files and key=value overrides.
+
+Every key a job can set is declared here, with its type and default, so that a typo or a
+wrong type is caught by omegaconf and an impossible value by ``validate`` -- all before Ray
+starts, with one line naming the key. The key names are a public contract (docs/config.md).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import OmegaConfBaseException
+
+from fedray.errors import ConfigError
+
+
+@dataclass
+class SyntheticConfig:
+    """The built-in FEMNIST-shaped generator (fedray.data.synthetic)."""
+
+    num_clients: int = 1000
+    min_examples: int = 30
+    max_examples: int = 90
+    test_fraction: float = 0.1  # of each writer's examples held out, as LEAF's 90/10 split
+    test_writers: int = 200  # writers whose held-out examples form the central test set
+    seed: int = 0  # identity of the data set; independent of the training seed
+
+
+@dataclass
+class DataConfig:
+    partition: str = "synthetic"  # 'synthetic'; 'memory' when fedray.run gets client_data
+    synthetic: SyntheticConfig = field(default_factory=SyntheticConfig)
+
+
+@dataclass
+class ModelConfig:
+    name: str = "emnist_cnn"
+
+
+@dataclass
+class AlgorithmConfig:
+    name: str = "fedavg"
+
+
+@dataclass
+class ClientConfig:
+    lr: float = 0.1
+    batch_size: int = 20
+    local_epochs: int = 1
+    local_steps: int | None = None  # when set, exactly this many local steps (overrides epochs)
+
+
+@dataclass
+class ServerConfig:
+    lr: float = 1.0
+
+
+@dataclass
+class SamplingConfig:
+    clients_per_round: int = 10
+
+
+@dataclass
+class WorkerConfig:
+    num_cpus: float = 1.0
+    num_gpus: float = 0.0
+    cache_mb: int = 256  # per-worker LRU of client data
+
+
+@dataclass
+class RuntimeConfig:
+    address: str | None = None  # Ray address to connect to; None starts a local Ray
+    num_workers: int | None = None  # None: as many as the cluster's resources allow
+    num_cpus: int | None = None  # CPUs of a locally started Ray (None: all)
+    num_gpus: float | None = None  # GPUs of a locally started Ray (None: detected)
+    worker: WorkerConfig = field(default_factory=WorkerConfig)
+
+
+@dataclass
+class EvalConfig:
+    every: int = 1  # evaluate after every N-th round and after the last; 0: only after the last
+    central: bool = True  # on the data set's central test set
+    federated_clients: int = 0  # also on the held-out data of this many fixed clients
+    batch_size: int = 500
+
+
+@dataclass
+class OutputConfig:
+    dir: str | None = None  # any fsspec URL; None: runs/<name>-<timestamp>
+    save_weights: bool = True
+
+
+@dataclass
+class FedrayConfig:
+    name: str = "fedray"
+    seed: int = 0
+    rounds: int = 10
+    data: DataConfig = field(default_factory=DataConfig)
+    model: ModelConfig = field(default_factory=ModelConfig)
+    algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)
+    client: ClientConfig = field(default_factory=ClientConfig)
+    server: ServerConfig = field(default_factory=ServerConfig)
+    sampling: SamplingConfig = field(default_factory=SamplingConfig)
+    runtime: RuntimeConfig = field(default_factory=RuntimeConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)
+    output: OutputConfig = field(default_factory=OutputConfig)
+
+
+ConfigSource = str | os.PathLike | dict | DictConfig | FedrayConfig
+
+
+def _one_line(exc: OmegaConfBaseException) -> str:
+    key = getattr(exc, "full_key", None) or getattr(exc, "key", None)
+    msg = str(getattr(exc, "msg", None) or exc).splitlines()[0].strip()
+    if type(exc).__name__ == "ConfigKeyError" and key:
+        parent = ".".join(str(key).split(".")[:-1])
+        node = _defaults()
+        for part in filter(None, parent.split(".")):
+            node = node.get(part) if isinstance(node, DictConfig) else None
+        allowed = ", ".join(node.keys()) if isinstance(node, DictConfig) else ""
+        where = f" under '{parent}'" if parent else ""
+        return f"unknown config key '{key}'" + (f" (allowed{where}: {allowed})" if allowed else "")
+    if key:
+        return f"config key '{key}': {msg}"
+    return msg
+
+
+def _defaults() -> DictConfig:
+    return OmegaConf.structured(FedrayConfig)
+
+
+def _user_config(source: ConfigSource) -> DictConfig:
+    if isinstance(source, FedrayConfig):
+        return OmegaConf.structured(source)
+    if isinstance(source, DictConfig):
+        return source
+    if isinstance(source, dict):
+        return OmegaConf.create(source)
+    path = Path(source)
+    if not path.is_file():
+        raise ConfigError(f"job file not found: {path}")
+    try:
+        loaded = OmegaConf.load(path)
+    except Exception as exc:  # yaml.YAMLError and friends: show the first line only
+        first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        raise ConfigError(f"cannot parse job file {path}: {first}") from None
+    if not isinstance(loaded, DictConfig):
+        raise ConfigError(f"job file {path} must hold a mapping of config keys")
+    return loaded
+
+
+def load_config(source: ConfigSource | None = None,
+                overrides: list[str] | tuple = ()) -> DictConfig:
+    """Merge defaults <- job (file, dict or config) <- ``key=value`` overrides, type-checked.
+
+    Returns a read-only DictConfig typed as FedrayConfig. Semantic checks that need the data
+    (population size) happen in ``validate``.
+    """
+    for item in overrides:
+        if "=" not in item or item.startswith("="):
+            raise ConfigError(f"override '{item}' is not of the form key=value")
+    try:
+        cfg = _defaults()
+        if source is not None:
+            cfg = OmegaConf.merge(cfg, _user_config(source))
+        if overrides:
+            cfg = OmegaConf.merge(cfg, OmegaConf.from_dotlist(list(overrides)))
+    except OmegaConfBaseException as exc:
+        raise ConfigError(_one_line(exc)) from None
+    if cfg.output.dir is None:
+        cfg.output.dir = f"runs/{cfg.name}-{time.strftime('%Y%m%d-%H%M%S')}"
+    OmegaConf.set_readonly(cfg, True)
+    return cfg
+
+
+def _require(ok: bool, key: str, rule: str, value: Any) -> None:
+    if not ok:
+        raise ConfigError(f"config key '{key}': {rule}, got {value!r}")
+
+
+def validate(cfg: DictConfig, population: int, *, custom_model: bool = False) -> None:
+    """Reject impossible values with one line naming the key and what is allowed."""
+    from fedray.algorithms import ALGORITHMS
+    from fedray.models import MODELS
+
+    r = _require
+    r(cfg.seed >= 0, "seed", "must be >= 0", cfg.seed)
+    r(cfg.rounds >= 1, "rounds", "must be >= 1", cfg.rounds)
+    r(bool(cfg.name) and "/" not in cfg.name, "name", "must be a non-empty name without '/'",
+      cfg.name)
+    r(cfg.data.partition in ("synthetic", "memory"), "data.partition",
+      "must be one of: synthetic, memory", cfg.data.partition)
+    syn = cfg.data.synthetic
+    if cfg.data.partition == "synthetic":
+        r(syn.num_clients >= 1, "data.synthetic.num_clients", "must be >= 1", syn.num_clients)
+        r(syn.min_examples >= 1, "data.synthetic.min_examples", "must be >= 1", syn.min_examples)
+        r(syn.max_examples >= syn.min_examples, "data.synthetic.max_examples",
+          f"must be >= data.synthetic.min_examples ({syn.min_examples})", syn.max_examples)
+        r(0.0 <= syn.test_fraction < 1.0, "data.synthetic.test_fraction", "must be in [0, 1)",
+          syn.test_fraction)
+        r(syn.test_writers >= 0, "data.synthetic.test_writers", "must be >= 0", syn.test_writers)
+        r(syn.seed >= 0, "data.synthetic.seed", "must be >= 0", syn.seed)
+    if not custom_model:
+        r(cfg.model.name in MODELS, "model.name", f"must be one of: {', '.join(MODELS)}",
+          cfg.model.name)
+    r(cfg.algorithm.name in ALGORITHMS, "algorithm.name",
+      f"must be one of: {', '.join(ALGORITHMS)}", cfg.algorithm.name)
+    c = cfg.client
+    r(c.lr > 0, "client.lr", "must be > 0", c.lr)
+    r(c.batch_size >= 1, "client.batch_size", "must be >= 1", c.batch_size)
+    r(c.local_epochs >= 1, "client.local_epochs", "must be >= 1", c.local_epochs)
+    r(c.local_steps is None or c.local_steps >= 1, "client.local_steps",
+      "must be >= 1 or null", c.local_steps)
+    r(cfg.server.lr > 0, "server.lr", "must be > 0", cfg.server.lr)
+    k = cfg.sampling.clients_per_round
+    r(k >= 1, "sampling.clients_per_round", "must be >= 1", k)
+    r(k <= population, "sampling.clients_per_round",
+      f"must be <= the population of {population} clients", k)
+    rt = cfg.runtime
+    r(rt.num_workers is None or rt.num_workers >= 1, "runtime.num_workers",
+      "must be >= 1 or null (as many as resources allow)", rt.num_workers)
+    r(rt.num_cpus is None or rt.num_cpus >= 1, "runtime.num_cpus", "must be >= 1 or null",
+      rt.num_cpus)
+    r(rt.num_gpus is None or rt.num_gpus >= 0, "runtime.num_gpus", "must be >= 0 or null",
+      rt.num_gpus)
+    w = rt.worker
+    r(w.num_cpus > 0, "runtime.worker.num_cpus", "must be > 0", w.num_cpus)
+    r(w.num_gpus >= 0 and (w.num_gpus <= 1 or float(w.num_gpus).is_integer()),
+      "runtime.worker.num_gpus", "must be a fraction in [0, 1] or a whole number", w.num_gpus)
+    r(w.cache_mb >= 0, "runtime.worker.cache_mb", "must be >= 0", w.cache_mb)
+    e = cfg.eval
+    r(e.every >= 0, "eval.every", "must be >= 0", e.every)
+    r(e.federated_clients >= 0, "eval.federated_clients", "must be >= 0", e.federated_clients)
+    r(e.federated_clients <= population, "eval.federated_clients",
+      f"must be <= the population of {population} clients", e.federated_clients)
+    r(e.batch_size >= 1, "eval.batch_size", "must be >= 1", e.batch_size)
+    r(bool(cfg.output.dir), "output.dir", "must be a path or URL", cfg.output.dir)
+
+
+def to_yaml(cfg: DictConfig) -> str:
+    return OmegaConf.to_yaml(cfg, resolve=True)
+
+
+def to_dict(cfg: DictConfig) -> dict:
+    return OmegaConf.to_container(cfg, resolve=True)  # type: ignore[return-value]

@@ -1,0 +1,174 @@
+"""The client-data contract between the driver, the workers and a data set.
+
+A client is virtual: an integer id in [0, population) plus a way to read its examples. The
+driver only needs example counts (to sample, balance and weight); a worker reads a client's
+arrays when it trains it and keeps recently used ones in a bounded cache. A source object is
+small and picklable -- it is shipped once to every worker, never per client.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Mapping
+from typing import Any, Protocol
+
+import numpy as np
+import torch
+
+from fedray.errors import FedrayError
+from fedray.tensors import readonly_tensor
+
+Arrays = tuple[np.ndarray, np.ndarray]
+
+
+class ClientSource(Protocol):
+    population: int
+    num_classes: int
+    input_shape: tuple[int, ...]
+    has_client_test: bool
+    cacheable: bool  # False when reading a client is already free (zero-copy views)
+
+    def train_sizes(self) -> np.ndarray: ...
+
+    def test_sizes(self) -> np.ndarray: ...
+
+    def client(self, cid: int, split: str = "train") -> Arrays: ...
+
+    def central_test(self) -> Arrays | None: ...
+
+
+def _as_xy(x: Any, y: Any, what: str) -> Arrays:
+    x = np.ascontiguousarray(np.asarray(x, dtype=np.float32))
+    y = np.ascontiguousarray(np.asarray(y, dtype=np.int64)).reshape(-1)
+    if x.ndim < 2 or len(x) != len(y):
+        raise FedrayError(f"{what}: x must be [n, ...] with one label per example "
+                          f"(got x {x.shape}, y {y.shape})")
+    return x, y
+
+
+class MemorySource:
+    """Client data given in memory as ``{client_id: (x, y)}`` (fedray.run's client_data).
+
+    All clients are concatenated into one array pair that goes into Ray's object store once;
+    every worker on a node maps the same shared-memory copy, so reading a client is a slice.
+    """
+
+    cacheable = False
+    has_client_test = False
+
+    def __init__(self, client_data: Mapping[Any, tuple[Any, Any]],
+                 test_data: tuple[Any, Any] | None = None):
+        import ray
+
+        if not client_data:
+            raise FedrayError("client_data is empty: give at least one client")
+        xs, ys, sizes = [], [], []
+        self.client_ids = list(client_data)
+        for key in self.client_ids:
+            x, y = _as_xy(*client_data[key], what=f"client_data[{key!r}]")
+            if len(y) == 0:
+                raise FedrayError(f"client_data[{key!r}] has no examples")
+            xs.append(x)
+            ys.append(y)
+            sizes.append(len(y))
+        shapes = {x.shape[1:] for x in xs}
+        if len(shapes) != 1:
+            raise FedrayError(f"client_data: clients have different example shapes {shapes}")
+        self.input_shape = tuple(int(d) for d in xs[0].shape[1:])
+        self._sizes = np.asarray(sizes, dtype=np.int64)
+        self._offsets = np.concatenate([[0], np.cumsum(self._sizes)])
+        labels = np.concatenate(ys)
+        self._test = None
+        if test_data is not None:
+            tx, ty = _as_xy(*test_data, what="test_data")
+            if tx.shape[1:] != self.input_shape:
+                raise FedrayError(f"test_data: examples of shape {tx.shape[1:]}, clients have "
+                                  f"{self.input_shape}")
+            self._test = ray.put((tx, ty))
+            labels = np.concatenate([labels, ty])
+        if labels.min() < 0:
+            raise FedrayError("client_data: labels must be >= 0")
+        self.num_classes = int(labels.max()) + 1
+        self.population = len(sizes)
+        self._data = ray.put((np.concatenate(xs), labels[: self._offsets[-1]]))
+        self._arrays: Arrays | None = None
+
+    def train_sizes(self) -> np.ndarray:
+        return self._sizes
+
+    def test_sizes(self) -> np.ndarray:
+        return np.zeros_like(self._sizes)
+
+    def client(self, cid: int, split: str = "train") -> Arrays:
+        if split != "train":
+            raise FedrayError("in-memory client_data has no per-client test split")
+        if self._arrays is None:
+            import ray
+
+            self._arrays = ray.get(self._data)
+        a, b = self._offsets[cid], self._offsets[cid + 1]
+        return self._arrays[0][a:b], self._arrays[1][a:b]
+
+    def central_test(self) -> Arrays | None:
+        if self._test is None:
+            return None
+        import ray
+
+        return ray.get(self._test)
+
+    def __getstate__(self) -> dict:
+        state = dict(self.__dict__)
+        state["_arrays"] = None  # every process maps the object store itself
+        state["client_ids"] = None  # names stay with the caller
+        return state
+
+
+def build_source(cfg: Any, client_data: Mapping | None = None,
+                 test_data: tuple | None = None) -> ClientSource:
+    """The source a config names ('synthetic'), or in-memory data ('memory')."""
+    if client_data is not None:
+        return MemorySource(client_data, test_data)
+    if cfg.data.partition == "memory":
+        raise FedrayError("data.partition is 'memory' but no client_data was given to fedray.run")
+    if test_data is not None:
+        raise FedrayError("test_data needs client_data (the synthetic source has its own test set)")
+    from fedray.data.synthetic import SyntheticFEMNIST
+
+    return SyntheticFEMNIST(**cfg.data.synthetic)
+
+
+class ClientCache:
+    """A worker's bounded LRU of client tensors, measured in bytes.
+
+    Clients are sampled with replacement across rounds, so a worker often meets a client it
+    has read before; the cache turns those re-reads into a dictionary lookup.
+    """
+
+    def __init__(self, source: ClientSource, max_bytes: int):
+        self.source = source
+        self.max_bytes = max_bytes if source.cacheable else 0
+        self._items: OrderedDict[tuple[int, str], tuple[torch.Tensor, torch.Tensor]] = \
+            OrderedDict()
+        self._bytes = 0
+        self.hits = 0
+        self.misses = 0
+
+    def get(self, cid: int, split: str = "train") -> tuple[torch.Tensor, torch.Tensor]:
+        key = (cid, split)
+        item = self._items.get(key)
+        if item is not None:
+            self._items.move_to_end(key)
+            self.hits += 1
+            return item
+        self.misses += 1
+        x, y = self.source.client(cid, split)
+        item = (readonly_tensor(x), readonly_tensor(y))
+        size = x.nbytes + y.nbytes
+        if size <= self.max_bytes:
+            self._items[key] = item
+            self._bytes += size
+            while self._bytes > self.max_bytes:
+                _, (ox, oy) = self._items.popitem(last=False)
+                self._bytes -= ox.numel() * ox.element_size() + oy.numel() * oy.element_size()
+        return item
+

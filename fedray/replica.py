@@ -1,0 +1,57 @@
+"""A model replica whose weights and gradients live in two flat tensors.
+
+A worker trains many clients per round on one replica. Keeping every floating-point
+parameter and buffer as a view into one contiguous ``flat`` tensor makes the per-client
+operations single kernels: reset to the global model (one copy), SGD step (one axpy), the
+client's delta (one subtraction) -- instead of a Python loop over tensors, which dominates
+the cost of small cross-device models. The same layout is the wire format: the driver
+broadcasts one flat array per round and workers send back flat weighted sums.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+
+class FlatModel:
+    def __init__(self, module: nn.Module, device: torch.device | str = "cpu"):
+        self.module = module.to(device)
+        self.device = torch.device(device)
+        params = [p for p in module.parameters()]
+        buffers = [(m, n, b) for m in module.modules() for n, b in m.named_buffers(recurse=False)
+                   if b is not None and b.is_floating_point()]
+        self.num_params = sum(p.numel() for p in params)
+        total = self.num_params + sum(b.numel() for _, _, b in buffers)
+        self.flat = torch.empty(total, dtype=torch.float32, device=self.device)
+        self.grad = torch.zeros(self.num_params, dtype=torch.float32, device=self.device)
+        offset = 0
+        for p in params:
+            n = p.numel()
+            self.flat[offset:offset + n].copy_(p.data.reshape(-1))
+            p.data = self.flat[offset:offset + n].view_as(p)
+            p.grad = self.grad[offset:offset + n].view_as(p)
+            offset += n
+        for m, name, b in buffers:
+            n = b.numel()
+            self.flat[offset:offset + n].copy_(b.reshape(-1))
+            m._buffers[name] = self.flat[offset:offset + n].view_as(b)
+            offset += n
+        self.params = self.flat[: self.num_params]
+
+    @property
+    def size(self) -> int:
+        return self.flat.numel()
+
+    def load_(self, weights: torch.Tensor) -> None:
+        """Reset the replica to ``weights`` (a flat tensor) in place."""
+        self.flat.copy_(weights, non_blocking=True)
+
+    def state_dict(self) -> dict[str, torch.Tensor]:
+        """A plain state_dict (copies on CPU) for saving or handing to users."""
+        return {k: v.detach().cpu().clone() for k, v in self.module.state_dict().items()}
+
+
+def flatten_state(module: nn.Module) -> torch.Tensor:
+    """The flat weight vector of a freshly built module, in FlatModel's layout."""
+    return FlatModel(module).flat

@@ -1,0 +1,91 @@
+"""The run directory: everything a run leaves behind, at any fsspec URL.
+
+Layout: ``config.yaml`` (the resolved config), ``metrics.jsonl`` (one JSON object per round),
+``summary.json`` and ``model.safetensors`` (the final global weights as a plain state_dict).
+Whole files are written to a temporary name and renamed into place, so a reader never sees a
+half-written summary or weights file. Only safe formats: YAML, JSON, safetensors.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import uuid
+
+import fsspec
+import torch
+from safetensors.torch import load as load_safetensors
+from safetensors.torch import save as save_safetensors
+
+from fedray.errors import FedrayError
+
+WEIGHTS_FILE = "model.safetensors"
+
+
+def absolute_url(url: str) -> str:
+    """Make a local relative path absolute, so that every process means the same place."""
+    if "://" in url:
+        return url
+    return os.path.abspath(os.path.expanduser(url))
+
+
+class RunDir:
+    def __init__(self, url: str):
+        self.url = url
+        self.fs, self.path = fsspec.core.url_to_fs(url)
+        self._metrics: list[str] = []
+
+    def _p(self, name: str) -> str:
+        return f"{self.path.rstrip('/')}/{name}"
+
+    def check_new(self) -> None:
+        """Refuse to write into a directory that already holds files (e.g. an earlier run)."""
+        if self.fs.exists(self.path):
+            if not self.fs.isdir(self.path):
+                raise FedrayError(f"output.dir {self.url} exists and is not a directory")
+            if self.fs.ls(self.path):
+                raise FedrayError(f"output.dir {self.url} already holds files; choose a new "
+                                  "output.dir or remove it")
+
+    def create(self, config_yaml: str) -> None:
+        self.fs.makedirs(self.path, exist_ok=True)
+        self.write_text("config.yaml", config_yaml)
+
+    def write_bytes(self, name: str, data: bytes) -> None:
+        tmp = self._p(f".{name}.{uuid.uuid4().hex}.tmp")
+        with self.fs.open(tmp, "wb") as f:
+            f.write(data)
+        self.fs.mv(tmp, self._p(name))
+
+    def write_text(self, name: str, text: str) -> None:
+        self.write_bytes(name, text.encode())
+
+    def write_json(self, name: str, obj: dict) -> None:
+        self.write_text(name, json.dumps(obj, indent=2) + "\n")
+
+    def append_metrics(self, record: dict) -> None:
+        line = json.dumps(record) + "\n"
+        self._metrics.append(line)
+        protocols = (self.fs.protocol,) if isinstance(self.fs.protocol, str) else self.fs.protocol
+        if "file" in protocols:
+            with self.fs.open(self._p("metrics.jsonl"), "a") as f:
+                f.write(line)
+        else:  # object stores cannot append: rewrite the (small) file
+            self.write_text("metrics.jsonl", "".join(self._metrics))
+
+    def save_weights(self, state: dict[str, torch.Tensor]) -> None:
+        tensors = {k: v.detach().cpu().contiguous() for k, v in state.items()}
+        self.write_bytes(WEIGHTS_FILE, save_safetensors(tensors))
+
+
+def load_weights(run_dir: str) -> dict[str, torch.Tensor]:
+    """The final weights of a run directory as a state_dict (no code is executed)."""
+    fs, path = fsspec.core.url_to_fs(run_dir)
+    with fs.open(f"{path.rstrip('/')}/{WEIGHTS_FILE}", "rb") as f:
+        return load_safetensors(f.read())
+
+
+def read_metrics(run_dir: str) -> list[dict]:
+    fs, path = fsspec.core.url_to_fs(run_dir)
+    with fs.open(f"{path.rstrip('/')}/metrics.jsonl", "r") as f:
+        return [json.loads(line) for line in f if line.strip()]
