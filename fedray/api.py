@@ -91,11 +91,12 @@ def run(config: ConfigSource | None = None, model_fn: Callable[[], nn.Module] | 
         node = ray.get_runtime_context().get_node_id()
         strategy = ray.util.scheduling_strategies.NodeAffinitySchedulingStrategy(node, soft=False)
         driver_cls = ray.remote(Driver).options(num_cpus=0, scheduling_strategy=strategy)
-        driver = driver_cls.remote(OmegaConf.to_container(cfg, resolve=True), source,
-                                   make_model, num_workers, url)
+        driver = driver_cls.remote()
         metrics: list[dict] = []
         summary: dict = {}
         try:
+            ray.get(driver.setup.remote(OmegaConf.to_container(cfg, resolve=True), source,
+                                        make_model, num_workers, url))
             for ref in driver.run.remote():
                 item = ray.get(ref)
                 if "summary" in item:

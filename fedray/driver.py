@@ -48,9 +48,16 @@ def is_eval_round(r: int, every: int, rounds: int) -> bool:
 
 
 class Driver:
-    def __init__(self, cfg: dict, source: ClientSource, make_model: Callable[[], nn.Module],
-                 num_workers: int, run_dir: str):
-        torch.set_num_threads(1)  # the driver merges and steps; workers do the heavy work
+    def __init__(self) -> None:
+        # the driver merges and steps; workers do the heavy work
+        torch.set_num_threads(1)
+
+    def setup(self, cfg: dict, source: ClientSource, make_model: Callable[[], nn.Module],
+              num_workers: int, run_dir: str) -> None:
+        """Build the global model and the worker pool, and open the run directory.
+
+        Not in __init__: an exception there kills the actor with an opaque error, while one
+        raised here reaches fedray.run as the FedrayError it is."""
         self.cfg = OmegaConf.create(cfg)
         c = self.cfg
         self.source = source
@@ -167,6 +174,7 @@ class Driver:
         return {
             "name": c.name, "rounds": c.rounds, "population": self.source.population,
             "clients_per_round": c.sampling.clients_per_round, "num_workers": len(self.workers),
+            "workers": self.workers_info(),
             "final": final, "best_test_accuracy": max(accs) if accs else None,
             "total_s": total_s, "pool_start_s": self.pool_start_s,
             "median_updates_per_s": float(np.median(ups)) if ups else None,

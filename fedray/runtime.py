@@ -1,7 +1,7 @@
 """Starting or joining Ray for one fedray run.
 
-``runtime.address`` (or RAY_ADDRESS, as set by Ray Jobs) joins an existing cluster; otherwise
-a private local Ray starts with ``runtime.num_cpus`` / ``runtime.num_gpus`` (a declared GPU
+``runtime.address`` (or RAY_ADDRESS, as set by Ray Jobs; ``auto`` finds a ``ray start`` on this
+machine) joins an existing cluster; otherwise a private local Ray starts with ``runtime.num_cpus`` / ``runtime.num_gpus`` (a declared GPU
 count works on machines without one, which is how fractional placement is tested). A Ray
 that was already initialised by the caller is reused and left running.
 """
@@ -30,8 +30,9 @@ def ray_session(cfg: DictConfig) -> Iterator[None]:
     address = cfg.runtime.address
     if address:
         kwargs["address"] = address
-    elif not os.environ.get("RAY_ADDRESS"):
-        kwargs.update(num_cpus=cfg.runtime.num_cpus, num_gpus=cfg.runtime.num_gpus)
+    elif not os.environ.get("RAY_ADDRESS"):  # a private instance, even if `ray start` ran here
+        kwargs.update(address="local", num_cpus=cfg.runtime.num_cpus,
+                      num_gpus=cfg.runtime.num_gpus)
     try:
         ray.init(**kwargs)
     except (ConnectionError, TimeoutError, RuntimeError) as exc:

@@ -1,0 +1,55 @@
+"""Shared fixtures: one small Ray instance for the whole session.
+
+It declares 2 CPUs and one (fake) GPU, so that fractional GPU placement can be tested on a
+machine without one; fedray.run reuses an initialised Ray and leaves it running.
+"""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import pytest
+
+os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+
+
+@pytest.fixture(scope="session")
+def ray_cluster():
+    import ray
+
+    ray.init(num_cpus=2, num_gpus=1, include_dashboard=False, logging_level="ERROR")
+    yield ray
+    ray.shutdown()
+
+
+def tiny_job(tmp_path, **over) -> dict:
+    """A few-second job: logistic regression on 40 synthetic writers."""
+    job = {
+        "name": "tiny", "seed": 3, "rounds": 3,
+        "data": {"synthetic": {"num_clients": 40, "min_examples": 10, "max_examples": 30,
+                               "test_writers": 20}},
+        "model": {"name": "logreg"},
+        "client": {"lr": 0.05, "batch_size": 8},
+        "sampling": {"clients_per_round": 8},
+        "runtime": {"worker": {"num_cpus": 0.5}},
+        "output": {"dir": str(tmp_path / "run")},
+    }
+    for key, value in over.items():
+        node = job
+        parts = key.split("__")
+        for p in parts[:-1]:
+            node = node.setdefault(p, {})
+        node[parts[-1]] = value
+    return job
+
+
+def blobs(num_clients: int, dim: int = 5, classes: int = 3, seed: int = 0
+          ) -> dict[int, tuple[np.ndarray, np.ndarray]]:
+    """Small in-memory clients of varying size."""
+    g = np.random.default_rng(seed)
+    out = {}
+    for c in range(num_clients):
+        n = int(g.integers(4, 12))
+        out[c] = (g.normal(size=(n, dim)).astype(np.float32), g.integers(0, classes, size=n))
+    return out

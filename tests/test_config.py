@@ -1,0 +1,78 @@
+import pytest
+
+from fedray.api import prepare
+from fedray.config import load_config, validate
+from fedray.errors import ConfigError
+
+
+def test_defaults_load_and_validate():
+    cfg = load_config()
+    validate(cfg, population=cfg.data.synthetic.num_clients)
+    assert cfg.client.batch_size == 20 and cfg.output.dir.startswith("runs/fedray-")
+
+
+def test_typo_key_names_key_and_allowed():
+    with pytest.raises(ConfigError, match=r"unknown config key 'client.lrr'.*lr, batch_size"):
+        load_config(None, ["client.lrr=0.1"])
+
+
+def test_typo_key_in_yaml(tmp_path):
+    job = tmp_path / "job.yaml"
+    job.write_text("sampling:\n  clients_per_rnd: 5\n")
+    with pytest.raises(ConfigError, match="sampling.clients_per_rnd"):
+        load_config(job)
+
+
+def test_wrong_type():
+    with pytest.raises(ConfigError, match=r"'client.batch_size'.*'abc'"):
+        load_config({"client": {"batch_size": "abc"}})
+    with pytest.raises(ConfigError, match="client.local_steps"):
+        load_config(None, ["client.local_steps=2.5"])
+
+
+def test_clients_per_round_above_population():
+    cfg = load_config(None, ["sampling.clients_per_round=11", "data.synthetic.num_clients=10"])
+    with pytest.raises(ConfigError, match=r"sampling.clients_per_round.*population of 10"):
+        prepare(cfg)
+
+
+@pytest.mark.parametrize("override, key", [
+    ("client.lr=-1", "client.lr"),
+    ("server.lr=0", "server.lr"),
+    ("rounds=0", "rounds"),
+    ("client.batch_size=0", "client.batch_size"),
+    ("model.name=resnet1000", "model.name"),
+    ("algorithm.name=fedfoo", "algorithm.name"),
+    ("runtime.worker.num_gpus=1.5", "runtime.worker.num_gpus"),
+    ("runtime.worker.num_cpus=0", "runtime.worker.num_cpus"),
+    ("data.synthetic.max_examples=3", "data.synthetic.max_examples"),
+    ("data.partition=s3://bucket/x", "data.partition"),
+    ("eval.federated_clients=100000", "eval.federated_clients"),
+])
+def test_impossible_values(override, key):
+    with pytest.raises(ConfigError, match=f"'{key}'"):
+        prepare(None, [override])
+
+
+def test_bad_override_and_missing_file(tmp_path):
+    with pytest.raises(ConfigError, match="key=value"):
+        load_config(None, ["rounds"])
+    with pytest.raises(ConfigError, match="job file not found"):
+        load_config(tmp_path / "nope.yaml")
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("rounds: [1,\n")
+    with pytest.raises(ConfigError, match="cannot parse job file"):
+        load_config(bad)
+
+
+def test_overrides_win_over_file(tmp_path):
+    job = tmp_path / "job.yaml"
+    job.write_text("rounds: 7\nclient:\n  lr: 0.3\n")
+    cfg = load_config(job, ["rounds=9"])
+    assert cfg.rounds == 9 and cfg.client.lr == 0.3
+
+
+def test_config_is_read_only():
+    cfg = load_config()
+    with pytest.raises(Exception):
+        cfg.rounds = 3

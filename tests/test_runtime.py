@@ -1,0 +1,161 @@
+"""End-to-end runs through Ray: determinism, placement, the FedAvg arithmetic, the API."""
+
+import json
+
+import numpy as np
+import pytest
+import torch
+from conftest import blobs, tiny_job
+from safetensors.torch import load_file
+from torch import nn
+
+import fedray
+from fedray.errors import FedrayError
+
+
+def _max_diff(a, b):
+    return max(float((a[k] - b[k]).abs().max()) for k in a)
+
+
+def test_run_directory_contents(ray_cluster, tmp_path):
+    res = fedray.run(tiny_job(tmp_path, eval__every=2, eval__federated_clients=5))
+    run = tmp_path / "run"
+    assert {p.name for p in run.iterdir()} == {"config.yaml", "metrics.jsonl", "summary.json",
+                                                "model.safetensors"}
+    lines = [json.loads(s) for s in (run / "metrics.jsonl").read_text().splitlines()]
+    assert [m["round"] for m in lines] == [1, 2, 3]
+    for m in lines:
+        assert {"round", "wall_s", "clients", "train_loss", "updates_per_s"} <= m.keys()
+    assert "test_accuracy" in lines[1] and "test_accuracy" in lines[2]
+    assert "test_accuracy" not in lines[0] and "fed_test_accuracy" in lines[2]
+    assert lines == res.metrics
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["final"]["test_accuracy"] == lines[-1]["test_accuracy"]
+    saved = load_file(run / "model.safetensors")
+    assert _max_diff(saved, res.weights) == 0
+    # also loadable the torch way, without executing code
+    torch.save(saved, tmp_path / "w.pt")
+    assert torch.load(tmp_path / "w.pt", weights_only=True).keys() == saved.keys()
+    assert "seed: 3" in (run / "config.yaml").read_text()
+
+
+def test_same_seed_twice_identical(ray_cluster, tmp_path):
+    job = tiny_job(tmp_path, model__name="emnist_cnn", rounds=2, eval__central=False)
+    a = fedray.run(job, overrides=[f"output.dir={tmp_path / 'a'}"])
+    b = fedray.run(job, overrides=[f"output.dir={tmp_path / 'b'}"])
+    assert _max_diff(a.weights, b.weights) == 0
+    c = fedray.run(job, overrides=[f"output.dir={tmp_path / 'c'}", "seed=4"])
+    assert _max_diff(a.weights, c.weights) > 0
+
+
+def test_worker_count_does_not_change_result(ray_cluster, tmp_path):
+    # the CNN has dropout: per-client seeds must make it placement-independent too
+    job = tiny_job(tmp_path, model__name="emnist_cnn", rounds=2, eval__central=False,
+                   client__local_epochs=2)
+    results = [fedray.run(job, overrides=[f"runtime.num_workers={n}",
+                                          f"output.dir={tmp_path / str(n)}"])
+               for n in (1, 2, 4)]
+    assert [r.summary["num_workers"] for r in results] == [1, 2, 4]
+    for other in results[1:]:
+        assert _max_diff(results[0].weights, other.weights) <= 1e-6
+
+
+def test_fractional_gpu_placement(ray_cluster, tmp_path):
+    job = tiny_job(tmp_path, rounds=1, runtime={"num_workers": 4,
+                                                "worker": {"num_cpus": 0.5, "num_gpus": 0.25}})
+    res = fedray.run(job)
+    workers = res.summary["workers"]
+    assert len({w["pid"] for w in workers}) == 4
+    assert all(w["gpu_ids"] == ["0"] for w in workers)  # four workers share the one GPU
+    assert all(w["device"] == ("cuda" if torch.cuda.is_available() else "cpu") for w in workers)
+    with pytest.raises(FedrayError, match=r"runtime.num_workers=5 needs 2.5 CPUs and 1.25 GPUs"):
+        fedray.run(job, overrides=["runtime.num_workers=5",
+                                   f"output.dir={tmp_path / 'five'}"])
+    with pytest.raises(FedrayError, match="runtime.worker.num_gpus=2"):
+        fedray.run(job, overrides=["runtime.worker.num_gpus=2",
+                                   f"output.dir={tmp_path / 'two'}"])
+
+
+def _softmax_grad(w, b, x, y, classes):
+    logits = x @ w.T + b
+    p = np.exp(logits - logits.max(1, keepdims=True))
+    p /= p.sum(1, keepdims=True)
+    p[np.arange(len(y)), y] -= 1.0
+    return p.T @ x / len(y), p.mean(0)
+
+
+def test_fedavg_aggregate_equals_hand_computed_weighted_mean(ray_cluster, tmp_path):
+    clients = blobs(6, dim=5, classes=3, seed=1)
+    lr, server_lr = 0.3, 0.7
+    torch.manual_seed(0)
+    init = nn.Linear(5, 3)
+    w0 = init.weight.detach().double().numpy().copy()
+    b0 = init.bias.detach().double().numpy().copy()
+
+    def model_fn():
+        m = nn.Linear(5, 3)
+        m.load_state_dict(init.state_dict())
+        return m
+
+    job = {"rounds": 1, "client": {"lr": lr, "batch_size": 100, "local_steps": 1},
+           "server": {"lr": server_lr}, "sampling": {"clients_per_round": 6},
+           "output": {"dir": str(tmp_path / "run")}}
+    res = fedray.run(job, model_fn=model_fn, client_data=clients)
+    # by hand: one full-batch gradient step per client, example-weighted mean of the deltas
+    dw, db, total = np.zeros_like(w0), np.zeros_like(b0), 0
+    for x, y in clients.values():
+        gw, gb = _softmax_grad(w0, b0, x.astype(np.float64), y, 3)
+        dw += len(y) * (-lr * gw)
+        db += len(y) * (-lr * gb)
+        total += len(y)
+    np.testing.assert_allclose(res.weights["weight"].numpy(), w0 + server_lr * dw / total,
+                               atol=1e-6)
+    np.testing.assert_allclose(res.weights["bias"].numpy(), b0 + server_lr * db / total,
+                               atol=1e-6)
+
+
+def test_in_memory_api(ray_cluster, tmp_path):
+    clients = {f"writer{i}": xy for i, xy in blobs(12, seed=2).items()}
+    test = blobs(1, seed=3)[0]
+
+    class Net(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc = nn.Sequential(nn.Linear(5, 16), nn.ReLU(), nn.Linear(16, 3))
+
+        def forward(self, x):
+            return self.fc(x)
+
+    res = fedray.run({"rounds": 4, "sampling": {"clients_per_round": 5},
+                      "output": {"dir": str(tmp_path / "run")}},
+                     model_fn=Net, client_data=clients, test_data=test)
+    assert isinstance(res, fedray.RunResult)
+    assert set(res.weights) == set(Net().state_dict())
+    assert len(res.metrics) == 4 and "test_accuracy" in res.metrics[-1]
+    assert res.config.data.partition == "memory" and res.config.model.name == "custom"
+    assert res.summary["population"] == 12
+
+
+def test_existing_run_directory_is_refused(ray_cluster, tmp_path):
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / "metrics.jsonl").write_text("keep me\n")
+    with pytest.raises(FedrayError, match="already holds files"):
+        fedray.run(tiny_job(tmp_path))
+    assert (tmp_path / "run" / "metrics.jsonl").read_text() == "keep me\n"
+
+
+def test_model_that_does_not_fit_the_data(ray_cluster, tmp_path):
+    with pytest.raises(FedrayError, match="model.name=emnist_cnn"):
+        fedray.run({"model": {"name": "emnist_cnn"}, "sampling": {"clients_per_round": 2},
+                    "output": {"dir": str(tmp_path / "run")}}, client_data=blobs(3))
+
+
+def test_population_scale_driver_memory(ray_cluster, tmp_path):
+    """1,000 vs 100,000 clients: the driver's memory must not grow with the population."""
+    rss = {}
+    for n in (1_000, 100_000):
+        res = fedray.run(tiny_job(tmp_path, rounds=3, data__synthetic__num_clients=n,
+                                  sampling__clients_per_round=20, eval__central=False,
+                                  output__dir=str(tmp_path / str(n))))
+        rss[n] = res.summary["driver_rss_mb"]
+    assert abs(rss[100_000] - rss[1_000]) < 100, rss

@@ -1,0 +1,43 @@
+import numpy as np
+
+from fedray.sampling import federated_eval_clients, sample_clients
+from fedray.seeding import client_seed, derive_seed
+
+
+def test_without_replacement_within_round():
+    for r in range(1, 20):
+        ids = sample_clients(0, r, 50, 50)
+        assert sorted(ids.tolist()) == list(range(50))
+        ids = sample_clients(0, r, 1000, 20)
+        assert len(set(ids.tolist())) == 20 and ids.min() >= 0 and ids.max() < 1000
+
+
+def test_seeded_and_independent_across_rounds():
+    a = [sample_clients(7, r, 100_000, 20) for r in range(1, 30)]
+    b = [sample_clients(7, r, 100_000, 20) for r in range(1, 30)]
+    assert all(np.array_equal(x, y) for x, y in zip(a, b, strict=True))
+    assert not np.array_equal(a[0], a[1])
+    assert not np.array_equal(sample_clients(8, 1, 100_000, 20), a[0])
+
+
+def test_with_replacement_across_rounds():
+    seen = np.concatenate([sample_clients(0, r, 30, 10) for r in range(1, 40)])
+    assert len(seen) > len(set(seen.tolist()))  # clients come back across rounds
+
+
+def test_uniform():
+    counts = np.bincount(np.concatenate([sample_clients(1, r, 20, 5) for r in range(4000)]),
+                         minlength=20)
+    assert counts.min() > 0.9 * 1000 and counts.max() < 1.1 * 1000
+
+
+def test_seeds_differ_per_client_round_and_fit_torch():
+    seeds = {client_seed(0, r, c) for r in range(5) for c in range(50)}
+    assert len(seeds) == 250
+    assert all(0 <= s < 2**63 for s in seeds)
+    assert derive_seed(1, 2, 3) == derive_seed(1, 2, 3) != derive_seed(1, 3, 2)
+
+
+def test_federated_eval_clients_fixed():
+    assert np.array_equal(federated_eval_clients(0, 500, 30), federated_eval_clients(0, 500, 30))
+    assert len(set(federated_eval_clients(0, 500, 30).tolist())) == 30
