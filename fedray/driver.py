@@ -37,10 +37,16 @@ from fedray.server_optimizer import ServerSGD
 from fedray.worker import WorkerSpec
 
 
-def _rss_mb() -> float:
+def _private_mb() -> float:
+    """Resident memory of this process that is its own (RSS less shared pages).
+
+    Plain RSS also counts the object-store pages the driver maps when it reads workers'
+    partial sums; those are shared memory, owned by the store, and not the driver's growth.
+    """
     import psutil
 
-    return psutil.Process().memory_info().rss / 2**20
+    info = psutil.Process().memory_info()
+    return (info.rss - getattr(info, "shared", 0)) / 2**20
 
 
 def is_eval_round(r: int, every: int, rounds: int) -> bool:
@@ -156,7 +162,7 @@ class Driver:
                 m.update(self.evaluate())
             m["wall_s"] = time.perf_counter() - t0
             m["elapsed_s"] = time.perf_counter() - run_start
-            m["driver_rss_mb"] = _rss_mb()
+            m["driver_mem_mb"] = _private_mb()
             self.run_dir.append_metrics(m)
             history.append({k: m[k] for k in ("updates_per_s", "test_accuracy") if k in m})
             yield m
@@ -178,7 +184,7 @@ class Driver:
             "final": final, "best_test_accuracy": max(accs) if accs else None,
             "total_s": total_s, "pool_start_s": self.pool_start_s,
             "median_updates_per_s": float(np.median(ups)) if ups else None,
-            "driver_rss_mb": _rss_mb(),
+            "driver_mem_mb": _private_mb(),
             "weights_file": WEIGHTS_FILE if c.output.save_weights else None,
             "fedray_version": __version__,
         }
