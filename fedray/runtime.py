@@ -1,9 +1,10 @@
 """Starting or joining Ray for one fedray run.
 
-``runtime.address`` (or RAY_ADDRESS, as set by Ray Jobs; ``auto`` finds a ``ray start`` on this
-machine) joins an existing cluster; otherwise a private local Ray starts with ``runtime.num_cpus`` / ``runtime.num_gpus`` (a declared GPU
-count works on machines without one, which is how fractional placement is tested). A Ray
-that was already initialised by the caller is reused and left running.
+``runtime.address`` (or RAY_ADDRESS, as set by Ray Jobs; ``auto`` finds a ``ray start`` on
+this machine) joins an existing cluster; otherwise a private local Ray starts with
+``runtime.num_cpus`` / ``runtime.num_gpus`` (a declared GPU count works on machines without
+one, which is how fractional placement is tested). A Ray that was already initialised by the
+caller is reused and left running.
 """
 
 from __future__ import annotations

@@ -74,5 +74,7 @@ def test_overrides_win_over_file(tmp_path):
 
 def test_config_is_read_only():
     cfg = load_config()
-    with pytest.raises(Exception):
+    from omegaconf.errors import ReadonlyConfigError
+
+    with pytest.raises(ReadonlyConfigError):
         cfg.rounds = 3
