@@ -115,6 +115,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--warmup", type=int, default=2, help="untimed first rounds (default 2)")
     p.add_argument("--workers", type=int, default=None, help="fedray workers (default: auto)")
     p.add_argument("--num-cpus", type=int, default=None, help="CPUs for the local Ray")
+    p.add_argument("--raw-threads", type=int, default=None,
+                   help="torch threads of the raw loop (default: torch's, one per core)")
     p.add_argument("--json", metavar="FILE", help="also write the results as JSON")
     args = p.parse_args(argv)
     if args.rounds <= args.warmup:
@@ -123,6 +125,9 @@ def main(argv: list[str] | None = None) -> int:
     import tempfile
 
     import ray
+
+    if args.raw_threads:
+        torch.set_num_threads(args.raw_threads)
 
     print(f"machine: {platform.machine()}, {os.cpu_count()} CPUs, torch {torch.__version__}, "
           f"torch threads in the raw loop: {torch.get_num_threads()}")

@@ -34,14 +34,19 @@ class RunResult:
 
 
 def prepare(config: ConfigSource | None, overrides: list[str] | tuple = (),
-            client_data: Mapping | None = None, model_fn: Callable | None = None) -> DictConfig:
+            client_data: Mapping | None = None, model_fn: Callable | None = None,
+            test_data: tuple | None = None) -> DictConfig:
     """Load and validate a job; nothing is started or written."""
+    if test_data is not None and client_data is None:
+        raise FedrayError("test_data needs client_data (the synthetic source has its own test set)")
     cfg = load_config(config, overrides)
     if client_data is not None or model_fn is not None:
         cfg = OmegaConf.merge(cfg, {
             "data": {"partition": "memory" if client_data is not None else cfg.data.partition},
             "model": {"name": "custom" if model_fn is not None else cfg.model.name}})
         OmegaConf.set_readonly(cfg, True)
+    if client_data is None and cfg.data.partition == "memory":
+        raise FedrayError("data.partition is 'memory' but no client_data was given to fedray.run")
     population = len(client_data) if client_data is not None else cfg.data.synthetic.num_clients
     validate(cfg, population, custom_model=model_fn is not None)
     if client_data is not None and cfg.eval.federated_clients:
@@ -80,7 +85,7 @@ def run(config: ConfigSource | None = None, model_fn: Callable[[], nn.Module] | 
     from fedray.pool import pool_size
     from fedray.runtime import ray_session
 
-    cfg = prepare(config, overrides, client_data, model_fn)
+    cfg = prepare(config, overrides, client_data, model_fn, test_data)
     url = absolute_url(cfg.output.dir)
     RunDir(url).check_new()
     with ray_session(cfg):

@@ -122,28 +122,28 @@ class Driver:
                 "worker_busy_s": stats["busy_s"]}
 
     def evaluate(self) -> dict[str, float]:
-        """Central and federated evaluation of the current global model."""
-        out: dict[str, float] = {}
+        """Central and federated evaluation of the current global model, run concurrently."""
         if self.test_ref is None and self.fed_eval_ids is None:
-            return out
-        weights_ref = self._broadcast()
+            return {}
         n = len(self.workers)
+        weights_ref = self._broadcast()
+        pending: dict[str, list[ray.ObjectRef]] = {}
         if self.test_ref is not None:
             bounds = np.linspace(0, self.test_len, n + 1).astype(int)
-            refs = [w.evaluate_range.remote(weights_ref, self.test_ref, int(lo), int(hi))
-                    for w, lo, hi in zip(self.workers, bounds[:-1], bounds[1:], strict=True)
-                    if hi > lo]
-            s = merge_sums(ray.get(refs))
-            out["test_loss"] = s["loss_sum"] / s["count"]
-            out["test_accuracy"] = s["correct"] / s["count"]
+            pending["test"] = [
+                w.evaluate_range.remote(weights_ref, self.test_ref, int(lo), int(hi))
+                for w, lo, hi in zip(self.workers, bounds[:-1], bounds[1:], strict=True)
+                if hi > lo]
         if self.fed_eval_ids is not None:
             ids = self.fed_eval_ids
             groups = assign_balanced(ids, self.source.test_sizes()[ids], n)
-            refs = [w.evaluate_clients.remote(weights_ref, g)
-                    for w, g in zip(self.workers, groups, strict=True) if g]
+            pending["fed_test"] = [w.evaluate_clients.remote(weights_ref, g)
+                                   for w, g in zip(self.workers, groups, strict=True) if g]
+        out: dict[str, float] = {}
+        for prefix, refs in pending.items():
             s = merge_sums(ray.get(refs))
-            out["fed_test_loss"] = s["loss_sum"] / max(1, s["count"])
-            out["fed_test_accuracy"] = s["correct"] / max(1, s["count"])
+            out[f"{prefix}_loss"] = s["loss_sum"] / max(1, s["count"])
+            out[f"{prefix}_accuracy"] = s["correct"] / max(1, s["count"])
         return out
 
     def run(self) -> Iterator[dict]:

@@ -128,10 +128,6 @@ def build_source(cfg: Any, client_data: Mapping | None = None,
     """The source a config names ('synthetic'), or in-memory data ('memory')."""
     if client_data is not None:
         return MemorySource(client_data, test_data)
-    if cfg.data.partition == "memory":
-        raise FedrayError("data.partition is 'memory' but no client_data was given to fedray.run")
-    if test_data is not None:
-        raise FedrayError("test_data needs client_data (the synthetic source has its own test set)")
     from fedray.data.synthetic import SyntheticFEMNIST
 
     return SyntheticFEMNIST(**cfg.data.synthetic)
