@@ -28,7 +28,7 @@ class Progress:
         if "test_accuracy" in m:
             self.accuracy = m["test_accuracy"]
         if self.tty:
-            self.stream.write("\r" + self.line(m))
+            self.stream.write("\r" + self.line(m) + "\x1b[K")  # clear leftovers
         elif "test_accuracy" in m or m["round"] % self.every == 0:
             self.stream.write(self.line(m) + "\n")
         self.stream.flush()
