@@ -33,7 +33,9 @@ class RunDir:
     def __init__(self, url: str):
         self.url = url
         self.fs, self.path = fsspec.core.url_to_fs(url)
-        self._metrics: list[str] = []
+        protocols = (self.fs.protocol,) if isinstance(self.fs.protocol, str) else self.fs.protocol
+        self._appendable = "file" in protocols
+        self._metrics: list[str] = []  # kept only where the file must be rewritten
 
     def _p(self, name: str) -> str:
         return f"{self.path.rstrip('/')}/{name}"
@@ -65,12 +67,11 @@ class RunDir:
 
     def append_metrics(self, record: dict) -> None:
         line = json.dumps(record) + "\n"
-        self._metrics.append(line)
-        protocols = (self.fs.protocol,) if isinstance(self.fs.protocol, str) else self.fs.protocol
-        if "file" in protocols:
+        if self._appendable:
             with self.fs.open(self._p("metrics.jsonl"), "a") as f:
                 f.write(line)
         else:  # object stores cannot append: rewrite the (small) file
+            self._metrics.append(line)
             self.write_text("metrics.jsonl", "".join(self._metrics))
 
     def save_weights(self, state: dict[str, torch.Tensor]) -> None:

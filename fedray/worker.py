@@ -91,13 +91,13 @@ class ClientWorker:
     def evaluate_range(self, weights: np.ndarray, test: tuple[np.ndarray, np.ndarray],
                        lo: int, hi: int) -> dict:
         """Evaluation sums on rows [lo, hi) of the central test set."""
-        self.model.load_(self._load_global(weights))
+        self.model.load_(readonly_tensor(weights))
         x, y = (readonly_tensor(a[lo:hi]) for a in test)
         return evaluate(self.model.module, x, y, self.spec.eval_batch_size, self.device)
 
     def evaluate_clients(self, weights: np.ndarray, client_ids: list[int]) -> dict:
         """Evaluation sums over the held-out data of ``client_ids``."""
-        self.model.load_(self._load_global(weights))
+        self.model.load_(readonly_tensor(weights))
         parts = []
         for cid in client_ids:
             x, y = self.cache.get(cid, "test")
