@@ -7,11 +7,28 @@ machine without one; fedray.run reuses an initialised Ray and leaves it running.
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 import numpy as np
 import pytest
 
 os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+
+SHARED_DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
+
+
+@pytest.fixture(scope="session")
+def shared_data() -> Path:
+    """../shared/data (real LEAF FEMNIST sample, MNIST t10k), beside the repository.
+
+    Tests that use it skip when it is missing, unless FEDRAY_REQUIRE_SHARED_DATA=1 (set by
+    .ci/run), where its absence is a failure: CI must never silently skip real-data tests.
+    """
+    if SHARED_DATA.is_dir():
+        return SHARED_DATA
+    if os.environ.get("FEDRAY_REQUIRE_SHARED_DATA") == "1":
+        pytest.fail(f"{SHARED_DATA} is missing but FEDRAY_REQUIRE_SHARED_DATA=1")
+    pytest.skip(f"real data not found at {SHARED_DATA} (see shared/data/README.md)")
 
 
 @pytest.fixture(scope="session")

@@ -1,0 +1,55 @@
+"""A raw data set in memory: what a loader returns and a partitioner splits.
+
+Loaders (LEAF, TFF h5, CIFAR-100 pickles, MNIST IDX, ...) read an official on-disk format
+into this one shape, so every partitioner works on every source. Images are channel-first
+([n, C, H, W]); pixels keep their stored dtype (uint8 or float32) and ``scale`` says how to
+turn them into model inputs (1/255 for uint8 pixels, 1.0 for floats already in [0, 1]).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+
+@dataclass
+class Split:
+    """One split (train or test) of a data set."""
+
+    x: np.ndarray  # [n, C, H, W] images or [n, d] features; uint8 or float32
+    y: np.ndarray  # [n] int64 labels (fine labels for CIFAR-100)
+    coarse: np.ndarray | None = None  # [n] int64 coarse labels (CIFAR-100), else None
+    owner: np.ndarray | None = None  # [n] int64 index into Dataset.owners (e.g. the writer)
+
+    def __post_init__(self) -> None:
+        if len(self.x) != len(self.y):
+            raise ValueError(f"x has {len(self.x)} rows but y has {len(self.y)}")
+        for name in ("coarse", "owner"):
+            v = getattr(self, name)
+            if v is not None and len(v) != len(self.y):
+                raise ValueError(f"{name} has {len(v)} rows but y has {len(self.y)}")
+
+    def __len__(self) -> int:
+        return len(self.y)
+
+    def take(self, idx: np.ndarray) -> Split:
+        """The rows ``idx`` of this split, in that order."""
+        return Split(self.x[idx], self.y[idx],
+                     None if self.coarse is None else self.coarse[idx],
+                     None if self.owner is None else self.owner[idx])
+
+
+@dataclass
+class Dataset:
+    name: str  # e.g. "leaf_femnist", "mnist", "cifar100", "tff_emnist", "tff_cifar100"
+    train: Split
+    test: Split | None
+    num_classes: int
+    owners: list[str] | None = None  # natural client ids (writers), shared by both splits
+    num_coarse: int | None = None  # number of coarse labels (CIFAR-100: 20)
+    scale: float = 1.0  # model input = x * scale (1/255 for uint8 pixels)
+
+    @property
+    def input_shape(self) -> tuple[int, ...]:
+        return tuple(int(d) for d in self.train.x.shape[1:])
