@@ -47,11 +47,23 @@ def prepare(config: ConfigSource | None, overrides: list[str] | tuple = (),
         OmegaConf.set_readonly(cfg, True)
     if client_data is None and cfg.data.partition == "memory":
         raise FedrayError("data.partition is 'memory' but no client_data was given to fedray.run")
-    population = len(client_data) if client_data is not None else cfg.data.synthetic.num_clients
+    has_client_test = client_data is None
+    if client_data is not None:
+        population = len(client_data)
+    elif cfg.data.partition == "synthetic":
+        population = cfg.data.synthetic.num_clients
+    else:  # a partition store: make the path absolute so every process means the same place
+        from fedray.store import read_manifest
+
+        url = absolute_url(cfg.data.partition)
+        manifest = read_manifest(url)
+        population, has_client_test = manifest["num_clients"], "test" in manifest["clients"]
+        cfg = OmegaConf.merge(cfg, {"data": {"partition": url}})
+        OmegaConf.set_readonly(cfg, True)
     validate(cfg, population, custom_model=model_fn is not None)
-    if client_data is not None and cfg.eval.federated_clients:
-        raise FedrayError("eval.federated_clients: in-memory client_data has no per-client test "
-                          "split; set it to 0 and pass test_data")
+    if cfg.eval.federated_clients and not has_client_test:
+        raise FedrayError("eval.federated_clients: this data has no per-client test split; set "
+                          "it to 0 (and pass test_data for in-memory client_data)")
     return cfg
 
 
@@ -88,6 +100,10 @@ def run(config: ConfigSource | None = None, model_fn: Callable[[], nn.Module] | 
     cfg = prepare(config, overrides, client_data, model_fn, test_data)
     url = absolute_url(cfg.output.dir)
     RunDir(url).check_new()
+    if client_data is None and cfg.data.partition != "synthetic" and cfg.data.verify:
+        from fedray.store import verify_store
+
+        verify_store(cfg.data.partition)  # a corrupt shard fails here, not in round 37
     with ray_session(cfg):
         source = build_source(cfg, client_data, test_data)
         make_model = model_fn or functools.partial(

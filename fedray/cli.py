@@ -19,6 +19,17 @@ examples:
 The run directory (output.dir, any fsspec URL) receives config.yaml, metrics.jsonl,
 summary.json and model.safetensors. Config keys: docs/config.md."""
 
+PARTITION_HELP = """Build a partition store from a recipe, or describe one.
+
+examples:
+  fedray partition partitions/femnist.yaml source.path=../data/femnist out=stores/femnist
+  fedray partition partitions/dirichlet.yaml partitioner.alpha=0.1 out=stores/dir01
+  fedray partition --describe stores/femnist --plot femnist.png
+
+Every recipe takes source.path=PATH (the raw files, in their official format) and out=URL
+(where the store goes: a new local path or fsspec URL). Recipes: partitions/*.yaml;
+recipe keys and partitioners: docs/partitions.md."""
+
 
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="fedray", description="Ray-based simulation of "
@@ -31,7 +42,37 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("overrides", nargs="*", metavar="key=value", help="config overrides")
     run.add_argument("--quiet", action="store_true", help="no progress bar")
     run.add_argument("--debug", action="store_true", help="show tracebacks on errors")
+    part = sub.add_parser("partition", help="build or describe a partition store",
+                          description=PARTITION_HELP,
+                          formatter_class=argparse.RawDescriptionHelpFormatter)
+    part.add_argument("recipe", metavar="RECIPE.yaml", nargs="?", help="partition recipe")
+    part.add_argument("overrides", nargs="*", metavar="key=value", help="recipe overrides")
+    part.add_argument("--describe", metavar="URL", help="describe an existing store instead")
+    part.add_argument("--plot", metavar="PNG", help="with --describe: where to write the label "
+                      "distribution plot (default: <store name>-labels.png here)")
+    part.add_argument("--quiet", action="store_true", help="no progress lines")
+    part.add_argument("--debug", action="store_true", help="show tracebacks on errors")
     return p
+
+
+def _partition(args: argparse.Namespace) -> int:
+    from fedray import recipe
+    from fedray.describe import describe
+
+    if args.describe:
+        if args.recipe:
+            raise FedrayError("give either RECIPE.yaml or --describe URL, not both")
+        name = args.describe.rstrip("/").rsplit("/", 1)[-1] or "store"
+        print(describe(args.describe, plot=args.plot or f"{name}-labels.png"), flush=True)
+        return 0
+    if not args.recipe:
+        raise FedrayError("fedray partition needs RECIPE.yaml (or --describe URL)")
+    log = (lambda s: None) if args.quiet else (lambda s: print(s, file=sys.stderr, flush=True))
+    out, manifest = recipe.build(args.recipe, args.overrides, log=log)
+    train = sum(manifest["clients"]["train"]["count"])
+    print(f"done: {manifest['num_clients']:,} clients, {train:,} train examples; store at {out}",
+          flush=True)
+    return 0
 
 
 def _run(args: argparse.Namespace) -> int:
@@ -58,7 +99,7 @@ def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     debug = getattr(args, "debug", False) or bool(os.environ.get("FEDRAY_DEBUG"))
     try:
-        return _run(args)
+        return _partition(args) if args.command == "partition" else _run(args)
     except FedrayError as exc:
         if debug:
             raise

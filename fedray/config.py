@@ -33,7 +33,10 @@ class SyntheticConfig:
 
 @dataclass
 class DataConfig:
-    partition: str = "synthetic"  # 'synthetic'; 'memory' when fedray.run gets client_data
+    # 'synthetic', a partition store's path or URL, or 'memory' (fedray.run's client_data)
+    partition: str = "synthetic"
+    verify: bool = True  # check a store's shard checksums before the run starts
+    open_shards: int = 16  # per-worker LRU of open (memory-mapped) store shards
     synthetic: SyntheticConfig = field(default_factory=SyntheticConfig)
 
 
@@ -114,28 +117,24 @@ class FedrayConfig:
 ConfigSource = str | os.PathLike | dict | DictConfig | FedrayConfig
 
 
-def _one_line(exc: OmegaConfBaseException) -> str:
+def _one_line(exc: OmegaConfBaseException, schema: type, what: str) -> str:
     key = getattr(exc, "full_key", None) or getattr(exc, "key", None)
     msg = str(getattr(exc, "msg", None) or exc).splitlines()[0].strip()
     if type(exc).__name__ == "ConfigKeyError" and key:
         parent = ".".join(str(key).split(".")[:-1])
-        node = _defaults()
+        node = OmegaConf.structured(schema)
         for part in filter(None, parent.split(".")):
             node = node.get(part) if isinstance(node, DictConfig) else None
         allowed = ", ".join(node.keys()) if isinstance(node, DictConfig) else ""
         where = f" under '{parent}'" if parent else ""
-        return f"unknown config key '{key}'" + (f" (allowed{where}: {allowed})" if allowed else "")
+        return f"unknown {what} key '{key}'" + (f" (allowed{where}: {allowed})" if allowed else "")
     if key:
-        return f"config key '{key}': {msg}"
+        return f"{what} key '{key}': {msg}"
     return msg
 
 
-def _defaults() -> DictConfig:
-    return OmegaConf.structured(FedrayConfig)
-
-
-def _user_config(source: ConfigSource) -> DictConfig:
-    if isinstance(source, FedrayConfig):
+def _user_config(source: Any, schema: type, kind: str) -> DictConfig:
+    if isinstance(source, schema):
         return OmegaConf.structured(source)
     if isinstance(source, DictConfig):
         return source
@@ -143,35 +142,46 @@ def _user_config(source: ConfigSource) -> DictConfig:
         return OmegaConf.create(source)
     path = Path(source)
     if not path.is_file():
-        raise ConfigError(f"job file not found: {path}")
+        raise ConfigError(f"{kind} file not found: {path}")
     try:
         loaded = OmegaConf.load(path)
     except Exception as exc:  # yaml.YAMLError and friends: show the first line only
         first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-        raise ConfigError(f"cannot parse job file {path}: {first}") from None
+        raise ConfigError(f"cannot parse {kind} file {path}: {first}") from None
     if not isinstance(loaded, DictConfig):
-        raise ConfigError(f"job file {path} must hold a mapping of config keys")
+        raise ConfigError(f"{kind} file {path} must hold a mapping of keys")
     return loaded
 
 
-def load_config(source: ConfigSource | None = None,
-                overrides: list[str] | tuple = ()) -> DictConfig:
-    """Merge defaults <- job (file, dict or config) <- ``key=value`` overrides, type-checked.
+def load_structured(schema: type, source: Any, overrides: list[str] | tuple = (), *,
+                    what: str = "config", kind: str = "job") -> DictConfig:
+    """Merge ``schema`` defaults <- source (file, dict or config) <- ``key=value`` overrides.
 
-    Returns a read-only DictConfig typed as FedrayConfig. Semantic checks that need the data
-    (population size) happen in ``validate``.
+    omegaconf checks key names and types against the dataclass ``schema``; every failure
+    becomes one ConfigError line naming the key (``what`` names the kind of key in it).
     """
     for item in overrides:
         if "=" not in item or item.startswith("="):
             raise ConfigError(f"override '{item}' is not of the form key=value")
     try:
-        cfg = _defaults()
+        cfg = OmegaConf.structured(schema)
         if source is not None:
-            cfg = OmegaConf.merge(cfg, _user_config(source))
+            cfg = OmegaConf.merge(cfg, _user_config(source, schema, kind))
         if overrides:
             cfg = OmegaConf.merge(cfg, OmegaConf.from_dotlist(list(overrides)))
     except OmegaConfBaseException as exc:
-        raise ConfigError(_one_line(exc)) from None
+        raise ConfigError(_one_line(exc, schema, what)) from None
+    return cfg
+
+
+def load_config(source: ConfigSource | None = None,
+                overrides: list[str] | tuple = ()) -> DictConfig:
+    """A job's config: defaults <- job (file, dict or config) <- ``key=value`` overrides.
+
+    Returns a read-only DictConfig typed as FedrayConfig. Semantic checks that need the data
+    (population size) happen in ``validate``.
+    """
+    cfg = load_structured(FedrayConfig, source, overrides)
     if cfg.output.dir is None:
         cfg.output.dir = f"runs/{cfg.name}-{time.strftime('%Y%m%d-%H%M%S')}"
     OmegaConf.set_readonly(cfg, True)
@@ -193,8 +203,9 @@ def validate(cfg: DictConfig, population: int, *, custom_model: bool = False) ->
     r(cfg.rounds >= 1, "rounds", "must be >= 1", cfg.rounds)
     r(bool(cfg.name) and "/" not in cfg.name, "name", "must be a non-empty name without '/'",
       cfg.name)
-    r(cfg.data.partition in ("synthetic", "memory"), "data.partition",
-      "must be one of: synthetic, memory", cfg.data.partition)
+    r(bool(cfg.data.partition), "data.partition",
+      "must be 'synthetic' or the path or URL of a partition store", cfg.data.partition)
+    r(cfg.data.open_shards >= 1, "data.open_shards", "must be >= 1", cfg.data.open_shards)
     syn = cfg.data.synthetic
     if cfg.data.partition == "synthetic":
         r(syn.num_clients >= 1, "data.synthetic.num_clients", "must be >= 1", syn.num_clients)
