@@ -1,0 +1,127 @@
+"""LEAF FEMNIST: the JSON shards that LEAF's ``preprocess.sh`` writes, read as one Dataset.
+
+LEAF is the reference source of FEMNIST's natural writer split, so we read its own files
+rather than a re-export. The shards are produced by a shell pipeline and are often copied
+around by hand, so every count is checked: a short or mismatched shard must fail loudly
+here, not train silently on misaligned labels. Examples are ordered by file name and then
+by writer id, so the same directory always yields the same arrays.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from fedray.data.dataset import Dataset, Split
+from fedray.errors import FedrayError
+
+NUM_CLASSES = 62
+PIXELS = 28 * 28
+
+# (writer, x [n, 784] float32, y [n] int64) for one writer of one shard
+_Record = tuple[str, np.ndarray, np.ndarray]
+
+
+def load_leaf_femnist(path: str) -> Dataset:
+    """Read ``path/train/all_data_*_train_*.json`` and ``path/test/all_data_*_test_*.json``.
+
+    Returns x float32 [n, 1, 28, 28] in [0, 1] (1.0 = white background), 62 classes, and
+    ``owners`` = every writer id of either split, sorted, indexed by each split's ``owner``.
+    """
+    root = Path(path)
+    train = _read_split(root, "train")
+    test = _read_split(root, "test")
+    owners = sorted({w for w, _, _ in train} | {w for w, _, _ in test})
+    index = {w: i for i, w in enumerate(owners)}
+    return Dataset(name="leaf_femnist", train=_to_split(train, index),
+                   test=_to_split(test, index), num_classes=NUM_CLASSES, owners=owners,
+                   scale=1.0)
+
+
+def _read_split(root: Path, split: str) -> list[_Record]:
+    directory = root / split
+    if not directory.is_dir():
+        raise FedrayError(f"{directory}: LEAF {split}/ directory not found")
+    files = sorted((p for p in directory.glob(f"all_data_*_{split}_*.json") if p.is_file()),
+                   key=lambda p: p.name)
+    if not files:
+        raise FedrayError(f"{directory}: no LEAF files matching all_data_*_{split}_*.json")
+    records: list[_Record] = []
+    for file in files:
+        records.extend(_read_file(file))
+    return records
+
+
+def _read_file(file: Path) -> list[_Record]:
+    try:
+        with open(file, "rb") as f:
+            doc = json.load(f)
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise FedrayError(f"{file}: invalid JSON ({e})") from None
+    except OSError as e:
+        raise FedrayError(f"{file}: cannot read ({e.strerror or e})") from None
+    if not isinstance(doc, dict):
+        raise FedrayError(f"{file}: expected a JSON object with users, num_samples, user_data")
+    for key in ("users", "num_samples", "user_data"):
+        if key not in doc:
+            raise FedrayError(f"{file}: missing key {key!r}")
+    users, counts, data = doc["users"], doc["num_samples"], doc["user_data"]
+    if not isinstance(users, list) or not isinstance(counts, list) or not isinstance(data, dict):
+        raise FedrayError(f"{file}: users and num_samples must be lists, user_data an object")
+    if len(users) != len(counts):
+        raise FedrayError(f"{file}: {len(users)} users but {len(counts)} num_samples")
+    expected: dict[str, int] = {}
+    for writer, n in zip(users, counts, strict=True):
+        if not isinstance(writer, str):
+            raise FedrayError(f"{file}: writer id {writer!r} is not a string")
+        if writer in expected:
+            raise FedrayError(f"{file}: writer {writer!r} is listed twice in users")
+        if not isinstance(n, int) or isinstance(n, bool) or n < 0:
+            raise FedrayError(f"{file}: writer {writer!r}: num_samples {n!r} is not a count")
+        expected[writer] = n
+    extra = sorted(set(data) - set(expected))
+    if extra:
+        raise FedrayError(f"{file}: user_data has writer {extra[0]!r} that is not in users")
+    return [_read_writer(file, w, expected[w], data.get(w)) for w in sorted(expected)]
+
+
+def _read_writer(file: Path, writer: str, n: int, entry: Any) -> _Record:
+    where = f"{file}: writer {writer!r}"
+    if not isinstance(entry, dict) or "x" not in entry or "y" not in entry:
+        raise FedrayError(f"{where}: user_data entry with 'x' and 'y' is missing")
+    try:
+        x = np.asarray(entry["x"], dtype=np.float32)
+        y = np.asarray(entry["y"])
+    except (ValueError, TypeError):
+        raise FedrayError(f"{where}: x must be a list of {PIXELS}-value rows of numbers, "
+                          f"y a list of integers") from None
+    if len(x) != n or len(y) != n:
+        raise FedrayError(f"{where}: num_samples says {n} but x has {len(x)} rows "
+                          f"and y has {len(y)} labels")
+    if n == 0:
+        return writer, np.zeros((0, PIXELS), np.float32), np.zeros(0, np.int64)
+    if x.ndim != 2 or x.shape[1] != PIXELS:
+        raise FedrayError(f"{where}: every x row must have {PIXELS} values "
+                          f"(got rows of shape {x.shape[1:]})")
+    if y.ndim != 1 or y.dtype.kind not in "iu":
+        raise FedrayError(f"{where}: y must be a flat list of integer labels")
+    if y.min() < 0 or y.max() >= NUM_CLASSES:
+        raise FedrayError(f"{where}: labels must be in 0..{NUM_CLASSES - 1} "
+                          f"(found {int(y.min())}..{int(y.max())})")
+    if not (x.min() >= 0.0 and x.max() <= 1.0):  # also false for NaN
+        raise FedrayError(f"{where}: pixels must be in [0, 1]")
+    return writer, x, y.astype(np.int64)
+
+
+def _to_split(records: list[_Record], index: dict[str, int]) -> Split:
+    if not records:
+        return Split(np.zeros((0, 1, 28, 28), np.float32), np.zeros(0, np.int64),
+                     owner=np.zeros(0, np.int64))
+    x = np.concatenate([r[1] for r in records]).reshape(-1, 1, 28, 28)
+    y = np.concatenate([r[2] for r in records])
+    owner = np.repeat(np.array([index[r[0]] for r in records], dtype=np.int64),
+                      [len(r[2]) for r in records])
+    return Split(x, y, owner=owner)

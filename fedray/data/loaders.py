@@ -1,0 +1,37 @@
+"""Named loaders for the on-disk data sets, so a job config can say which one it reads.
+
+A config names a source (``source.name``) and a local path (``source.path``); this registry
+turns that pair into a Dataset and reports a wrong name or a missing path as a one-line
+FedrayError before any loader starts reading.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+
+from fedray.data.cifar100 import load_cifar100
+from fedray.data.dataset import Dataset
+from fedray.data.leaf import load_leaf_femnist
+from fedray.data.mnist import load_mnist
+from fedray.data.tff import load_tff_cifar100, load_tff_emnist
+from fedray.errors import FedrayError
+
+LOADERS: dict[str, Callable[[str], Dataset]] = {
+    "leaf_femnist": load_leaf_femnist,
+    "tff_emnist": load_tff_emnist,
+    "tff_cifar100": load_tff_cifar100,
+    "cifar100": load_cifar100,
+    "mnist": load_mnist,
+}
+
+
+def load_source(name: str, path: str) -> Dataset:
+    """Load data set ``name`` (a key of LOADERS) from the local path ``path``."""
+    loader = LOADERS.get(name)
+    if loader is None:
+        raise FedrayError(f"source.name: must be one of: {', '.join(LOADERS)} (got {name!r})")
+    path = os.path.expanduser(os.fspath(path))
+    if not os.path.exists(path):
+        raise FedrayError(f"source.path: {path} does not exist")
+    return loader(path)
