@@ -139,6 +139,43 @@ def _fraction(key: str, value: object) -> float:
     return v
 
 
+def _ratio_list(key: str, value: object) -> list[float]:
+    rule = "must be a non-empty list of numbers in (0, 1]"
+    if isinstance(value, (str, bytes)) or not isinstance(value, (Sequence, np.ndarray)) \
+            or len(value) == 0:
+        raise _bad(key, rule, value)
+    rhos = [_number(key, r) for r in value]
+    if any(not 0 < r <= 1 for r in rhos):
+        raise _bad(key, rule, list(value))
+    return rhos
+
+
+def _base(key: str, value: object) -> str:
+    if value not in ("iid", "dirichlet"):
+        raise _bad(key, "must be 'iid' or 'dirichlet'", value)
+    return str(value)
+
+
+def _nonnegative(key: str, value: object) -> float:
+    v = _number(key, value)
+    if v < 0:
+        raise _bad(key, "must be >= 0", value)
+    return v
+
+
+# What can be checked of each parameter without the data (bounds such as num_clients <= n
+# need the data and stay in the partitioners). Same helpers as the partitioners use.
+_RULES: dict[str, Callable[[str, object], object]] = {
+    "num_clients": lambda k, v: _int(k, v, 1),
+    "examples_per_client": lambda k, v: _int(k, v, 1),
+    "min_examples": lambda k, v: _int(k, v, 0),
+    "alpha": _positive, "coarse_alpha": _positive, "fine_alpha": _positive,
+    "sigma": _nonnegative,
+    "similarity": _fraction, "corruption": _fraction, "flip_ratio": _fraction,
+    "ratios": _ratio_list, "base": _base,
+}
+
+
 def _seed(seed: object) -> int:
     if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
         raise FedrayError(f"seed: must be a non-negative integer, got {seed!r}")
@@ -613,12 +650,7 @@ def imbalance(dataset: Dataset, seed: int, num_clients: int,
     seed = _seed(seed)
     n = len(dataset.train)
     k = _num_clients(num_clients, n)
-    if isinstance(ratios, (str, bytes)) or not isinstance(ratios, (Sequence, np.ndarray)) \
-            or len(ratios) == 0:
-        raise _bad("ratios", "must be a non-empty list of numbers in (0, 1]", ratios)
-    rhos = [_number("ratios", r) for r in ratios]
-    if any(not 0 < r <= 1 for r in rhos):
-        raise _bad("ratios", "must be a non-empty list of numbers in (0, 1]", list(ratios))
+    rhos = _ratio_list("ratios", ratios)
     order = canonical_order(dataset.train)
     y = np.asarray(dataset.train.y, dtype=np.int64)[order]
     g = rng(seed, TAG_IMBALANCE)
@@ -682,12 +714,10 @@ def label_flip(dataset: Dataset, seed: int, num_clients: int, corruption: float 
     corrupt = _fraction("corruption", corruption)
     ratio = _fraction("flip_ratio", flip_ratio)
     a = _positive("alpha", alpha)
-    if base == "iid":
+    if _base("base", base) == "iid":
         part = iid(dataset, seed, k)
-    elif base == "dirichlet":
-        part = dirichlet(dataset, seed, k, a)
     else:
-        raise _bad("base", "must be 'iid' or 'dirichlet'", base)
+        part = dirichlet(dataset, seed, k, a)
     y = np.asarray(dataset.train.y, dtype=np.int64)
     c_count = max(int(dataset.num_classes), int(y.max()) + 1 if n else 0)
     if c_count < 2:
@@ -735,11 +765,11 @@ PARAMS: dict[str, set[str]] = {name: _params(fn)[0] for name, fn in PARTITIONERS
 _REQUIRED: dict[str, set[str]] = {name: _params(fn)[1] for name, fn in PARTITIONERS.items()}
 
 
-def partition(dataset: Dataset, name: str, seed: int, **params: object) -> Partition:
-    """Partition ``dataset`` with the partitioner ``name`` (a key of PARTITIONERS).
+def check_params(name: str, seed: int, params: dict) -> None:
+    """Everything about a partitioner call that can be checked without the data.
 
-    Unknown names, parameters the partitioner does not take, missing required parameters and
-    invalid values are FedrayErrors naming the partitioner or ``partitioner.<key>``.
+    Recipes call this before reading any source, so a typo'd key or ``alpha: 0`` fails in
+    a second rather than after loading CIFAR-100.
     """
     if name not in PARTITIONERS:
         raise FedrayError(f"unknown partitioner {name!r} (known: {', '.join(PARTITIONERS)})")
@@ -750,4 +780,17 @@ def partition(dataset: Dataset, name: str, seed: int, **params: object) -> Parti
     missing = sorted(_REQUIRED[name] - params.keys())
     if missing:
         raise FedrayError(f"partitioner.{missing[0]} is required by {name!r}")
+    _seed(seed)
+    for key, value in params.items():
+        if key in _RULES and value is not None:
+            _RULES[key](key, value)
+
+
+def partition(dataset: Dataset, name: str, seed: int, **params: object) -> Partition:
+    """Partition ``dataset`` with the partitioner ``name`` (a key of PARTITIONERS).
+
+    Unknown names, parameters the partitioner does not take, missing required parameters and
+    invalid values are FedrayErrors naming the partitioner or ``partitioner.<key>``.
+    """
+    check_params(name, seed, params)
     return PARTITIONERS[name](dataset, seed, **params)

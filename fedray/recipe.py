@@ -45,7 +45,7 @@ class Recipe:
 def load_recipe(source: Any, overrides: list[str] | tuple = ()) -> DictConfig:
     """Load and validate a recipe; reads no data."""
     from fedray.data.loaders import LOADERS
-    from fedray.partitioners import PARAMS
+    from fedray.partitioners import PARAMS, check_params
 
     cfg = load_structured(Recipe, source, overrides, what="recipe", kind="recipe")
     sources = [*LOADERS, "synthetic"]
@@ -59,10 +59,7 @@ def load_recipe(source: Any, overrides: list[str] | tuple = ()) -> DictConfig:
     if pname not in PARAMS:
         raise ConfigError(f"recipe key 'partitioner.name': must be one of: {', '.join(PARAMS)}, "
                           f"got {pname!r}")
-    for key in cfg.partitioner:
-        if key != "name" and key not in PARAMS[pname]:
-            raise ConfigError(f"recipe key 'partitioner.{key}' is not used by '{pname}' "
-                              f"(it takes: {', '.join(sorted(PARAMS[pname])) or 'nothing'})")
+    check_params(pname, cfg.seed, _partitioner_params(cfg))
     if not cfg.out:
         raise ConfigError("recipe key 'out': where to write the store, e.g. out=stores/femnist")
     if cfg.shard_mb <= 0:
@@ -73,6 +70,10 @@ def load_recipe(source: Any, overrides: list[str] | tuple = ()) -> DictConfig:
                           "num_writers >= 1 and 1 <= min_examples <= max_examples")
     OmegaConf.set_readonly(cfg, True)
     return cfg
+
+
+def _partitioner_params(cfg: DictConfig) -> dict[str, Any]:
+    return {k: v for k, v in OmegaConf.to_container(cfg.partitioner).items() if k != "name"}
 
 
 def load_dataset(spec: DictConfig) -> Dataset:
@@ -103,8 +104,7 @@ def build(recipe: Any, overrides: list[str] | tuple = (),
     log(f"  {len(dataset.train):,} train / {test_n:,} test examples, "
         f"{dataset.num_classes} classes ({time.perf_counter() - t0:.1f}s)")
     t1 = time.perf_counter()
-    params = {k: v for k, v in OmegaConf.to_container(cfg.partitioner).items() if k != "name"}
-    part = partition(dataset, cfg.partitioner.name, cfg.seed, **params)
+    part = partition(dataset, cfg.partitioner.name, cfg.seed, **_partitioner_params(cfg))
     log(f"partitioned into {part.num_clients:,} clients with '{cfg.partitioner.name}' "
         f"({time.perf_counter() - t1:.1f}s)")
     t2 = time.perf_counter()

@@ -8,6 +8,7 @@ from omegaconf import OmegaConf
 
 from fedray.api import prepare
 from fedray.config import load_config
+from fedray.errors import FedrayError
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 
@@ -29,6 +30,10 @@ def test_config_doc_lists_every_key_and_no_other():
 
 @pytest.mark.parametrize("job", sorted((ROOT / "jobs").glob("**/*.yaml")), ids=lambda p: p.name)
 def test_every_job_file_validates(job):
+    if load_config(job).data.partition != "synthetic":  # a store built by a recipe first:
+        with pytest.raises(FedrayError, match="no partition store"):  # named when missing
+            prepare(job, ["data.partition=/nonexistent/store"])
+        job = load_config(job, ["data.partition=synthetic", "data.synthetic.num_clients=1000"])
     prepare(job)
 
 
