@@ -123,3 +123,44 @@ def test_real_leaf_femnist_store(shared_data, ray_cluster, tmp_path):
     assert "fed_test_accuracy" in res.metrics[-1] and "test_accuracy" in res.metrics[-1]
     assert json.loads((tmp_path / "run" / "summary.json").read_text())["population"] == 105
     assert read_manifest(url)["partitioner"]["name"] == "natural"
+
+
+def _write_cifar100(root: pathlib.Path, per_fine: int, seed: int) -> None:
+    """cifar-100-python/{train,test,meta} exactly as the official archive lays them out."""
+    import pickle
+
+    from test_partitioners import CIFAR100_COARSE
+
+    folder = root / "cifar-100-python"
+    folder.mkdir(parents=True)
+    g = np.random.default_rng(seed)
+    for split, n_per in (("train", per_fine), ("test", max(1, per_fine // 5))):
+        fine = np.repeat(np.arange(100), n_per)
+        doc = {b"data": g.integers(0, 256, size=(len(fine), 3072), dtype=np.uint8),
+               b"fine_labels": fine.tolist(),
+               b"coarse_labels": [CIFAR100_COARSE[f] for f in fine],
+               b"filenames": [f"img_{i}.png".encode() for i in range(len(fine))],
+               b"batch_label": f"{split} batch".encode()}
+        with open(folder / split, "wb") as f:
+            pickle.dump(doc, f, protocol=2)
+    with open(folder / "meta", "wb") as f:
+        pickle.dump({b"fine_label_names": [f"f{i}".encode() for i in range(100)],
+                     b"coarse_label_names": [f"c{i}".encode() for i in range(20)]}, f,
+                    protocol=2)
+
+
+def test_fed_cifar100_recipe_end_to_end(tmp_path):
+    """The shipped recipe on official-format pickles: Pachinko invariants hold in the store."""
+    _write_cifar100(tmp_path / "raw", per_fine=10, seed=0)  # 1,000 train / 200 test
+    url, m = build(ROOT / "partitions" / "fed_cifar100.yaml",
+                   [f"source.path={tmp_path / 'raw'}", f"out={tmp_path / 'store'}",
+                    "partitioner.examples_per_client=10"])
+    assert m["clients"]["names"][:3] == ["0", "1", "2"] and m["num_clients"] == 100
+    train = np.asarray(m["clients"]["train"]["label_histogram"])
+    assert (train.sum(axis=1) == 10).all() and (train.sum(axis=0) == 10).all()
+    test = np.asarray(m["clients"]["test"]["count"])
+    assert (test[:20] == 10).all() and (test[20:] == 0).all()
+    src = StoreSource(url)
+    x, y = src.client(7)
+    assert x.shape == (10, 3, 32, 32) and x.dtype == np.float32 and 0 <= x.min() <= x.max() <= 1
+    assert src.num_classes == 100 and m["num_coarse"] == 20
