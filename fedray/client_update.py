@@ -40,7 +40,7 @@ def local_sgd(model: FlatModel, global_weights: torch.Tensor, x: torch.Tensor, y
     torch.manual_seed(seed)  # dropout masks
     order = torch.Generator().manual_seed(seed)  # batch order
     n = len(y)
-    steps = num_local_steps(n, batch_size, local_epochs, local_steps)
+    steps = num_local_steps(n, batch_size, local_epochs, local_steps) if n else 0
     device = model.device
     x = x.to(device, non_blocking=True)
     y = y.to(device, non_blocking=True)

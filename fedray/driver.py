@@ -116,7 +116,8 @@ class Driver:
             for k in stats:
                 stats[k] += part[k]
             del part
-        self.weights = self.server_opt.step(self.weights, acc.mean())
+        if acc.weight > 0:  # a round of clients without examples leaves the model as it is
+            self.weights = self.server_opt.step(self.weights, acc.mean())
         return {"clients": len(ids), "examples": int(stats["examples"]),
                 "train_loss": stats["loss_sum"] / max(1, stats["examples_seen"]),
                 "worker_busy_s": stats["busy_s"]}

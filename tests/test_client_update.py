@@ -55,3 +55,9 @@ def test_matches_plain_sgd_loop():
     r = _run(m, w, x, y)
     expected = torch.nn.utils.parameters_to_vector(ref.parameters()) - w
     torch.testing.assert_close(r.delta, expected, rtol=1e-5, atol=1e-6)
+
+
+def test_client_without_examples_takes_no_step():
+    m, w, x, y = _setup()
+    r = _run(m, w, x[:0], y[:0], local_steps=3)
+    assert r.steps == 0 and r.num_examples == 0 and torch.equal(r.delta, torch.zeros_like(w))
