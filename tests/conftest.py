@@ -14,12 +14,14 @@ import pytest
 
 os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
 
-SHARED_DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
+SHARED_DATA = Path(os.environ.get("FEDRAY_SHARED_DATA")
+                   or Path(__file__).resolve().parents[2] / "shared" / "data")
 
 
 @pytest.fixture(scope="session")
 def shared_data() -> Path:
-    """../shared/data (real LEAF FEMNIST sample, MNIST t10k), beside the repository.
+    """../shared/data (real LEAF FEMNIST sample, MNIST t10k), beside the repository, or
+    wherever FEDRAY_SHARED_DATA points.
 
     Tests that use it skip when it is missing, unless FEDRAY_REQUIRE_SHARED_DATA=1 (set by
     .ci/run), where its absence is a failure: CI must never silently skip real-data tests.
