@@ -244,10 +244,12 @@ class StoreSource:
         self._files = {s: [sh for sh in m["shards"] if sh["split"] == s] for s in SPLITS}
         self.max_open_shards = max_open_shards
         self._open: OrderedDict[tuple[str, int], pa.RecordBatch] = OrderedDict()
+        self._fs = None
 
     def __getstate__(self) -> dict:
         state = dict(self.__dict__)
         state["_open"] = OrderedDict()  # each process maps shards itself
+        state["_fs"] = None
         return state
 
     def train_sizes(self) -> np.ndarray:
@@ -265,7 +267,9 @@ class StoreSource:
             self._open.move_to_end(key)
             return batch
         shard = self._files[split][i]
-        fs, path = fsspec.core.url_to_fs(self.url)
+        if self._fs is None:
+            self._fs = fsspec.core.url_to_fs(self.url)
+        fs, path = self._fs
         p = _join(path, shard["file"])
         try:
             protocols = (fs.protocol,) if isinstance(fs.protocol, str) else fs.protocol
