@@ -1,19 +1,245 @@
 """Server optimizer: turns the round's aggregated client delta into the next global model.
 
-With SGD at server learning rate eta_s this is FedAvg's x <- x + eta_s * mean_delta (the
-mean delta is the negative pseudo-gradient of Reddi et al.'s SERVEROPT view; eta_s = 1 is
-plain FedAvg).
+The mean delta is the negative pseudo-gradient of Reddi et al.'s SERVEROPT view ("Adaptive
+Federated Optimization", ICLR 2021, Alg. 2), so every optimizer here *adds* its update. With
+SGD at server learning rate eta_s this is FedAvg's x <- x + eta_s * mean_delta (eta_s = 1 is
+plain FedAvg); momentum gives FedAvgM, and Adam / Yogi / Adagrad give FedAdam / FedYogi /
+FedAdagrad exactly as in Alg. 2 (no bias correction, v_0 = tau^2).
+
+All arithmetic is float64 (the delta already is); the returned weights are float32, as the
+model's are. The state is a plain dict of float64 tensors and ints, so a run directory can
+checkpoint it with safetensors, and it is sized on the first step, so an optimizer can be
+built before the model exists.
 """
 
 from __future__ import annotations
 
+import math
+
 import torch
 
+from fedray.errors import FedrayError
 
-class ServerSGD:
-    def __init__(self, lr: float):
-        self.lr = lr
+StateDict = dict[str, torch.Tensor | float | int]
+
+
+def _check(key: str, value: float, ok: bool, rule: str) -> None:
+    if not ok:
+        raise FedrayError(f"server.{key}: {rule}, got {value!r}")
+
+
+def _positive(key: str, value: float) -> float:
+    ok = isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+    _check(key, value, ok and value > 0, "must be a finite number > 0")
+    return float(value)
+
+
+def _unit(key: str, value: float) -> float:
+    ok = isinstance(value, int | float) and not isinstance(value, bool)
+    _check(key, value, ok and 0 <= value < 1, "must be in [0, 1)")
+    return float(value)
+
+
+class ServerOptimizer:
+    """x <- x + update(mean_delta), with the optimizer's own state in float64 buffers.
+
+    Subclasses list their buffers in `buffers` and implement `_update`, which receives the
+    float64 delta (buffers already allocated) and returns the float64 update to add."""
+
+    name: str = ""
+    buffers: tuple[str, ...] = ()
+
+    def __init__(self) -> None:
+        self.steps = 0
+        self.state: dict[str, torch.Tensor] = {}
 
     def step(self, weights: torch.Tensor, mean_delta: torch.Tensor) -> torch.Tensor:
-        """New global weights (float32) from the old ones and a float64 mean delta."""
-        return (weights.double() + self.lr * mean_delta).float()
+        """New global weights (float32) from the old ones and a float64 mean delta.
+
+        Neither argument is modified in place."""
+        if weights.shape != mean_delta.shape or weights.dim() != 1:
+            raise ValueError(f"{self.name}: weights {tuple(weights.shape)} and mean delta "
+                             f"{tuple(mean_delta.shape)} must be flat vectors of one size")
+        delta = mean_delta.to(torch.float64)
+        if self.buffers and not self.state:
+            self.state = {k: self._initial(k, delta) for k in self.buffers}
+        self._check_size(delta.numel())
+        update = self._update(delta)
+        self.steps += 1
+        return (weights.double() + update).float()
+
+    def state_dict(self) -> StateDict:
+        """A copy of the state: `step` (rounds taken) and, after the first step, the buffers."""
+        out: StateDict = {"step": self.steps}
+        out.update({k: v.clone() for k, v in self.state.items()})
+        return out
+
+    def load_state_dict(self, state: StateDict) -> None:
+        """Restore a `state_dict()` exactly (copies it), so a resumed run is bit-identical."""
+        tensors = {k for k in state if k != "step"}
+        if not all(isinstance(state[k], torch.Tensor) for k in tensors):
+            raise FedrayError(f"algorithm.server_opt={self.name}: saved optimizer buffers must be "
+                              "tensors")
+        if "step" not in state or tensors not in (set(), set(self.buffers)):
+            raise FedrayError(f"algorithm.server_opt={self.name}: saved optimizer state has keys "
+                              f"{sorted(state)}, expected step and {list(self.buffers)}")
+        sizes = {state[k].numel() for k in tensors}
+        if len(sizes) > 1:
+            raise FedrayError(f"algorithm.server_opt={self.name}: saved buffers differ in size")
+        self.steps = int(state["step"])
+        self.state = {k: state[k].detach().to(torch.float64).clone() for k in self.buffers
+                      if k in tensors}
+
+    def _check_size(self, n: int) -> None:
+        for v in self.state.values():
+            if v.numel() != n:
+                raise FedrayError(f"algorithm.server_opt={self.name}: state is for {v.numel()} "
+                                  f"parameters but the model has {n}")
+
+    def _initial(self, key: str, delta: torch.Tensor) -> torch.Tensor:
+        return torch.zeros_like(delta)
+
+    def _update(self, delta: torch.Tensor) -> torch.Tensor:
+        raise NotImplementedError
+
+    def __repr__(self) -> str:
+        hp = ", ".join(f"{k}={v!r}" for k, v in vars(self).items()
+                       if k not in ("steps", "state", "name"))
+        return f"{type(self).__name__}({hp})"
+
+
+class ServerSGD(ServerOptimizer):
+    """x <- x + lr * delta (FedAvg when lr = 1). No state besides the step count."""
+
+    name = "sgd"
+
+    def __init__(self, lr: float):
+        super().__init__()
+        self.lr = _positive("lr", lr)
+
+    def _update(self, delta: torch.Tensor) -> torch.Tensor:
+        return self.lr * delta
+
+
+class ServerMomentum(ServerOptimizer):
+    """FedAvgM (Hsu et al. 2019): m <- beta * m + delta; x <- x + lr * m, with m_0 = 0.
+
+    Nesterov: the same m, then x <- x + lr * (delta + beta * m) (PyTorch SGD's form applied to
+    the negative pseudo-gradient). momentum = 0 gives ServerSGD exactly."""
+
+    name = "momentum"
+    buffers = ("m",)
+
+    def __init__(self, lr: float, momentum: float, nesterov: bool = False):
+        super().__init__()
+        self.lr = _positive("lr", lr)
+        self.momentum = _unit("momentum", momentum)
+        self.nesterov = bool(nesterov)
+        if self.nesterov:
+            self.name = "nesterov"
+
+    def _update(self, delta: torch.Tensor) -> torch.Tensor:
+        m = self.state["m"]
+        m.mul_(self.momentum).add_(delta)
+        if self.nesterov:
+            return self.lr * (delta + self.momentum * m)
+        return self.lr * m
+
+
+class _Adaptive(ServerOptimizer):
+    """Reddi et al. Alg. 2: m_t = beta1 * m_{t-1} + (1 - beta1) * delta_t;
+    v_t from the subclass's `_second_moment`; x_{t+1} = x_t + lr * m_t / (sqrt(v_t) + tau).
+
+    m_0 = 0 and v_0 = tau^2 (the paper asks v_{-1} >= tau^2; we take the bound itself). No bias
+    correction, as in the paper."""
+
+    buffers = ("m", "v")
+
+    def __init__(self, lr: float, beta1: float, tau: float):
+        super().__init__()
+        self.lr = _positive("lr", lr)
+        self.beta1 = _unit("beta1", beta1)
+        self.tau = _positive("tau", tau)
+
+    def _initial(self, key: str, delta: torch.Tensor) -> torch.Tensor:
+        if key == "v":
+            return torch.full_like(delta, self.tau * self.tau)
+        return torch.zeros_like(delta)
+
+    def _second_moment(self, v: torch.Tensor, sq: torch.Tensor) -> torch.Tensor:
+        raise NotImplementedError
+
+    def _update(self, delta: torch.Tensor) -> torch.Tensor:
+        m = self.beta1 * self.state["m"] + (1 - self.beta1) * delta
+        v = self._second_moment(self.state["v"], delta * delta)
+        self.state["m"], self.state["v"] = m, v
+        return self.lr * m / (v.sqrt() + self.tau)
+
+
+class ServerAdam(_Adaptive):
+    """FedAdam: v_t = beta2 * v_{t-1} + (1 - beta2) * delta_t^2."""
+
+    name = "adam"
+
+    def __init__(self, lr: float, beta1: float = 0.9, beta2: float = 0.99, tau: float = 1e-3):
+        super().__init__(lr, beta1, tau)
+        self.beta2 = _unit("beta2", beta2)
+
+    def _second_moment(self, v: torch.Tensor, sq: torch.Tensor) -> torch.Tensor:
+        return self.beta2 * v + (1 - self.beta2) * sq
+
+
+class ServerYogi(_Adaptive):
+    """FedYogi: v_t = v_{t-1} - (1 - beta2) * delta_t^2 * sign(v_{t-1} - delta_t^2)."""
+
+    name = "yogi"
+
+    def __init__(self, lr: float, beta1: float = 0.9, beta2: float = 0.99, tau: float = 1e-3):
+        super().__init__(lr, beta1, tau)
+        self.beta2 = _unit("beta2", beta2)
+
+    def _second_moment(self, v: torch.Tensor, sq: torch.Tensor) -> torch.Tensor:
+        return v - (1 - self.beta2) * sq * torch.sign(v - sq)
+
+
+class ServerAdagrad(_Adaptive):
+    """FedAdagrad: v_t = v_{t-1} + delta_t^2.
+
+    beta1 defaults to 0 here (plain Adagrad: m_t = delta_t); Alg. 2 keeps the beta1 momentum
+    for FedAdagrad too, and build_server_optimizer passes its beta1 (0.9 by default)."""
+
+    name = "adagrad"
+
+    def __init__(self, lr: float, beta1: float = 0.0, tau: float = 1e-3):
+        super().__init__(lr, beta1, tau)
+
+    def _second_moment(self, v: torch.Tensor, sq: torch.Tensor) -> torch.Tensor:
+        return v + sq
+
+
+SERVER_OPTIMIZERS: dict[str, type[ServerOptimizer]] = {
+    "sgd": ServerSGD,
+    "momentum": ServerMomentum,
+    "nesterov": ServerMomentum,
+    "adam": ServerAdam,
+    "yogi": ServerYogi,
+    "adagrad": ServerAdagrad,
+}
+
+
+def build_server_optimizer(name: str, lr: float, momentum: float = 0.9, beta1: float = 0.9,
+                           beta2: float = 0.99, tau: float = 1e-3) -> ServerOptimizer:
+    """The optimizer `algorithm.server_opt=name`, given only the hyper-parameters it uses.
+
+    Values it does not use are not checked, so e.g. `server.tau` may stay unset for SGD."""
+    if not isinstance(name, str) or name not in SERVER_OPTIMIZERS:
+        raise FedrayError(f"algorithm.server_opt: unknown optimizer {name!r}, choose one of "
+                          f"{', '.join(SERVER_OPTIMIZERS)}")
+    lr = _positive("lr", lr)
+    if name == "sgd":
+        return ServerSGD(lr)
+    if name in ("momentum", "nesterov"):
+        return ServerMomentum(lr, momentum, nesterov=name == "nesterov")
+    if name == "adagrad":
+        return ServerAdagrad(lr, beta1=beta1, tau=tau)
+    return SERVER_OPTIMIZERS[name](lr, beta1=beta1, beta2=beta2, tau=tau)
