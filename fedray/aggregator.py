@@ -34,6 +34,9 @@ class WeightedSum:
         return self.total / self.weight
 
 
-def client_weight(num_examples: int) -> float:
-    """FedAvg's proportional weighting: a client counts as many times as it has examples."""
-    return float(num_examples)
+def client_weight(aggregator: str, num_examples: int) -> float:
+    """A client's weight in the mean: its example count (proportional, FedAvg's choice) or 1
+    (uniform). A client without examples never counts."""
+    if num_examples == 0:
+        return 0.0
+    return float(num_examples) if aggregator == "proportional" else 1.0

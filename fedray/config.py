@@ -47,7 +47,11 @@ class ModelConfig:
 
 @dataclass
 class AlgorithmConfig:
-    name: str = "fedavg"
+    name: str = "fedavg"  # a preset (fedray/algorithms.py); the parts below override it
+    client: str | None = None  # local_sgd | fedsgd | fedprox
+    aggregator: str | None = None  # proportional | uniform
+    server_opt: str | None = None  # sgd | momentum | nesterov | adam | yogi | adagrad
+    prox_mu: float = 0.01  # FedProx's proximal weight mu (client: fedprox)
 
 
 @dataclass
@@ -61,6 +65,10 @@ class ClientConfig:
 @dataclass
 class ServerConfig:
     lr: float = 1.0
+    momentum: float = 0.9  # server_opt: momentum, nesterov
+    beta1: float = 0.9  # server_opt: adam, yogi, adagrad (first-moment decay, Reddi et al.)
+    beta2: float = 0.99  # server_opt: adam, yogi
+    tau: float = 1e-3  # adaptivity of adam, yogi, adagrad (Reddi et al.)
 
 
 @dataclass
@@ -195,7 +203,7 @@ def _require(ok: bool, key: str, rule: str, value: Any) -> None:
 
 def validate(cfg: DictConfig, population: int, *, custom_model: bool = False) -> None:
     """Reject impossible values with one line naming the key and what is allowed."""
-    from fedray.algorithms import ALGORITHMS
+    from fedray.algorithms import AGGREGATORS, ALGORITHMS, CLIENT_UPDATES, SERVER_OPTS
     from fedray.models import MODELS
 
     r = _require
@@ -219,8 +227,19 @@ def validate(cfg: DictConfig, population: int, *, custom_model: bool = False) ->
     if not custom_model:
         r(cfg.model.name in MODELS, "model.name", f"must be one of: {', '.join(MODELS)}",
           cfg.model.name)
-    r(cfg.algorithm.name in ALGORITHMS, "algorithm.name",
-      f"must be one of: {', '.join(ALGORITHMS)}", cfg.algorithm.name)
+    a = cfg.algorithm
+    r(a.name in ALGORITHMS, "algorithm.name", f"must be one of: {', '.join(ALGORITHMS)}", a.name)
+    for key, allowed in (("client", CLIENT_UPDATES), ("aggregator", AGGREGATORS),
+                         ("server_opt", SERVER_OPTS)):
+        value = a[key]
+        r(value is None or value in allowed, f"algorithm.{key}",
+          f"must be one of: {', '.join(allowed)} (or null: the preset's)", value)
+    r(a.prox_mu >= 0, "algorithm.prox_mu", "must be >= 0", a.prox_mu)
+    sv = cfg.server
+    r(0 <= sv.momentum < 1, "server.momentum", "must be in [0, 1)", sv.momentum)
+    r(0 <= sv.beta1 < 1, "server.beta1", "must be in [0, 1)", sv.beta1)
+    r(0 <= sv.beta2 < 1, "server.beta2", "must be in [0, 1)", sv.beta2)
+    r(sv.tau > 0, "server.tau", "must be > 0", sv.tau)
     c = cfg.client
     r(c.lr > 0, "client.lr", "must be > 0", c.lr)
     r(c.batch_size >= 1, "client.batch_size", "must be >= 1", c.batch_size)

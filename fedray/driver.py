@@ -24,6 +24,7 @@ from torch import nn
 
 from fedray import __version__
 from fedray.aggregator import WeightedSum
+from fedray.algorithms import resolve
 from fedray.assignment import assign_balanced
 from fedray.data.source import ClientSource
 from fedray.errors import FedrayError
@@ -33,7 +34,7 @@ from fedray.replica import FlatModel
 from fedray.run_dir import WEIGHTS_FILE, RunDir
 from fedray.sampling import federated_eval_clients, sample_clients
 from fedray.seeding import TAG_INIT, derive_seed
-from fedray.server_optimizer import ServerSGD
+from fedray.server_optimizer import build_server_optimizer
 from fedray.worker import WorkerSpec
 
 
@@ -74,12 +75,17 @@ class Driver:
             raise FedrayError(f"model.name={c.model.name}: cannot build it for inputs of shape "
                               f"{tuple(source.input_shape)}: {exc}") from None
         self.weights = self.template.flat.clone()
-        self.server_opt = ServerSGD(c.server.lr)
+        self.parts = resolve(c.algorithm)
+        sv = c.server
+        self.server_opt = build_server_optimizer(self.parts.server_opt, sv.lr, sv.momentum,
+                                                 sv.beta1, sv.beta2, sv.tau)
         self.sizes = source.train_sizes()
         spec = WorkerSpec(make_model=make_model, source=source, seed=c.seed, lr=c.client.lr,
                           batch_size=c.client.batch_size, local_epochs=c.client.local_epochs,
                           local_steps=c.client.local_steps, eval_batch_size=c.eval.batch_size,
-                          num_cpus=c.runtime.worker.num_cpus, cache_mb=c.runtime.worker.cache_mb)
+                          num_cpus=c.runtime.worker.num_cpus, cache_mb=c.runtime.worker.cache_mb,
+                          client_update=self.parts.client, aggregator=self.parts.aggregator,
+                          prox_mu=c.algorithm.prox_mu)
         start = time.perf_counter()
         self.workers = create_workers(spec, num_workers, c.runtime.worker.num_cpus,
                                       c.runtime.worker.num_gpus)
@@ -180,6 +186,8 @@ class Driver:
         final = {k: v for k, v in last.items() if k.startswith(("test_", "fed_test_"))}
         return {
             "name": c.name, "rounds": c.rounds, "population": self.source.population,
+            "algorithm": {"client": self.parts.client, "aggregator": self.parts.aggregator,
+                          "server_opt": self.parts.server_opt},
             "clients_per_round": c.sampling.clients_per_round, "num_workers": len(self.workers),
             "workers": self.workers_info(),
             "final": final, "best_test_accuracy": max(accs) if accs else None,

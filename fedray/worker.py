@@ -40,6 +40,9 @@ class WorkerSpec:
     eval_batch_size: int
     num_cpus: float
     cache_mb: int
+    client_update: str = "local_sgd"  # see fedray.algorithms.CLIENT_UPDATES
+    aggregator: str = "proportional"
+    prox_mu: float = 0.0
 
 
 class ClientWorker:
@@ -79,8 +82,10 @@ class ClientWorker:
             x, y = self.cache.get(cid)
             res = local_sgd(self.model, global_w, x, y, lr=s.lr, batch_size=s.batch_size,
                             local_epochs=s.local_epochs, local_steps=s.local_steps,
-                            seed=client_seed(s.seed, round_idx, cid), delta_out=self._delta)
-            acc.add(res.delta, client_weight(res.num_examples))
+                            seed=client_seed(s.seed, round_idx, cid), delta_out=self._delta,
+                            prox_mu=s.prox_mu if s.client_update == "fedprox" else 0.0,
+                            full_batch=s.client_update == "fedsgd")
+            acc.add(res.delta, client_weight(s.aggregator, res.num_examples))
             loss_sum += res.loss_sum
             seen += res.examples_seen
             examples += res.num_examples
