@@ -72,3 +72,29 @@ def blobs(num_clients: int, dim: int = 5, classes: int = 3, seed: int = 0
         n = int(g.integers(4, 12))
         out[c] = (g.normal(size=(n, dim)).astype(np.float32), g.integers(0, classes, size=n))
     return out
+
+
+def softmax_grad(w: np.ndarray, b: np.ndarray, x: np.ndarray, y: np.ndarray):
+    """NumPy gradient of the mean cross-entropy of a linear model (an independent reference)."""
+    logits = x @ w.T + b
+    p = np.exp(logits - logits.max(1, keepdims=True))
+    p /= p.sum(1, keepdims=True)
+    p[np.arange(len(y)), y] -= 1.0
+    return p.T @ x / len(y), p.mean(0)
+
+
+def fixed_linear(dim: int = 5, classes: int = 3, seed: int = 0):
+    """A model_fn of a linear layer with a fixed initialisation, and that init (float64)."""
+    import torch
+    from torch import nn
+
+    torch.manual_seed(seed)
+    init = nn.Linear(dim, classes)
+
+    def model_fn():  # a closure: shipped to the workers by value
+        m = nn.Linear(dim, classes)
+        m.load_state_dict(init.state_dict())
+        return m
+
+    return (model_fn, init.weight.detach().double().numpy().copy(),
+            init.bias.detach().double().numpy().copy())

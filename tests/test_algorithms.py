@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 import torch
-from conftest import blobs
+from conftest import blobs, fixed_linear, softmax_grad
 from torch import nn
 
 import fedray
@@ -13,14 +13,6 @@ from fedray.client_update import local_sgd
 from fedray.config import load_config
 from fedray.errors import FedrayError
 from fedray.replica import FlatModel
-
-
-def _softmax_grad(w, b, x, y):
-    logits = x @ w.T + b
-    p = np.exp(logits - logits.max(1, keepdims=True))
-    p /= p.sum(1, keepdims=True)
-    p[np.arange(len(y)), y] -= 1.0
-    return p.T @ x / len(y), p.mean(0)
 
 
 def test_presets_and_overrides():
@@ -62,7 +54,7 @@ def test_fedprox_two_full_batch_steps_match_numpy():
                     prox_mu=mu)
     w, b = w0.copy(), b0.copy()
     for _ in range(2):
-        gw, gb = _softmax_grad(w, b, x.astype(np.float64), y)
+        gw, gb = softmax_grad(w, b, x.astype(np.float64), y)
         w, b = w - lr * (gw + mu * (w - w0)), b - lr * (gb + mu * (b - b0))
     expected = np.concatenate([(w - w0).ravel(), b - b0])
     np.testing.assert_allclose(res.delta.numpy(), expected, atol=1e-6)
@@ -81,33 +73,21 @@ def test_fedsgd_is_one_full_batch_step():
     res = local_sgd(m, start, torch.from_numpy(x), torch.from_numpy(y), lr=0.2, batch_size=5,
                     local_epochs=3, local_steps=None, seed=1, delta_out=torch.empty_like(start),
                     full_batch=True)
-    gw, gb = _softmax_grad(w0, b0, x.astype(np.float64), y)
+    gw, gb = softmax_grad(w0, b0, x.astype(np.float64), y)
     assert res.steps == 1 and res.examples_seen == 23
     np.testing.assert_allclose(res.delta.numpy(), np.concatenate([-0.2 * gw.ravel(), -0.2 * gb]),
                                atol=1e-6)
 
 
-def _linear_init():
-    torch.manual_seed(0)
-    return nn.Linear(5, 3)
-
-
 def test_uniform_aggregator_end_to_end(ray_cluster, tmp_path):
     clients = blobs(5, dim=5, classes=3, seed=4)
-    init = _linear_init()
-    w0 = init.weight.detach().double().numpy().copy()
-    b0 = init.bias.detach().double().numpy().copy()
-
-    def model_fn():
-        m = nn.Linear(5, 3)
-        m.load_state_dict(init.state_dict())
-        return m
+    model_fn, w0, b0 = fixed_linear()
 
     job = {"rounds": 1, "algorithm": {"aggregator": "uniform"},
            "client": {"lr": 0.4, "local_steps": 1, "batch_size": 100},
            "sampling": {"clients_per_round": 5}, "output": {"dir": str(tmp_path / "r")}}
     res = fedray.run(job, model_fn=model_fn, client_data=clients)
-    grads = [_softmax_grad(w0, b0, x.astype(np.float64), y) for x, y in clients.values()]
+    grads = [softmax_grad(w0, b0, x.astype(np.float64), y) for x, y in clients.values()]
     np.testing.assert_allclose(res.weights["weight"].numpy(),
                                w0 - 0.4 * np.mean([g[0] for g in grads], axis=0), atol=1e-6)
     np.testing.assert_allclose(res.weights["bias"].numpy(),
@@ -120,9 +100,7 @@ def test_fedavgm_with_zero_momentum_equals_fedavg(ray_cluster, tmp_path):
     base = {"rounds": 3, "sampling": {"clients_per_round": 4},
             "client": {"lr": 0.3, "batch_size": 4}, "eval": {"central": False}}
 
-    def model_fn():  # local: shipped to the workers by value
-        torch.manual_seed(0)
-        return nn.Linear(5, 3)
+    model_fn, _, _ = fixed_linear()
 
     def run(name, **server):
         job = dict(base, algorithm={"name": name}, server=server,

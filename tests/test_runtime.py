@@ -5,7 +5,7 @@ import json
 import numpy as np
 import pytest
 import torch
-from conftest import blobs, tiny_job
+from conftest import blobs, fixed_linear, softmax_grad, tiny_job
 from safetensors.torch import load_file
 from torch import nn
 
@@ -76,26 +76,10 @@ def test_fractional_gpu_placement(ray_cluster, tmp_path):
                                    f"output.dir={tmp_path / 'two'}"])
 
 
-def _softmax_grad(w, b, x, y, classes):
-    logits = x @ w.T + b
-    p = np.exp(logits - logits.max(1, keepdims=True))
-    p /= p.sum(1, keepdims=True)
-    p[np.arange(len(y)), y] -= 1.0
-    return p.T @ x / len(y), p.mean(0)
-
-
 def test_fedavg_aggregate_equals_hand_computed_weighted_mean(ray_cluster, tmp_path):
     clients = blobs(6, dim=5, classes=3, seed=1)
     lr, server_lr = 0.3, 0.7
-    torch.manual_seed(0)
-    init = nn.Linear(5, 3)
-    w0 = init.weight.detach().double().numpy().copy()
-    b0 = init.bias.detach().double().numpy().copy()
-
-    def model_fn():
-        m = nn.Linear(5, 3)
-        m.load_state_dict(init.state_dict())
-        return m
+    model_fn, w0, b0 = fixed_linear()
 
     job = {"rounds": 1, "client": {"lr": lr, "batch_size": 100, "local_steps": 1},
            "server": {"lr": server_lr}, "sampling": {"clients_per_round": 6},
@@ -104,7 +88,7 @@ def test_fedavg_aggregate_equals_hand_computed_weighted_mean(ray_cluster, tmp_pa
     # by hand: one full-batch gradient step per client, example-weighted mean of the deltas
     dw, db, total = np.zeros_like(w0), np.zeros_like(b0), 0
     for x, y in clients.values():
-        gw, gb = _softmax_grad(w0, b0, x.astype(np.float64), y, 3)
+        gw, gb = softmax_grad(w0, b0, x.astype(np.float64), y)
         dw += len(y) * (-lr * gw)
         db += len(y) * (-lr * gb)
         total += len(y)
