@@ -176,27 +176,27 @@ class _Adaptive(ServerOptimizer):
         return self.lr * m / (v.sqrt() + self.tau)
 
 
-class ServerAdam(_Adaptive):
-    """FedAdam: v_t = beta2 * v_{t-1} + (1 - beta2) * delta_t^2."""
-
-    name = "adam"
+class _DecayingSecondMoment(_Adaptive):
+    """Adam and Yogi: the adaptive family whose second moment also has a decay, beta2."""
 
     def __init__(self, lr: float, beta1: float = 0.9, beta2: float = 0.99, tau: float = 1e-3):
         super().__init__(lr, beta1, tau)
         self.beta2 = _unit("beta2", beta2)
+
+
+class ServerAdam(_DecayingSecondMoment):
+    """FedAdam: v_t = beta2 * v_{t-1} + (1 - beta2) * delta_t^2."""
+
+    name = "adam"
 
     def _second_moment(self, v: torch.Tensor, sq: torch.Tensor) -> torch.Tensor:
         return self.beta2 * v + (1 - self.beta2) * sq
 
 
-class ServerYogi(_Adaptive):
+class ServerYogi(_DecayingSecondMoment):
     """FedYogi: v_t = v_{t-1} - (1 - beta2) * delta_t^2 * sign(v_{t-1} - delta_t^2)."""
 
     name = "yogi"
-
-    def __init__(self, lr: float, beta1: float = 0.9, beta2: float = 0.99, tau: float = 1e-3):
-        super().__init__(lr, beta1, tau)
-        self.beta2 = _unit("beta2", beta2)
 
     def _second_moment(self, v: torch.Tensor, sq: torch.Tensor) -> torch.Tensor:
         return v - (1 - self.beta2) * sq * torch.sign(v - sq)
