@@ -84,8 +84,9 @@ class Driver:
                           batch_size=c.client.batch_size, local_epochs=c.client.local_epochs,
                           local_steps=c.client.local_steps, eval_batch_size=c.eval.batch_size,
                           num_cpus=c.runtime.worker.num_cpus, cache_mb=c.runtime.worker.cache_mb,
-                          client_update=self.parts.client, aggregator=self.parts.aggregator,
-                          prox_mu=c.algorithm.prox_mu)
+                          aggregator=self.parts.aggregator,
+                          prox_mu=c.algorithm.prox_mu if self.parts.client == "fedprox" else 0.0,
+                          full_batch=self.parts.client == "fedsgd")
         start = time.perf_counter()
         self.workers = create_workers(spec, num_workers, c.runtime.worker.num_cpus,
                                       c.runtime.worker.num_gpus)

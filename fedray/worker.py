@@ -40,9 +40,9 @@ class WorkerSpec:
     eval_batch_size: int
     num_cpus: float
     cache_mb: int
-    client_update: str = "local_sgd"  # see fedray.algorithms.CLIENT_UPDATES
-    aggregator: str = "proportional"
-    prox_mu: float = 0.0
+    aggregator: str = "proportional"  # see fedray.algorithms.AGGREGATORS
+    prox_mu: float = 0.0  # > 0 only for the fedprox client update
+    full_batch: bool = False  # the fedsgd client update
 
 
 class ClientWorker:
@@ -83,8 +83,7 @@ class ClientWorker:
             res = local_sgd(self.model, global_w, x, y, lr=s.lr, batch_size=s.batch_size,
                             local_epochs=s.local_epochs, local_steps=s.local_steps,
                             seed=client_seed(s.seed, round_idx, cid), delta_out=self._delta,
-                            prox_mu=s.prox_mu if s.client_update == "fedprox" else 0.0,
-                            full_batch=s.client_update == "fedsgd")
+                            prox_mu=s.prox_mu, full_batch=s.full_batch)
             acc.add(res.delta, client_weight(s.aggregator, res.num_examples))
             loss_sum += res.loss_sum
             seen += res.examples_seen
