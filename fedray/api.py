@@ -100,12 +100,15 @@ def run(config: ConfigSource | None = None, model_fn: Callable[[], nn.Module] | 
     cfg = prepare(config, overrides, client_data, model_fn, test_data)
     url = absolute_url(cfg.output.dir)
     RunDir(url).check_new()
-    if client_data is None and cfg.data.partition != "synthetic" and cfg.data.verify:
-        from fedray.store import verify_store
+    manifest = None
+    if client_data is None and cfg.data.partition != "synthetic":
+        from fedray.store import read_manifest, verify_store
 
-        verify_store(cfg.data.partition)  # a corrupt shard fails here, not in round 37
+        manifest = read_manifest(cfg.data.partition)  # read once, for checks and the source
+        if cfg.data.verify:
+            verify_store(cfg.data.partition, manifest)  # a corrupt shard fails now, not later
     with ray_session(cfg):
-        source = build_source(cfg, client_data, test_data)
+        source = build_source(cfg, client_data, test_data, manifest)
         make_model = model_fn or functools.partial(
             build_model, cfg.model.name, tuple(source.input_shape), source.num_classes)
         num_workers = pool_size(cfg, ray.cluster_resources())

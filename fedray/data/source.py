@@ -124,14 +124,14 @@ class MemorySource:
 
 
 def build_source(cfg: Any, client_data: Mapping | None = None,
-                 test_data: tuple | None = None) -> ClientSource:
+                 test_data: tuple | None = None, manifest: dict | None = None) -> ClientSource:
     """The source a config names ('synthetic' or a store URL), or in-memory client data."""
     if client_data is not None:
         return MemorySource(client_data, test_data)
     if cfg.data.partition != "synthetic":
         from fedray.store import StoreSource
 
-        return StoreSource(cfg.data.partition, max_open_shards=cfg.data.open_shards)
+        return StoreSource(cfg.data.partition, manifest, max_open_shards=cfg.data.open_shards)
     from fedray.data.synthetic import SyntheticFEMNIST
 
     return SyntheticFEMNIST(**cfg.data.synthetic)
