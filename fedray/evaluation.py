@@ -8,21 +8,24 @@ held-out data) evaluation share this one function.
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch import nn
+
+from fedray.losses import correct_fn, loss_fn
 
 
 @torch.no_grad()
 def evaluate(module: nn.Module, x: torch.Tensor, y: torch.Tensor, batch_size: int,
-             device: torch.device) -> dict[str, float]:
+             device: torch.device, loss: str = "cross_entropy") -> dict[str, float]:
     module.eval()
+    criterion, count_correct = loss_fn(loss), correct_fn(loss)
     loss_sum, correct = 0.0, 0
     for i in range(0, len(y), batch_size):
         xb = x[i:i + batch_size].to(device, non_blocking=True)
         yb = y[i:i + batch_size].to(device, non_blocking=True)
-        logits = module(xb)
-        loss_sum += float(F.cross_entropy(logits, yb, reduction="sum"))
-        correct += int((logits.argmax(1) == yb).sum())
+        out = module(xb)
+        loss_sum += float(criterion(out, yb, reduction="sum"))
+        if count_correct is not None:
+            correct += count_correct(out, yb)
     return {"loss_sum": loss_sum, "correct": correct, "count": int(len(y))}
 
 

@@ -39,7 +39,10 @@ class ClientSource(Protocol):
 
 def _as_xy(x: Any, y: Any, what: str) -> Arrays:
     x = np.ascontiguousarray(np.asarray(x, dtype=np.float32))
-    y = np.ascontiguousarray(np.asarray(y, dtype=np.int64)).reshape(-1)
+    y = np.asarray(y)
+    # real-valued targets (regression, model.loss: mse) stay real; class labels are int64
+    y = np.ascontiguousarray(y, dtype=np.float32 if y.dtype.kind == "f" else np.int64)
+    y = y.reshape(-1)
     if x.ndim < 2 or len(x) != len(y):
         raise FedrayError(f"{what}: x must be [n, ...] with one label per example "
                           f"(got x {x.shape}, y {y.shape})")
@@ -86,9 +89,13 @@ class MemorySource:
                                   f"{self.input_shape}")
             self._test = ray.put((tx, ty))
             labels = np.concatenate([labels, ty])
-        if labels.min() < 0:
-            raise FedrayError("client_data: labels must be >= 0")
-        self.num_classes = int(labels.max()) + 1
+        if labels.dtype.kind == "f":  # regression targets: one output per example
+            labels = labels.astype(np.float32)
+            self.num_classes = 1
+        else:
+            if labels.min() < 0:
+                raise FedrayError("client_data: labels must be >= 0")
+            self.num_classes = int(labels.max()) + 1
         self.population = len(sizes)
         self._data = ray.put((np.concatenate(xs), labels[: self._offsets[-1]]))
         self._arrays: Arrays | None = None
