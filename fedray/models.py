@@ -1,12 +1,16 @@
 """Model registry: name -> factory(input_shape, num_classes) -> torch.nn.Module.
 
-Architectures follow the papers fedray reproduces; a user can pass any nn.Module factory
-to ``fedray.run(model_fn=...)`` instead.
+Architectures follow the papers fedray reproduces: ``emnist_cnn`` (TFF / Reddi et al.),
+``leaf_cnn`` (LEAF FEMNIST, Caldas et al.), ``mlp`` (SCAFFOLD, Karimireddy et al.),
+``logreg``, and ``resnet18_gn`` (GroupNorm ResNet-18 for CIFAR-100, Hsieh et al. / Reddi et
+al., with its input preprocessing built in). A user can pass any nn.Module factory to
+``fedray.run(model_fn=...)`` instead.
 """
 
 from __future__ import annotations
 
 import math
+from collections import OrderedDict
 from collections.abc import Callable
 
 import torch
@@ -47,9 +51,126 @@ def emnist_cnn(input_shape: tuple[int, ...], num_classes: int) -> nn.Module:
     return EmnistCNN(input_shape, num_classes)
 
 
+def leaf_cnn(input_shape: tuple[int, ...], num_classes: int) -> nn.Module:
+    """The LEAF FEMNIST CNN (Caldas et al.): conv5x5-32, maxpool, conv5x5-64, maxpool, fc2048.
+
+    'same' padding keeps the two poolings the only size reductions, so 28x28 gives 64*7*7.
+    """
+    if len(input_shape) != 3:
+        raise ValueError(f"leaf_cnn needs (channels, height, width) inputs, got {input_shape}")
+    channels, height, width = input_shape
+    if height < 4 or width < 4:
+        raise ValueError(f"leaf_cnn needs height and width >= 4, got {input_shape}")
+    flat = 64 * (height // 4) * (width // 4)
+    return nn.Sequential(
+        nn.Conv2d(channels, 32, 5, padding=2), nn.ReLU(), nn.MaxPool2d(2),
+        nn.Conv2d(32, 64, 5, padding=2), nn.ReLU(), nn.MaxPool2d(2),
+        nn.Flatten(), nn.Linear(flat, 2048), nn.ReLU(), nn.Linear(2048, num_classes),
+    )
+
+
+def mlp(input_shape: tuple[int, ...], num_classes: int) -> nn.Module:
+    """The 2-layer MLP of SCAFFOLD (Karimireddy et al.): one hidden layer of 200 ReLUs."""
+    if len(input_shape) == 0 or math.prod(input_shape) < 1:
+        raise ValueError(f"mlp needs a non-empty input shape, got {input_shape}")
+    return nn.Sequential(
+        nn.Flatten(), nn.Linear(math.prod(input_shape), 200), nn.ReLU(),
+        nn.Linear(200, num_classes),
+    )
+
+
+class CifarPreprocess(nn.Module):
+    """Reddi et al.'s CIFAR preprocessing: random crop + horizontal flip when training, the
+    central crop when evaluating, then tf.image.per_image_standardization.
+
+    It lives inside the model so the runtime needs no per-dataset transform: the training
+    randomness draws on torch's global RNG, which the client seeds with ``torch.manual_seed``,
+    so each client's augmentation is reproducible, and the same module evaluates
+    deterministically by switching to eval mode. It has no parameters or buffers, so it adds
+    nothing to the flat weight vector.
+    """
+
+    def __init__(self, crop: int = 24):
+        super().__init__()
+        self.crop = crop
+
+    def extra_repr(self) -> str:
+        return f"crop={self.crop}"
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.dim() != 4:
+            raise ValueError(f"CifarPreprocess needs (batch, C, H, W) inputs, got {tuple(x.shape)}")
+        n, c, h, w = x.shape
+        k = self.crop
+        if h < k or w < k:
+            raise ValueError(f"CifarPreprocess needs H, W >= {k}, got {tuple(x.shape)}")
+        if not x.is_floating_point():
+            x = x.float()
+        if self.training:
+            x = self._random_crop_flip(x, k)
+        else:
+            top, left = (h - k) // 2, (w - k) // 2
+            x = x[:, :, top:top + k, left:left + k]
+        return per_image_standardization(x)
+
+    @staticmethod
+    def _random_crop_flip(x: torch.Tensor, k: int) -> torch.Tensor:
+        # Vectorised: one advanced-indexing gather with per-image row/column index grids.
+        n, c, h, w = x.shape
+        dev = x.device
+        top = torch.randint(0, h - k + 1, (n,), device=dev)
+        left = torch.randint(0, w - k + 1, (n,), device=dev)
+        flip = torch.rand(n, device=dev) < 0.5
+        offs = torch.arange(k, device=dev)
+        rows = top[:, None] + offs                                    # (n, k)
+        cols = left[:, None] + torch.where(flip[:, None], offs.flip(0), offs)  # (n, k)
+        batch = torch.arange(n, device=dev)[:, None, None, None]
+        chan = torch.arange(c, device=dev)[None, :, None, None]
+        return x[batch, chan, rows[:, None, :, None], cols[:, None, None, :]]
+
+
+def per_image_standardization(x: torch.Tensor) -> torch.Tensor:
+    """tf.image.per_image_standardization over each image's C*H*W values; the std floor of
+    1/sqrt(num_elements) keeps constant images finite (they map to zeros)."""
+    dims = tuple(range(1, x.dim()))
+    mean = x.mean(dim=dims, keepdim=True)
+    std = x.std(dim=dims, keepdim=True, correction=0)
+    floor = 1.0 / math.sqrt(math.prod(x.shape[1:]))
+    return (x - mean) / std.clamp_min(floor)
+
+
+def _group_norm(channels: int) -> nn.Module:
+    # Module-level (not a lambda) so torchvision's ResNet, which keeps it, stays picklable.
+    return nn.GroupNorm(2, channels)
+
+
+def resnet18_gn(input_shape: tuple[int, ...], num_classes: int) -> nn.Module:
+    """ResNet-18 with GroupNorm(2 groups) for CIFAR-100 (Hsieh et al. 2020, Reddi et al.).
+
+    BatchNorm's running statistics do not average meaningfully across non-IID clients, and
+    GroupNorm has no buffers, so the whole model is parameters. The CIFAR stem (3x3 stride-1
+    conv, no max-pool) keeps resolution on 24x24 crops; preprocessing is the first stage.
+    """
+    if len(input_shape) != 3:
+        raise ValueError(f"resnet18_gn needs (channels, height, width) inputs, got {input_shape}")
+    channels, height, width = input_shape
+    if height < 24 or width < 24:
+        raise ValueError(f"resnet18_gn needs height and width >= 24, got {input_shape}")
+    import torchvision  # only this model needs it; workers of other models skip the import
+
+    net = torchvision.models.resnet18(num_classes=num_classes, norm_layer=_group_norm)
+    net.conv1 = nn.Conv2d(channels, 64, 3, stride=1, padding=1, bias=False)
+    nn.init.kaiming_normal_(net.conv1.weight, mode="fan_out", nonlinearity="relu")
+    net.maxpool = nn.Identity()
+    return nn.Sequential(OrderedDict(preprocess=CifarPreprocess(24), net=net))
+
+
 MODELS: dict[str, ModelFactory] = {
     "emnist_cnn": emnist_cnn,
+    "leaf_cnn": leaf_cnn,
     "logreg": logistic_regression,
+    "mlp": mlp,
+    "resnet18_gn": resnet18_gn,
 }
 
 
