@@ -4,8 +4,11 @@ FedAvg's local update (McMahan et al., Alg. 1 ClientUpdate): starting from the g
 weights x, run minibatch SGD on the client's data -- ``local_epochs`` passes, or exactly
 ``local_steps`` steps when set (cycling through reshuffled epochs) -- and report the model
 delta y - x with the client's example count. FedSGD and FedProx are options of the same
-loop (``full_batch``, ``prox_mu``). Batch order and dropout come from the client's own
-seed, so the result is the same on any worker.
+loop (``full_batch``, ``prox_mu``), and so is SCAFFOLD's corrected step (``correction``).
+The measurements other algorithms need around the local update -- SCAFFOLD option I's
+full-data gradient, Elastic aggregation's parameter sensitivity -- are the functions below;
+fedray/worker.py decides which of them a round's client runs. Batch order and dropout come
+from the client's own seed, so the result is the same on any worker.
 """
 
 from __future__ import annotations
@@ -14,8 +17,8 @@ import math
 from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F
 
+from fedray.losses import loss_fn
 from fedray.replica import FlatModel
 
 
@@ -37,12 +40,16 @@ def num_local_steps(n: int, batch_size: int, local_epochs: int, local_steps: int
 def local_sgd(model: FlatModel, global_weights: torch.Tensor, x: torch.Tensor, y: torch.Tensor,
               *, lr: float, batch_size: int, local_epochs: int, local_steps: int | None,
               seed: int, delta_out: torch.Tensor, prox_mu: float = 0.0,
-              full_batch: bool = False) -> ClientResult:
+              full_batch: bool = False, loss: str = "cross_entropy",
+              correction: torch.Tensor | None = None) -> ClientResult:
     """Local SGD from ``global_weights``; the delta lands in ``delta_out``.
 
     prox_mu > 0 is FedProx: each step minimises f_k(y) + (mu/2)||y - x||^2, i.e. adds
     mu (y - x) to the gradient. full_batch is FedSGD: one step on all of the client's data.
+    correction (SCAFFOLD, c - c_i over the parameters) is added to every step's gradient:
+    y <- y - lr (g(y) - c_i + c).
     """
+    criterion = loss_fn(loss)
     model.load_(global_weights)
     torch.manual_seed(seed)  # dropout masks
     order = torch.Generator().manual_seed(seed)  # batch order
@@ -67,13 +74,63 @@ def local_sgd(model: FlatModel, global_weights: torch.Tensor, x: torch.Tensor, y
         idx = perm[pos:pos + batch_size]
         pos += batch_size
         model.grad.zero_()
-        loss = F.cross_entropy(module(x[idx]), y[idx])
-        loss.backward()
+        batch_loss = criterion(module(x[idx]), y[idx])
+        batch_loss.backward()
         with torch.no_grad():
+            if correction is not None:
+                model.grad.add_(correction)
             if prox_mu:
                 model.grad.add_(model.params - anchor, alpha=prox_mu)
             model.params.add_(model.grad, alpha=-lr)
-            loss_sum += loss.detach() * len(idx)
+            loss_sum += batch_loss.detach() * len(idx)
         seen += len(idx)
     torch.sub(model.flat, global_weights, out=delta_out)
     return ClientResult(delta_out, n, float(loss_sum), seen, steps)
+
+
+def _batches(n: int, batch_size: int):
+    for lo in range(0, n, batch_size):
+        yield slice(lo, min(n, lo + batch_size))
+
+
+def full_gradient(model: FlatModel, weights: torch.Tensor, x: torch.Tensor, y: torch.Tensor,
+                  *, batch_size: int, seed: int, out: torch.Tensor,
+                  loss: str = "cross_entropy") -> torch.Tensor:
+    """The gradient of the client's mean training loss at ``weights`` over all its data
+    (SCAFFOLD option I: c_i+ = g_i(x)), accumulated in batches so memory stays that of one
+    batch. Train mode, as the local steps: dropout masks come from ``seed``."""
+    criterion = loss_fn(loss)
+    model.load_(weights)
+    torch.manual_seed(seed)
+    model.module.train()
+    x = x.to(model.device, non_blocking=True)
+    y = y.to(model.device, non_blocking=True)
+    n = len(y)
+    out.zero_()
+    for sl in _batches(n, batch_size):
+        model.grad.zero_()
+        criterion(model.module(x[sl]), y[sl]).backward()
+        out.add_(model.grad, alpha=(sl.stop - sl.start) / n)
+    return out
+
+
+def sensitivity(model: FlatModel, weights: torch.Tensor, x: torch.Tensor, *, batch_size: int,
+                mu: float, out: torch.Tensor) -> torch.Tensor:
+    """Elastic aggregation's parameter sensitivity (Chen et al., CVPR 2023, Alg. 1/2).
+
+    Over the batches of the held-out examples ``x`` at the global model, per parameter:
+    Omega <- mu Omega + (1 - mu) |d ||F(theta; x)||_2^2 / d theta|, Omega starting at zero,
+    with F the model's output and the squared norm averaged over the batch's examples. Eval
+    mode: the sensitivity is a property of the prediction function, not of dropout noise.
+    """
+    model.load_(weights)
+    module = model.module
+    module.eval()
+    x = x.to(model.device, non_blocking=True)
+    out.zero_()
+    for sl in _batches(len(x), batch_size):
+        model.grad.zero_()
+        module(x[sl]).flatten(1).pow(2).sum(1).mean().backward()
+        out.mul_(mu).add_(model.grad.abs(), alpha=1.0 - mu)
+    module.train()
+    return out

@@ -43,15 +43,21 @@ class DataConfig:
 @dataclass
 class ModelConfig:
     name: str = "emnist_cnn"
+    loss: str = "cross_entropy"  # cross_entropy | mse | bce (fedray/losses.py)
 
 
 @dataclass
 class AlgorithmConfig:
     name: str = "fedavg"  # a preset (fedray/algorithms.py); the parts below override it
-    client: str | None = None  # local_sgd | fedsgd | fedprox
-    aggregator: str | None = None  # proportional | uniform
+    client: str | None = None  # local_sgd | fedsgd | fedprox | scaffold
+    aggregator: str | None = None  # proportional | uniform | scaffold | elastic | expalpha
     server_opt: str | None = None  # sgd | momentum | nesterov | adam | yogi | adagrad
     prox_mu: float = 0.01  # FedProx's proximal weight mu (client: fedprox)
+    scaffold_option: int = 2  # SCAFFOLD's control-variate update: 1 or 2
+    elastic_tau: float = 0.5  # Elastic aggregation's tau: zeta = 1 + tau - Omega / max Omega
+    elastic_mu: float = 0.95  # Elastic: EMA decay of the sensitivity over B_k's batches
+    elastic_holdout: float = 0.3  # Elastic: share of each client's examples held out as B_k
+    alpha: float = 0.2  # Exp-alpha temperature
 
 
 @dataclass
@@ -81,6 +87,7 @@ class WorkerConfig:
     num_cpus: float = 1.0
     num_gpus: float = 0.0
     cache_mb: int = 256  # per-worker LRU of client data
+    state_cache_mb: float = 64.0  # per-worker LRU of client state (SCAFFOLD's c_i)
 
 
 @dataclass
@@ -203,7 +210,8 @@ def _require(ok: bool, key: str, rule: str, value: Any) -> None:
 
 def validate(cfg: DictConfig, population: int, *, custom_model: bool = False) -> None:
     """Reject impossible values with one line naming the key and what is allowed."""
-    from fedray.algorithms import AGGREGATORS, ALGORITHMS, CLIENT_UPDATES, SERVER_OPTS
+    from fedray.algorithms import AGGREGATORS, ALGORITHMS, CLIENT_UPDATES, SERVER_OPTS, resolve
+    from fedray.losses import LOSSES
     from fedray.models import MODELS
 
     r = _require
@@ -227,6 +235,8 @@ def validate(cfg: DictConfig, population: int, *, custom_model: bool = False) ->
     if not custom_model:
         r(cfg.model.name in MODELS, "model.name", f"must be one of: {', '.join(MODELS)}",
           cfg.model.name)
+    r(cfg.model.loss in LOSSES, "model.loss", f"must be one of: {', '.join(LOSSES)}",
+      cfg.model.loss)
     a = cfg.algorithm
     r(a.name in ALGORITHMS, "algorithm.name", f"must be one of: {', '.join(ALGORITHMS)}", a.name)
     for key, allowed in (("client", CLIENT_UPDATES), ("aggregator", AGGREGATORS),
@@ -235,6 +245,18 @@ def validate(cfg: DictConfig, population: int, *, custom_model: bool = False) ->
         r(value is None or value in allowed, f"algorithm.{key}",
           f"must be one of: {', '.join(allowed)} (or null: the preset's)", value)
     r(a.prox_mu >= 0, "algorithm.prox_mu", "must be >= 0", a.prox_mu)
+    r(a.scaffold_option in (1, 2), "algorithm.scaffold_option", "must be 1 or 2",
+      a.scaffold_option)
+    r(a.elastic_tau >= 0, "algorithm.elastic_tau", "must be >= 0", a.elastic_tau)
+    r(0 <= a.elastic_mu < 1, "algorithm.elastic_mu", "must be in [0, 1)", a.elastic_mu)
+    r(0 < a.elastic_holdout < 1, "algorithm.elastic_holdout", "must be in (0, 1)",
+      a.elastic_holdout)
+    r(a.alpha > 0, "algorithm.alpha", "must be > 0", a.alpha)
+    parts = resolve(a)
+    r((parts.client == "scaffold") == (parts.aggregator == "scaffold"),
+      "algorithm.client" if parts.aggregator == "scaffold" else "algorithm.aggregator",
+      "SCAFFOLD needs both client: scaffold and aggregator: scaffold",
+      parts.client if parts.aggregator == "scaffold" else parts.aggregator)
     sv = cfg.server
     r(0 <= sv.momentum < 1, "server.momentum", "must be in [0, 1)", sv.momentum)
     r(0 <= sv.beta1 < 1, "server.beta1", "must be in [0, 1)", sv.beta1)
@@ -263,6 +285,7 @@ def validate(cfg: DictConfig, population: int, *, custom_model: bool = False) ->
     r(w.num_gpus >= 0 and (w.num_gpus <= 1 or float(w.num_gpus).is_integer()),
       "runtime.worker.num_gpus", "must be a fraction in [0, 1] or a whole number", w.num_gpus)
     r(w.cache_mb >= 0, "runtime.worker.cache_mb", "must be >= 0", w.cache_mb)
+    r(w.state_cache_mb >= 0, "runtime.worker.state_cache_mb", "must be >= 0", w.state_cache_mb)
     e = cfg.eval
     r(e.every >= 0, "eval.every", "must be >= 0", e.every)
     r(e.federated_clients >= 0, "eval.federated_clients", "must be >= 0", e.federated_clients)

@@ -23,7 +23,7 @@ from omegaconf import OmegaConf
 from torch import nn
 
 from fedray import __version__
-from fedray.aggregator import WeightedSum
+from fedray.aggregator import Aggregation
 from fedray.algorithms import resolve
 from fedray.assignment import assign_balanced
 from fedray.data.source import ClientSource
@@ -31,7 +31,7 @@ from fedray.errors import FedrayError
 from fedray.evaluation import merge_sums
 from fedray.pool import create_workers
 from fedray.replica import FlatModel
-from fedray.run_dir import WEIGHTS_FILE, RunDir
+from fedray.run_dir import CLIENT_STATE_DIR, SERVER_STATE_FILE, WEIGHTS_FILE, RunDir
 from fedray.sampling import federated_eval_clients, sample_clients
 from fedray.seeding import TAG_INIT, derive_seed
 from fedray.server_optimizer import build_server_optimizer
@@ -80,13 +80,22 @@ class Driver:
         self.server_opt = build_server_optimizer(self.parts.server_opt, sv.lr, sv.momentum,
                                                  sv.beta1, sv.beta2, sv.tau)
         self.sizes = source.train_sizes()
+        a = c.algorithm
+        self.aggregation = Aggregation(self.parts.aggregator, self.weights.numel(),
+                                       self.template.num_params,
+                                       population=source.population, tau=a.elastic_tau)
+        self.run_dir = RunDir(run_dir)
         spec = WorkerSpec(make_model=make_model, source=source, seed=c.seed, lr=c.client.lr,
                           batch_size=c.client.batch_size, local_epochs=c.client.local_epochs,
                           local_steps=c.client.local_steps, eval_batch_size=c.eval.batch_size,
                           num_cpus=c.runtime.worker.num_cpus, cache_mb=c.runtime.worker.cache_mb,
-                          aggregator=self.parts.aggregator,
-                          prox_mu=c.algorithm.prox_mu if self.parts.client == "fedprox" else 0.0,
-                          full_batch=self.parts.client == "fedsgd")
+                          client=self.parts.client, aggregator=self.parts.aggregator,
+                          loss=c.model.loss,
+                          prox_mu=a.prox_mu if self.parts.client == "fedprox" else 0.0,
+                          scaffold_option=a.scaffold_option, elastic_mu=a.elastic_mu,
+                          elastic_holdout=a.elastic_holdout, alpha=a.alpha,
+                          state_url=self.run_dir.url_of(CLIENT_STATE_DIR),
+                          state_cache_mb=c.runtime.worker.state_cache_mb)
         start = time.perf_counter()
         self.workers = create_workers(spec, num_workers, c.runtime.worker.num_cpus,
                                       c.runtime.worker.num_gpus)
@@ -99,7 +108,6 @@ class Driver:
         self.fed_eval_ids = (federated_eval_clients(c.seed, source.population,
                                                     c.eval.federated_clients)
                              if c.eval.federated_clients else None)
-        self.run_dir = RunDir(run_dir)
         self.run_dir.create(OmegaConf.to_yaml(self.cfg, resolve=True))
 
     def workers_info(self) -> list[dict]:
@@ -108,23 +116,28 @@ class Driver:
     def _broadcast(self) -> ray.ObjectRef:
         return ray.put(self.weights.numpy())
 
+    def _broadcast_round(self) -> ray.ObjectRef:
+        """The round's one object: the global weights and the aggregator's state (SCAFFOLD's
+        c), read zero-copy by every worker on a node."""
+        return ray.put({"weights": self.weights.numpy(), **self.aggregation.broadcast()})
+
     def _train_round(self, r: int) -> dict[str, Any]:
         c = self.cfg
         ids = sample_clients(c.seed, r, self.source.population, c.sampling.clients_per_round)
         groups = assign_balanced(ids, self.sizes[ids], len(self.workers))
-        weights_ref = self._broadcast()
-        refs = [w.train.remote(weights_ref, r, g)
+        payload_ref = self._broadcast_round()
+        refs = [w.train.remote(payload_ref, r, g)
                 for w, g in zip(self.workers, groups, strict=True) if g]
-        acc = WeightedSum(self.weights.numel())
+        acc = self.aggregation.new_sum()
         stats = {"examples": 0, "loss_sum": 0.0, "examples_seen": 0, "busy_s": 0.0}
         for ref in refs:  # fixed order: the float64 sum is bit-identical across reruns
             part = ray.get(ref)
-            acc.merge(part["sum"], part["weight"])
+            acc.merge(part)
             for k in stats:
                 stats[k] += part[k]
             del part
         if acc.weight > 0:  # a round of clients without examples leaves the model as it is
-            self.weights = self.server_opt.step(self.weights, acc.mean())
+            self.weights = self.server_opt.step(self.weights, self.aggregation.finish(acc))
         return {"clients": len(ids), "examples": int(stats["examples"]),
                 "train_loss": stats["loss_sum"] / max(1, stats["examples_seen"]),
                 "worker_busy_s": stats["busy_s"]}
@@ -177,6 +190,7 @@ class Driver:
         summary = self._summary(history, m, time.perf_counter() - run_start)
         if c.output.save_weights:
             self.run_dir.save_weights(self.state_dict())
+        self.run_dir.save_tensors(SERVER_STATE_FILE, self.server_state())
         self.run_dir.write_json("summary.json", summary)
         yield {"summary": summary}
 
@@ -198,6 +212,14 @@ class Driver:
             "weights_file": WEIGHTS_FILE if c.output.save_weights else None,
             "fedray_version": __version__,
         }
+
+    def server_state(self) -> dict[str, torch.Tensor]:
+        """The server optimizer's and the aggregator's state (momentum, Adam moments,
+        SCAFFOLD's c), as flat tensors named ``server_opt.*`` and ``aggregator.*``."""
+        out = {f"aggregator.{k}": v for k, v in self.aggregation.state_dict().items()}
+        for k, v in self.server_opt.state_dict().items():
+            out[f"server_opt.{k}"] = v if isinstance(v, torch.Tensor) else torch.tensor(v)
+        return out
 
     def state_dict(self) -> dict[str, torch.Tensor]:
         self.template.load_(self.weights)

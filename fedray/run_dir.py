@@ -1,7 +1,9 @@
 """The run directory: everything a run leaves behind, at any fsspec URL.
 
 Layout: ``config.yaml`` (the resolved config), ``metrics.jsonl`` (one JSON object per round),
-``summary.json`` and ``model.safetensors`` (the final global weights as a plain state_dict).
+``summary.json``, ``model.safetensors`` (the final global weights as a plain state_dict),
+``server_state.safetensors`` (server optimizer and aggregator state) and, for stateful
+clients (SCAFFOLD), ``client_state/`` (fedray.client_state).
 Whole files are written to a temporary name and renamed into place, so a reader never sees a
 half-written summary or weights file. Only safe formats: YAML, JSON, safetensors.
 """
@@ -20,6 +22,8 @@ from safetensors.torch import save as save_safetensors
 from fedray.errors import FedrayError
 
 WEIGHTS_FILE = "model.safetensors"
+SERVER_STATE_FILE = "server_state.safetensors"
+CLIENT_STATE_DIR = "client_state"
 
 
 def absolute_url(url: str) -> str:
@@ -74,16 +78,28 @@ class RunDir:
             self._metrics.append(line)
             self.write_text("metrics.jsonl", "".join(self._metrics))
 
-    def save_weights(self, state: dict[str, torch.Tensor]) -> None:
+    def url_of(self, name: str) -> str:
+        """The fsspec URL of ``name`` inside the run directory."""
+        return self.fs.unstrip_protocol(self._p(name))
+
+    def save_tensors(self, name: str, state: dict[str, torch.Tensor]) -> None:
         tensors = {k: v.detach().cpu().contiguous() for k, v in state.items()}
-        self.write_bytes(WEIGHTS_FILE, save_safetensors(tensors))
+        self.write_bytes(name, save_safetensors(tensors))
+
+    def save_weights(self, state: dict[str, torch.Tensor]) -> None:
+        self.save_tensors(WEIGHTS_FILE, state)
+
+
+def load_tensors(run_dir: str, name: str = WEIGHTS_FILE) -> dict[str, torch.Tensor]:
+    """A safetensors file of a run directory (no code is executed)."""
+    fs, path = fsspec.core.url_to_fs(run_dir)
+    with fs.open(f"{path.rstrip('/')}/{name}", "rb") as f:
+        return load_safetensors(f.read())
 
 
 def load_weights(run_dir: str) -> dict[str, torch.Tensor]:
-    """The final weights of a run directory as a state_dict (no code is executed)."""
-    fs, path = fsspec.core.url_to_fs(run_dir)
-    with fs.open(f"{path.rstrip('/')}/{WEIGHTS_FILE}", "rb") as f:
-        return load_safetensors(f.read())
+    """The final weights of a run directory as a state_dict."""
+    return load_tensors(run_dir, WEIGHTS_FILE)
 
 
 def read_metrics(run_dir: str) -> list[dict]:

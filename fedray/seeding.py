@@ -15,6 +15,8 @@ TAG_TRAIN = 1
 TAG_SAMPLE = 2
 TAG_FED_EVAL = 3
 TAG_INIT = 4
+TAG_HOLDOUT = 5  # Elastic's held-out subset B_k, from a client's round seed
+TAG_CONTROL = 6  # SCAFFOLD option I's extra gradient pass, from a client's round seed
 
 
 def derive_seed(*parts: int) -> int:

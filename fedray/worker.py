@@ -8,6 +8,7 @@ into a local weighted sum, and returns that single partial result.
 
 from __future__ import annotations
 
+import functools
 import os
 import time
 from collections.abc import Callable
@@ -17,12 +18,13 @@ import numpy as np
 import torch
 from torch import nn
 
-from fedray.aggregator import WeightedSum, client_weight
-from fedray.client_update import local_sgd
+from fedray.aggregator import NEEDS, PartialSum, client_weight, expalpha_log_weight, extra_size
+from fedray.client_state import ClientStateStore
+from fedray.client_update import full_gradient, local_sgd, sensitivity
 from fedray.data.source import ClientCache, ClientSource
 from fedray.evaluation import evaluate, merge_sums
 from fedray.replica import FlatModel
-from fedray.seeding import client_seed
+from fedray.seeding import TAG_CONTROL, TAG_HOLDOUT, client_seed, derive_seed
 from fedray.tensors import readonly_tensor
 
 
@@ -40,9 +42,29 @@ class WorkerSpec:
     eval_batch_size: int
     num_cpus: float
     cache_mb: int
+    client: str = "local_sgd"  # see fedray.algorithms.CLIENT_UPDATES
     aggregator: str = "proportional"  # see fedray.algorithms.AGGREGATORS
+    loss: str = "cross_entropy"  # see fedray.losses.LOSSES
     prox_mu: float = 0.0  # > 0 only for the fedprox client update
-    full_batch: bool = False  # the fedsgd client update
+    scaffold_option: int = 2  # SCAFFOLD's c_i+ rule (I: gradient at x, II: from the delta)
+    elastic_mu: float = 0.95  # Elastic: EMA decay of the sensitivity over B_k's batches
+    elastic_holdout: float = 0.3  # Elastic: share of a client's examples held out as B_k
+    alpha: float = 0.2  # Exp-alpha temperature
+    state_url: str | None = None  # client state store (SCAFFOLD's c_i), under the run dir
+    state_cache_mb: float = 64.0
+
+
+def holdout_split(n: int, share: float, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(held-out, training) example indices of a client for one round, from its own seed.
+
+    Elastic aggregation measures sensitivity on a subset B_k removed from the training data:
+    round(share * n) examples, at least one, and at least one left to train on (a client
+    with a single example holds nothing out)."""
+    if n < 2:
+        return torch.empty(0, dtype=torch.long), torch.arange(n)
+    m = min(n - 1, max(1, round(share * n)))
+    perm = torch.randperm(n, generator=torch.Generator().manual_seed(seed))
+    return perm[:m], perm[m:]
 
 
 class ClientWorker:
@@ -59,6 +81,13 @@ class ClientWorker:
         self._weights = torch.empty_like(self.model.flat)
         self._delta = torch.empty_like(self.model.flat)
         self.cache = ClientCache(spec.source, spec.cache_mb * 2**20)
+        self.needs = NEEDS[spec.aggregator]
+        p = self.model.num_params
+        vec = functools.partial(torch.zeros, p, device=self.device)
+        # SCAFFOLD: server c, client c_i, c - c_i, c_i+; Elastic: Omega_k
+        self._c, self._ci, self._corr, self._ci_new, self._omega = (vec() for _ in range(5))
+        self.state = (ClientStateStore(spec.state_url, spec.state_cache_mb)
+                      if "control_variate" in self.needs else None)
 
     def info(self) -> dict:
         import ray
@@ -71,33 +100,89 @@ class ClientWorker:
         self._weights.copy_(readonly_tensor(weights))
         return self._weights
 
-    def train(self, weights: np.ndarray, round_idx: int, client_ids: list[int]) -> dict:
-        """Train ``client_ids`` from ``weights``; return their partial weighted sum."""
-        start = time.perf_counter()
+    def _risk(self, weights: torch.Tensor, x: torch.Tensor, y: torch.Tensor) -> float:
+        """Exp-alpha's F_k(w): the mean loss on the client's training data (eval mode)."""
+        self.model.load_(weights)
+        s = evaluate(self.model.module, x, y, self.spec.eval_batch_size, self.device,
+                     self.spec.loss)
+        return s["loss_sum"] / max(1, s["count"])
+
+    def _train_client(self, global_w: torch.Tensor, round_idx: int, cid: int,
+                      acc: PartialSum):
+        """One client's round: its measurements, local update and share of the partial sum."""
         s = self.spec
-        global_w = self._load_global(weights)
-        acc = WeightedSum(self.model.size, self.device)
+        seed = client_seed(s.seed, round_idx, cid)
+        x, y = self.cache.get(cid)
+        p = self.model.num_params
+        correction = None
+        log_scale = 0.0
+        if "sensitivity" in self.needs:
+            held, keep = holdout_split(len(y), s.elastic_holdout, derive_seed(seed, TAG_HOLDOUT))
+            sensitivity(self.model, global_w, x[held], batch_size=s.batch_size,
+                        mu=s.elastic_mu, out=self._omega)
+            x, y = x[keep], y[keep]
+        if "control_variate" in self.needs and len(y):
+            state = self.state.get(cid)
+            if state is None:
+                self._ci.zero_()  # a client's first round: c_i = 0
+            else:
+                self._ci.copy_(state["c"])
+            correction = torch.sub(self._c, self._ci, out=self._corr)
+            if s.scaffold_option == 1:  # c_i+ = g_i(x), one extra pass at the global model
+                full_gradient(self.model, global_w, x, y, batch_size=s.batch_size,
+                              seed=derive_seed(seed, TAG_CONTROL), out=self._ci_new,
+                              loss=s.loss)
+        if "risks" in self.needs and len(y):
+            before = self._risk(global_w, x, y)
+        res = local_sgd(self.model, global_w, x, y, lr=s.lr, batch_size=s.batch_size,
+                        local_epochs=s.local_epochs, local_steps=s.local_steps, seed=seed,
+                        delta_out=self._delta, prox_mu=s.prox_mu,
+                        full_batch=s.client == "fedsgd", loss=s.loss, correction=correction)
+        weight = client_weight(s.aggregator, res.num_examples)
+        if weight == 0:
+            return res
+        if "risks" in self.needs:
+            after = self._risk(self.model.flat, x, y)
+            log_scale = expalpha_log_weight(before, after, s.alpha)
+        acc.add(res.delta, weight, log_scale)
+        if "sensitivity" in self.needs:
+            acc.add_extra(self._omega, weight)
+        elif correction is not None:
+            if s.scaffold_option == 2:
+                # c_i+ = c_i - c + (x - y_i) / (K lr), K = the local steps actually taken
+                torch.sub(self._ci, self._c, out=self._ci_new)
+                self._ci_new.add_(res.delta[:p], alpha=-1.0 / (res.steps * s.lr))
+            acc.add_extra(self._ci_new - self._ci)  # dc_i = c_i+ - c_i
+            self.state.put(cid, {"c": self._ci_new})
+        return res
+
+    def train(self, payload: dict, round_idx: int, client_ids: list[int]) -> dict:
+        """Train ``client_ids`` from the broadcast ``payload`` (the global weights and the
+        aggregator's per-round state); return their one partial sum."""
+        start = time.perf_counter()
+        global_w = self._load_global(payload["weights"])
+        if "c" in payload:
+            self._c.copy_(readonly_tensor(payload["c"]))
+        acc = PartialSum(self.model.size, self.device,
+                         extra_size(self.spec.aggregator, self.model.num_params))
         loss_sum, seen, examples = 0.0, 0, 0
         for cid in client_ids:
-            x, y = self.cache.get(cid)
-            res = local_sgd(self.model, global_w, x, y, lr=s.lr, batch_size=s.batch_size,
-                            local_epochs=s.local_epochs, local_steps=s.local_steps,
-                            seed=client_seed(s.seed, round_idx, cid), delta_out=self._delta,
-                            prox_mu=s.prox_mu, full_batch=s.full_batch)
-            acc.add(res.delta, client_weight(s.aggregator, res.num_examples))
+            res = self._train_client(global_w, round_idx, cid, acc)
             loss_sum += res.loss_sum
             seen += res.examples_seen
             examples += res.num_examples
-        return {"sum": acc.total.cpu().numpy(), "weight": acc.weight, "clients": len(client_ids),
-                "examples": examples, "loss_sum": loss_sum, "examples_seen": seen,
-                "busy_s": time.perf_counter() - start}
+        out = acc.to_message()
+        out.update({"clients": len(client_ids), "examples": examples, "loss_sum": loss_sum,
+                    "examples_seen": seen, "busy_s": time.perf_counter() - start})
+        return out
 
     def evaluate_range(self, weights: np.ndarray, test: tuple[np.ndarray, np.ndarray],
                        lo: int, hi: int) -> dict:
         """Evaluation sums on rows [lo, hi) of the central test set."""
         self.model.load_(readonly_tensor(weights))
         x, y = (readonly_tensor(a[lo:hi]) for a in test)
-        return evaluate(self.model.module, x, y, self.spec.eval_batch_size, self.device)
+        return evaluate(self.model.module, x, y, self.spec.eval_batch_size, self.device,
+                        self.spec.loss)
 
     def evaluate_clients(self, weights: np.ndarray, client_ids: list[int]) -> dict:
         """Evaluation sums over the held-out data of ``client_ids``."""
@@ -106,5 +191,5 @@ class ClientWorker:
         for cid in client_ids:
             x, y = self.cache.get(cid, "test")
             parts.append(evaluate(self.model.module, x, y, self.spec.eval_batch_size,
-                                  self.device))
+                                  self.device, self.spec.loss))
         return merge_sums(parts)

@@ -1,29 +1,105 @@
+"""Partial sums: merging worker partials equals one pass, for plain, scaled (Exp-alpha) and
+extra (SCAFFOLD / Elastic) sums; the driver-side finishing steps by hand."""
+
+import math
+
 import numpy as np
 import torch
 
-from fedray.aggregator import WeightedSum
+from fedray.aggregator import (
+    Aggregation,
+    PartialSum,
+    elastic_scale,
+    expalpha_log_weight,
+    extra_size,
+)
 from fedray.server_optimizer import ServerSGD
+
+
+def _split_merge(items, size, parts=3, extra=0):
+    """Fold items (value, weight, log_scale, extra) into `parts` partials, then merge."""
+    partials = [PartialSum(size, extra_size=extra) for _ in range(parts)]
+    for i, (v, w, s, e) in enumerate(items):
+        partials[i % parts].add(v, w, s)
+        if e is not None:
+            partials[i % parts].add_extra(e, w)
+    merged = PartialSum(size, extra_size=extra)
+    for p in partials:
+        merged.merge(p.to_message())
+    return merged
 
 
 def test_partial_sums_equal_one_pass():
     rng = np.random.default_rng(0)
     deltas = [torch.from_numpy(rng.normal(size=10).astype(np.float32)) for _ in range(9)]
     weights = rng.integers(1, 100, size=9).astype(float)
-    whole = WeightedSum(10)
+    whole = PartialSum(10)
     for d, w in zip(deltas, weights, strict=True):
         whole.add(d, w)
-    parts = [WeightedSum(10) for _ in range(3)]
-    for i, (d, w) in enumerate(zip(deltas, weights, strict=True)):
-        parts[i % 3].add(d, w)
-    merged = WeightedSum(10)
-    for p in parts:
-        merged.merge(p.total.numpy(), p.weight)
+    merged = _split_merge([(d, w, 0.0, None) for d, w in zip(deltas, weights, strict=True)], 10)
     expected = sum(w * d.double() for d, w in zip(deltas, weights, strict=True)) / weights.sum()
     torch.testing.assert_close(merged.mean(), expected)
     torch.testing.assert_close(whole.mean(), merged.mean(), rtol=0, atol=1e-15)
+
+
+def test_scaled_partials_are_a_softmax_without_overflow():
+    """(max, scaled sum) merging gives softmax weights, also for scores around 1e4."""
+    rng = np.random.default_rng(1)
+    deltas = [torch.from_numpy(rng.normal(size=6)) for _ in range(7)]
+    for scale in (1.0, 1e4):
+        scores = rng.normal(size=7) * scale
+        merged = _split_merge([(d, 1.0, float(s), None) for d, s in zip(deltas, scores,
+                                                                          strict=True)], 6)
+        rho = np.exp(scores - scores.max())
+        rho /= rho.sum()
+        expected = sum(r * d for r, d in zip(rho, deltas, strict=True))
+        mean = merged.mean()
+        assert torch.isfinite(mean).all()
+        torch.testing.assert_close(mean, expected, rtol=1e-12, atol=1e-12)
+
+
+def test_empty_partial_merges_as_nothing():
+    a = PartialSum(3)
+    a.add(torch.ones(3), 2.0)
+    a.merge(PartialSum(3).to_message())
+    torch.testing.assert_close(a.mean(), torch.ones(3, dtype=torch.float64))
+
+
+def test_expalpha_log_weight():
+    assert expalpha_log_weight(2.0, 1.5, 0.25) == -2.0
+
+
+def test_elastic_scale_by_hand():
+    omega = torch.tensor([0.0, 1.0, 4.0], dtype=torch.float64)
+    torch.testing.assert_close(elastic_scale(omega, 0.5),
+                               torch.tensor([1.5, 1.25, 0.5], dtype=torch.float64))
+    torch.testing.assert_close(elastic_scale(torch.zeros(2, dtype=torch.float64), 0.5),
+                               torch.full((2,), 1.5, dtype=torch.float64))
+
+
+def test_scaffold_finish_updates_c_by_population():
+    agg = Aggregation("scaffold", size=4, num_params=3, population=10)
+    assert extra_size("scaffold", 3) == 3 and extra_size("uniform", 3) == 0
+    acc = agg.new_sum()
+    acc.add(torch.tensor([1.0, 2.0, 3.0, 4.0]), 1.0)
+    acc.add(torch.tensor([3.0, 2.0, 1.0, 0.0]), 1.0)
+    acc.add_extra(torch.tensor([1.0, -2.0, 0.5]))
+    acc.add_extra(torch.tensor([1.0, 0.0, 0.5]))
+    delta = agg.finish(acc)
+    torch.testing.assert_close(delta, torch.tensor([2.0, 2.0, 2.0, 2.0], dtype=torch.float64))
+    torch.testing.assert_close(agg.state["c"], torch.tensor([0.2, -0.2, 0.1]))
+    state = agg.state_dict()
+    other = Aggregation("scaffold", size=4, num_params=3, population=10)
+    other.load_state_dict(state)
+    assert np.array_equal(other.broadcast()["c"], state["c"].numpy())
 
 
 def test_server_sgd():
     w = torch.tensor([1.0, 2.0])
     out = ServerSGD(0.5).step(w, torch.tensor([2.0, -4.0], dtype=torch.float64))
     assert out.dtype == torch.float32 and torch.equal(out, torch.tensor([2.0, 0.0]))
+
+
+def test_log_scale_starts_empty():
+    p = PartialSum(2)
+    assert p.log_scale == -math.inf and p.weight == 0.0

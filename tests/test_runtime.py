@@ -21,7 +21,8 @@ def test_run_directory_contents(ray_cluster, tmp_path):
     res = fedray.run(tiny_job(tmp_path, eval__every=2, eval__federated_clients=5))
     run = tmp_path / "run"
     assert {p.name for p in run.iterdir()} == {"config.yaml", "metrics.jsonl", "summary.json",
-                                                "model.safetensors"}
+                                                "model.safetensors", "server_state.safetensors"}
+    assert int(load_file(run / "server_state.safetensors")["server_opt.step"]) == 3
     lines = [json.loads(s) for s in (run / "metrics.jsonl").read_text().splitlines()]
     assert [m["round"] for m in lines] == [1, 2, 3]
     for m in lines:

@@ -1,0 +1,283 @@
+"""Every algorithm through the whole runtime on deterministic full-batch linear-regression
+clients (f_i(w) = 1/2 ||X_i w - y_i||^2 / n_i), against an independent NumPy
+re-implementation of the paper's formulas written out here, or a closed form."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+import fedray
+from fedray.client_state import ClientStateStore
+from fedray.sampling import sample_clients
+from fedray.seeding import TAG_HOLDOUT, client_seed, derive_seed
+from fedray.worker import holdout_split
+
+D = 3  # a 3-parameter model: Linear(3, 1) without bias
+SEED = 1
+
+
+def make_clients(num: int = 3, seed: int = 0) -> dict[int, tuple[np.ndarray, np.ndarray]]:
+    """Heterogeneous regression clients: own feature scale, own true weights, own size."""
+    g = np.random.default_rng(seed)
+    out = {}
+    for i in range(num):
+        n = 8 + 3 * i
+        x = (g.normal(size=(n, D)) * (0.5 + 0.5 * i)).astype(np.float32)
+        w_true = g.normal(size=D) * 2
+        y = (x @ w_true + 0.1 * g.normal(size=n)).astype(np.float32)
+        out[i] = (x, y)
+    return out
+
+
+CLIENTS = make_clients()
+W0 = np.array([0.3, -0.2, 0.1])
+
+
+def linear_model_fn(w0: np.ndarray = W0):
+    def model_fn():  # a closure: shipped to the workers by value
+        m = nn.Linear(D, 1, bias=False)
+        with torch.no_grad():
+            m.weight.copy_(torch.tensor(w0, dtype=torch.float32).view(1, -1))
+        return m
+    return model_fn
+
+
+def run_job(tmp_path, name: str, *, rounds: int, clients=CLIENTS, workers: int = 2,
+            algorithm: dict, server: dict | None = None, lr: float = 0.1, steps: int = 3,
+            per_round: int | None = None) -> tuple[np.ndarray, str]:
+    job = {"name": name, "seed": SEED, "rounds": rounds, "model": {"loss": "mse"},
+           "algorithm": algorithm, "server": server or {},
+           "client": {"lr": lr, "batch_size": 64, "local_steps": steps},
+           "sampling": {"clients_per_round": per_round or len(clients)},
+           "runtime": {"num_workers": workers, "worker": {"num_cpus": 0.5}},
+           "eval": {"central": False}, "output": {"dir": str(tmp_path / name)}}
+    res = fedray.run(job, model_fn=linear_model_fn(), client_data=clients)
+    return res.weights["weight"].double().numpy().reshape(-1), res.run_dir
+
+
+# -- the NumPy reference ------------------------------------------------------------------
+
+def data(i, clients=CLIENTS):
+    x, y = clients[i]
+    return x.astype(np.float64), y.astype(np.float64)
+
+
+def grad(i, w, clients=CLIENTS):
+    x, y = data(i, clients)
+    return x.T @ (x @ w - y) / len(y)
+
+
+def risk(i, w):
+    x, y = data(i)
+    return 0.5 * np.mean((x @ w - y) ** 2)
+
+
+def local(i, x0, steps, lr, corr=0.0, mu=0.0, clients=CLIENTS):
+    w = x0.copy()
+    for _ in range(steps):
+        w = w - lr * (grad(i, w, clients) + corr + mu * (w - x0))
+    return w
+
+
+def sizes(clients=CLIENTS):
+    return np.array([len(clients[i][1]) for i in sorted(clients)], dtype=float)
+
+
+def fedavg_delta(x, steps, lr, mu=0.0, weights=None):
+    n = sizes() if weights is None else weights
+    deltas = [local(i, x, steps, lr, mu=mu) - x for i in sorted(CLIENTS)]
+    return sum(w * d for w, d in zip(n, deltas, strict=True)) / n.sum()
+
+
+ATOL = 2e-5  # float32 runtime vs float64 reference
+
+
+# -- FedAvg, FedProx, server optimizers ---------------------------------------------------
+
+def test_fedavg_and_fedprox(ray_cluster, tmp_path):
+    x = W0.copy()
+    for _ in range(4):
+        x = x + fedavg_delta(x, 3, 0.1)
+    got, _ = run_job(tmp_path, "fedavg", rounds=4, algorithm={"name": "fedavg"})
+    np.testing.assert_allclose(got, x, atol=ATOL)
+
+    x = W0.copy()
+    for _ in range(3):
+        x = x + fedavg_delta(x, 3, 0.1, mu=0.5)
+    got, _ = run_job(tmp_path, "fedprox", rounds=3,
+                     algorithm={"name": "fedprox", "prox_mu": 0.5})
+    np.testing.assert_allclose(got, x, atol=ATOL)
+
+
+def test_server_momentum(ray_cluster, tmp_path):
+    plain, _ = run_job(tmp_path, "avg", rounds=3, algorithm={"name": "fedavg"}, lr=0.05)
+    m0, _ = run_job(tmp_path, "m0", rounds=3, algorithm={"name": "fedavgm"},
+                    server={"momentum": 0.0}, lr=0.05)
+    assert np.array_equal(plain, m0)  # momentum 0 is FedAvg, bit for bit
+    beta, eta = 0.7, 0.8
+    for name in ("fedavgm", "fednesterov"):
+        x, m = W0.copy(), np.zeros(D)
+        for _ in range(3):
+            d = fedavg_delta(x, 3, 0.05)
+            m = beta * m + d
+            x = x + eta * (d + beta * m if name == "fednesterov" else m)
+        got, _ = run_job(tmp_path, name, rounds=3, algorithm={"name": name},
+                         server={"momentum": beta, "lr": eta}, lr=0.05)
+        np.testing.assert_allclose(got, x, atol=ATOL)
+
+
+@pytest.mark.parametrize("name", ["fedadam", "fedyogi", "fedadagrad"])
+def test_adaptive_server_two_steps(ray_cluster, tmp_path, name):
+    eta, b1, b2, tau = 0.05, 0.9, 0.99, 1e-2
+    x, m, v = W0.copy(), np.zeros(D), np.full(D, tau ** 2)
+    for _ in range(2):  # Reddi et al., Alg. 2, by hand
+        d = fedavg_delta(x, 3, 0.1)
+        m = b1 * m + (1 - b1) * d
+        if name == "fedadam":
+            v = b2 * v + (1 - b2) * d * d
+        elif name == "fedyogi":
+            v = v - (1 - b2) * d * d * np.sign(v - d * d)
+        else:
+            v = v + d * d
+        x = x + eta * m / (np.sqrt(v) + tau)
+    got, _ = run_job(tmp_path, name, rounds=2, algorithm={"name": name},
+                     server={"lr": eta, "beta1": b1, "beta2": b2, "tau": tau})
+    np.testing.assert_allclose(got, x, atol=ATOL)
+
+
+# -- SCAFFOLD -----------------------------------------------------------------------------
+
+def scaffold_numpy(rounds, steps, lr, option, server_lr=1.0, clients=CLIENTS):
+    ids = sorted(clients)
+    x, c = W0.copy(), np.zeros(D)
+    ci = {i: np.zeros(D) for i in ids}
+    for _ in range(rounds):
+        dys, dcs = [], []
+        for i in ids:
+            y = local(i, x, steps, lr, corr=c - ci[i], clients=clients)
+            new = grad(i, x, clients) if option == 1 else ci[i] - c + (x - y) / (steps * lr)
+            dys.append(y - x)
+            dcs.append(new - ci[i])
+            ci[i] = new
+        x = x + server_lr * np.mean(dys, axis=0)
+        c = c + np.sum(dcs, axis=0) / len(ids)  # N = population = every client here
+    return x
+
+
+@pytest.mark.parametrize("option", [1, 2])
+def test_scaffold_matches_numpy(ray_cluster, tmp_path, option):
+    got, run_dir = run_job(tmp_path, f"scaffold{option}", rounds=4, lr=0.05,
+                           algorithm={"name": "scaffold", "scaffold_option": option})
+    np.testing.assert_allclose(got, scaffold_numpy(4, 3, 0.05, option), atol=ATOL)
+    assert ClientStateStore(f"{run_dir}/client_state").clients() == [0, 1, 2]
+
+
+def test_scaffold_with_zero_control_variates_is_fedavg(ray_cluster, tmp_path):
+    """Round 1 starts from c = c_i = 0: SCAFFOLD's step is FedAvg's (uniform mean)."""
+    scaf, _ = run_job(tmp_path, "s", rounds=1, algorithm={"name": "scaffold"})
+    avg, _ = run_job(tmp_path, "a", rounds=1,
+                     algorithm={"name": "fedavg", "aggregator": "uniform"})
+    np.testing.assert_allclose(scaf, avg, atol=1e-7)
+    np.testing.assert_allclose(avg, W0 + fedavg_delta(W0, 3, 0.1, weights=np.ones(3)),
+                               atol=ATOL)
+
+
+def test_scaffold_reaches_the_global_optimum_where_fedavg_drifts(ray_cluster, tmp_path):
+    """Heterogeneous quadratics, full participation, K = 10: the fixed point of SCAFFOLD
+    is argmin (1/N) sum f_i (closed form); FedAvg's is not."""
+    a = sum(data(i)[0].T @ data(i)[0] / len(data(i)[1]) for i in CLIENTS)
+    b = sum(data(i)[0].T @ data(i)[1] / len(data(i)[1]) for i in CLIENTS)
+    optimum = np.linalg.solve(a, b)
+    common = {"rounds": 60, "lr": 0.05, "steps": 10}
+    scaf, _ = run_job(tmp_path, "scaffold", algorithm={"name": "scaffold"}, **common)
+    avg, _ = run_job(tmp_path, "fedavg", algorithm={"name": "fedavg", "aggregator": "uniform"},
+                     **common)
+    assert np.linalg.norm(scaf - optimum) < 1e-3
+    assert np.linalg.norm(avg - optimum) > 0.05
+
+
+# -- Elastic aggregation ------------------------------------------------------------------
+
+def test_elastic_by_hand(ray_cluster, tmp_path):
+    """Chen et al. Alg. 1 (FedAvgM backbone) on a 3-parameter model, two rounds."""
+    tau, mu, share, beta = 0.4, 0.9, 0.3, 0.5
+    x, m = W0.copy(), np.zeros(D)
+    for r in (1, 2):
+        deltas, omegas, weights = [], [], []
+        for i in sorted(CLIENTS):
+            xi, yi = data(i)
+            held, keep = (t.numpy() for t in holdout_split(
+                len(yi), share, derive_seed(client_seed(SEED, r, i), TAG_HOLDOUT)))
+            xh = xi[held]  # one batch: d ||w.x||^2 / dw = 2 (w.x) x, batch-averaged
+            omegas.append((1 - mu) * np.abs((2 * (xh @ x)[:, None] * xh).mean(0)))
+            sub = {0: (xi[keep], yi[keep])}
+            deltas.append(local(0, x, 3, 0.1, clients=sub) - x)
+            weights.append(len(keep))
+        w = np.array(weights, dtype=float) / sum(weights)
+        omega = sum(wk * o for wk, o in zip(w, omegas, strict=True))
+        zeta = 1 + tau - omega / omega.max()
+        assert zeta.min() == pytest.approx(tau) and (zeta <= 1 + tau).all()
+        update = zeta * sum(wk * d for wk, d in zip(w, deltas, strict=True))
+        m = beta * m + update
+        x = x + m
+    got, _ = run_job(tmp_path, "elastic", rounds=2,
+                     algorithm={"name": "elastic_fedavgm", "elastic_tau": tau,
+                                "elastic_mu": mu, "elastic_holdout": share},
+                     server={"momentum": beta})
+    np.testing.assert_allclose(got, x, atol=ATOL)
+
+
+# -- Exp-alpha ----------------------------------------------------------------------------
+
+def expalpha_numpy(rounds, alpha):
+    x = W0.copy()
+    for _ in range(rounds):
+        ys = [local(i, x, 3, 0.1) for i in sorted(CLIENTS)]
+        s = np.array([(risk(i, y) - risk(i, x)) / alpha for i, y in zip(sorted(CLIENTS), ys,
+                                                                        strict=True)])
+        rho = np.exp(s - s.max())
+        rho /= rho.sum()
+        x = x + sum(r * (y - x) for r, y in zip(rho, ys, strict=True))
+    return x
+
+
+def test_expalpha_by_hand_and_its_limits(ray_cluster, tmp_path):
+    got, _ = run_job(tmp_path, "exp", rounds=2, algorithm={"name": "expalpha", "alpha": 0.2})
+    np.testing.assert_allclose(got, expalpha_numpy(2, 0.2), atol=ATOL)
+    # alpha -> infinity: uniform weights
+    big, _ = run_job(tmp_path, "big", rounds=2, algorithm={"name": "expalpha", "alpha": 1e12})
+    uni, _ = run_job(tmp_path, "uni", rounds=2,
+                     algorithm={"name": "fedavg", "aggregator": "uniform"})
+    np.testing.assert_allclose(big, uni, atol=1e-6)
+    # a tiny alpha: scores of order 1e4 do not overflow; the weight goes to one client
+    tiny, _ = run_job(tmp_path, "tiny", rounds=2, algorithm={"name": "expalpha", "alpha": 1e-4})
+    assert np.isfinite(tiny).all()
+    np.testing.assert_allclose(tiny, expalpha_numpy(2, 1e-4), atol=ATOL)
+
+
+# -- partial sums: the worker count never changes the update --------------------------------
+
+@pytest.mark.parametrize("algorithm", [
+    {"name": "fedavg"}, {"name": "fedavg", "aggregator": "uniform"}, {"name": "scaffold"},
+    {"name": "elastic_fedprox"}, {"name": "expalpha"}])
+def test_one_vs_three_workers(ray_cluster, tmp_path, algorithm):
+    clients = make_clients(9, seed=5)
+    one, _ = run_job(tmp_path, "w1", rounds=3, clients=clients, workers=1,
+                     algorithm=algorithm, per_round=6)
+    three, _ = run_job(tmp_path, "w3", rounds=3, clients=clients, workers=3,
+                       algorithm=algorithm, per_round=6)
+    assert np.abs(one - W0).max() > 1e-3  # the model moved
+    np.testing.assert_allclose(one, three, rtol=0, atol=1e-6)
+
+
+def test_scaffold_state_only_for_participants(ray_cluster, tmp_path):
+    clients = make_clients(30, seed=2)
+    _, run_dir = run_job(tmp_path, "part", rounds=3, clients=clients,
+                         algorithm={"name": "scaffold"}, per_round=4)
+    took_part = set()
+    for r in (1, 2, 3):
+        took_part.update(int(c) for c in sample_clients(SEED, r, 30, 4))
+    assert ClientStateStore(f"{run_dir}/client_state").clients() == sorted(took_part)
