@@ -32,22 +32,11 @@ from fedray.evaluation import merge_sums
 from fedray.pool import create_workers
 from fedray.replica import FlatModel
 from fedray.run_dir import CLIENT_STATE_DIR, SERVER_STATE_FILE, WEIGHTS_FILE, RunDir
+from fedray.runtime import private_mb
 from fedray.sampling import federated_eval_clients, sample_clients
 from fedray.seeding import TAG_INIT, derive_seed
 from fedray.server_optimizer import build_server_optimizer
 from fedray.worker import WorkerSpec
-
-
-def _private_mb() -> float:
-    """Resident memory of this process that is its own (RSS less shared pages).
-
-    Plain RSS also counts the object-store pages the driver maps when it reads workers'
-    partial sums; those are shared memory, owned by the store, and not the driver's growth.
-    """
-    import psutil
-
-    info = psutil.Process().memory_info()
-    return (info.rss - getattr(info, "shared", 0)) / 2**20
 
 
 def is_eval_round(r: int, every: int, rounds: int) -> bool:
@@ -130,17 +119,19 @@ class Driver:
                 for w, g in zip(self.workers, groups, strict=True) if g]
         acc = self.aggregation.new_sum()
         stats = {"examples": 0, "loss_sum": 0.0, "examples_seen": 0, "busy_s": 0.0}
+        worker_mem = 0.0
         for ref in refs:  # fixed order: the float64 sum is bit-identical across reruns
             part = ray.get(ref)
             acc.merge(part)
             for k in stats:
                 stats[k] += part[k]
+            worker_mem = max(worker_mem, part["mem_mb"])
             del part
         if acc.weight > 0:  # a round of clients without examples leaves the model as it is
             self.weights = self.server_opt.step(self.weights, self.aggregation.finish(acc))
         return {"clients": len(ids), "examples": int(stats["examples"]),
                 "train_loss": stats["loss_sum"] / max(1, stats["examples_seen"]),
-                "worker_busy_s": stats["busy_s"]}
+                "worker_busy_s": stats["busy_s"], "worker_mem_mb": worker_mem}
 
     def evaluate(self) -> dict[str, float]:
         """Central and federated evaluation of the current global model, run concurrently."""
@@ -183,7 +174,7 @@ class Driver:
                 m.update(self.evaluate())
             m["wall_s"] = time.perf_counter() - t0
             m["elapsed_s"] = time.perf_counter() - run_start
-            m["driver_mem_mb"] = _private_mb()
+            m["driver_mem_mb"] = private_mb()
             self.run_dir.append_metrics(m)
             history.append({k: m[k] for k in ("updates_per_s", "test_accuracy") if k in m})
             yield m
@@ -208,7 +199,7 @@ class Driver:
             "final": final, "best_test_accuracy": max(accs) if accs else None,
             "total_s": total_s, "pool_start_s": self.pool_start_s,
             "median_updates_per_s": float(np.median(ups)) if ups else None,
-            "driver_mem_mb": _private_mb(),
+            "driver_mem_mb": private_mb(),
             "weights_file": WEIGHTS_FILE if c.output.save_weights else None,
             "fedray_version": __version__,
         }

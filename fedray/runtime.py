@@ -44,3 +44,15 @@ def ray_session(cfg: DictConfig) -> Iterator[None]:
         yield
     finally:
         ray.shutdown()
+
+
+def private_mb() -> float:
+    """Resident memory of this process that is its own (RSS less shared pages), in MiB.
+
+    Plain RSS also counts object-store pages a process maps when it reads a broadcast or a
+    partial sum; those are shared memory, owned by the store, and not the process's growth.
+    """
+    import psutil
+
+    info = psutil.Process().memory_info()
+    return (info.rss - getattr(info, "shared", 0)) / 2**20

@@ -24,6 +24,7 @@ from fedray.client_update import full_gradient, local_sgd, sensitivity
 from fedray.data.source import ClientCache, ClientSource
 from fedray.evaluation import evaluate, merge_sums
 from fedray.replica import FlatModel
+from fedray.runtime import private_mb
 from fedray.seeding import TAG_CONTROL, TAG_HOLDOUT, client_seed, derive_seed
 from fedray.tensors import readonly_tensor
 
@@ -173,7 +174,8 @@ class ClientWorker:
             examples += res.num_examples
         out = acc.to_message()
         out.update({"clients": len(client_ids), "examples": examples, "loss_sum": loss_sum,
-                    "examples_seen": seen, "busy_s": time.perf_counter() - start})
+                    "examples_seen": seen, "busy_s": time.perf_counter() - start,
+                    "mem_mb": private_mb()})
         return out
 
     def evaluate_range(self, weights: np.ndarray, test: tuple[np.ndarray, np.ndarray],
