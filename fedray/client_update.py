@@ -31,6 +31,16 @@ class ClientResult:
     steps: int
 
 
+def client_batch_size(n: int, batch_size: int, steps_per_epoch: int | None) -> int:
+    """The batch size a client trains with: ``batch_size``, or, with ``steps_per_epoch``
+    set, ceil(n / steps_per_epoch) -- SCAFFOLD's "batch = 1/5 of the local data" setup, where
+    every client takes the same number of steps per epoch whatever its size (a client with
+    fewer examples than steps takes one step per example)."""
+    if steps_per_epoch is None:
+        return batch_size
+    return max(1, math.ceil(n / steps_per_epoch))
+
+
 def num_local_steps(n: int, batch_size: int, local_epochs: int, local_steps: int | None) -> int:
     if local_steps is not None:
         return local_steps

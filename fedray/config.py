@@ -66,6 +66,8 @@ class ClientConfig:
     batch_size: int = 20
     local_epochs: int = 1
     local_steps: int | None = None  # when set, exactly this many local steps (overrides epochs)
+    # when set, each client's batch is 1/steps_per_epoch of its data (overrides batch_size)
+    steps_per_epoch: int | None = None
 
 
 @dataclass
@@ -268,6 +270,8 @@ def validate(cfg: DictConfig, population: int, *, custom_model: bool = False) ->
     r(c.local_epochs >= 1, "client.local_epochs", "must be >= 1", c.local_epochs)
     r(c.local_steps is None or c.local_steps >= 1, "client.local_steps",
       "must be >= 1 or null", c.local_steps)
+    r(c.steps_per_epoch is None or c.steps_per_epoch >= 1, "client.steps_per_epoch",
+      "must be >= 1 or null", c.steps_per_epoch)
     r(cfg.server.lr > 0, "server.lr", "must be > 0", cfg.server.lr)
     k = cfg.sampling.clients_per_round
     r(k >= 1, "sampling.clients_per_round", "must be >= 1", k)

@@ -84,7 +84,8 @@ class Driver:
                           scaffold_option=a.scaffold_option, elastic_mu=a.elastic_mu,
                           elastic_holdout=a.elastic_holdout, alpha=a.alpha,
                           state_url=self.run_dir.url_of(CLIENT_STATE_DIR),
-                          state_cache_mb=c.runtime.worker.state_cache_mb)
+                          state_cache_mb=c.runtime.worker.state_cache_mb,
+                          steps_per_epoch=c.client.steps_per_epoch)
         start = time.perf_counter()
         self.workers = create_workers(spec, num_workers, c.runtime.worker.num_cpus,
                                       c.runtime.worker.num_gpus)

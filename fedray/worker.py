@@ -20,7 +20,7 @@ from torch import nn
 
 from fedray.aggregator import NEEDS, PartialSum, client_weight, expalpha_log_weight, extra_size
 from fedray.client_state import ClientStateStore
-from fedray.client_update import full_gradient, local_sgd, sensitivity
+from fedray.client_update import client_batch_size, full_gradient, local_sgd, sensitivity
 from fedray.data.source import ClientCache, ClientSource
 from fedray.evaluation import evaluate, merge_sums
 from fedray.replica import FlatModel
@@ -53,6 +53,7 @@ class WorkerSpec:
     alpha: float = 0.2  # Exp-alpha temperature
     state_url: str | None = None  # client state store (SCAFFOLD's c_i), under the run dir
     state_cache_mb: float = 64.0
+    steps_per_epoch: int | None = None  # client.steps_per_epoch: batch = n / steps_per_epoch
 
 
 def holdout_split(n: int, share: float, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -114,12 +115,13 @@ class ClientWorker:
         s = self.spec
         seed = client_seed(s.seed, round_idx, cid)
         x, y = self.cache.get(cid)
+        batch = client_batch_size(len(y), s.batch_size, s.steps_per_epoch)
         p = self.model.num_params
         correction = None
         log_scale = 0.0
         if "sensitivity" in self.needs:
             held, keep = holdout_split(len(y), s.elastic_holdout, derive_seed(seed, TAG_HOLDOUT))
-            sensitivity(self.model, global_w, x[held], batch_size=s.batch_size,
+            sensitivity(self.model, global_w, x[held], batch_size=batch,
                         mu=s.elastic_mu, out=self._omega)
             x, y = x[keep], y[keep]
         if "control_variate" in self.needs and len(y):
@@ -130,12 +132,14 @@ class ClientWorker:
                 self._ci.copy_(state["c"])
             correction = torch.sub(self._c, self._ci, out=self._corr)
             if s.scaffold_option == 1:  # c_i+ = g_i(x), one extra pass at the global model
-                full_gradient(self.model, global_w, x, y, batch_size=s.batch_size,
+                full_gradient(self.model, global_w, x, y, batch_size=batch,
                               seed=derive_seed(seed, TAG_CONTROL), out=self._ci_new,
                               loss=s.loss)
         if "risks" in self.needs and len(y):
             before = self._risk(global_w, x, y)
-        res = local_sgd(self.model, global_w, x, y, lr=s.lr, batch_size=s.batch_size,
+        if "sensitivity" in self.needs:  # B_k is gone: batches are cut from what is left
+            batch = client_batch_size(len(y), s.batch_size, s.steps_per_epoch)
+        res = local_sgd(self.model, global_w, x, y, lr=s.lr, batch_size=batch,
                         local_epochs=s.local_epochs, local_steps=s.local_steps, seed=seed,
                         delta_out=self._delta, prox_mu=s.prox_mu,
                         full_batch=s.client == "fedsgd", loss=s.loss, correction=correction)

@@ -47,10 +47,11 @@ def linear_model_fn(w0: np.ndarray = W0):
 
 def run_job(tmp_path, name: str, *, rounds: int, clients=CLIENTS, workers: int = 2,
             algorithm: dict, server: dict | None = None, lr: float = 0.1, steps: int = 3,
-            per_round: int | None = None) -> tuple[np.ndarray, str]:
+            per_round: int | None = None, client: dict | None = None
+            ) -> tuple[np.ndarray, str]:
     job = {"name": name, "seed": SEED, "rounds": rounds, "model": {"loss": "mse"},
            "algorithm": algorithm, "server": server or {},
-           "client": {"lr": lr, "batch_size": 64, "local_steps": steps},
+           "client": {"lr": lr, "batch_size": 64, "local_steps": steps, **(client or {})},
            "sampling": {"clients_per_round": per_round or len(clients)},
            "runtime": {"num_workers": workers, "worker": {"num_cpus": 0.5}},
            "eval": {"central": False}, "output": {"dir": str(tmp_path / name)}}
@@ -109,6 +110,17 @@ def test_fedavg_and_fedprox(ray_cluster, tmp_path):
         x = x + fedavg_delta(x, 3, 0.1, mu=0.5)
     got, _ = run_job(tmp_path, "fedprox", rounds=3,
                      algorithm={"name": "fedprox", "prox_mu": 0.5})
+    np.testing.assert_allclose(got, x, atol=ATOL)
+
+
+def test_steps_per_epoch_one_is_full_batch(ray_cluster, tmp_path):
+    """client.steps_per_epoch=1: each client's batch is all its data, so 3 epochs are 3
+    full-batch steps whatever client.batch_size says."""
+    x = W0.copy()
+    for _ in range(2):
+        x = x + fedavg_delta(x, 3, 0.1)
+    got, _ = run_job(tmp_path, "spe", rounds=2, algorithm={"name": "fedavg"}, steps=None,
+                     client={"batch_size": 2, "steps_per_epoch": 1, "local_epochs": 3})
     np.testing.assert_allclose(got, x, atol=ATOL)
 
 

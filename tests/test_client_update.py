@@ -61,3 +61,46 @@ def test_client_without_examples_takes_no_step():
     m, w, x, y = _setup()
     r = _run(m, w, x[:0], y[:0], local_steps=3)
     assert r.steps == 0 and r.num_examples == 0 and torch.equal(r.delta, torch.zeros_like(w))
+
+
+def test_steps_per_epoch_batch_size():
+    from fedray.client_update import client_batch_size
+
+    assert client_batch_size(23, 5, None) == 5
+    assert client_batch_size(23, 5, 5) == 5  # ceil(23 / 5)
+    assert client_batch_size(100, 7, 5) == 20
+    assert client_batch_size(3, 20, 5) == 1  # fewer examples than steps: one per step
+    assert num_local_steps(100, client_batch_size(100, 7, 5), 2, None) == 10
+
+
+def test_correction_is_added_to_every_gradient():
+    """SCAFFOLD's step y <- y - lr (g(y) + correction): a constant correction on a model
+    whose loss gradient is zero (lr 0 elsewhere) moves it by -steps * lr * correction."""
+    m, w, x, y = _setup()
+    corr = torch.randn(m.num_params)
+    base = _run(m, w, x, y, local_steps=1, batch_size=23).delta.clone()
+    shifted = _run(m, w, x, y, local_steps=1, batch_size=23, correction=corr).delta
+    torch.testing.assert_close(shifted[: m.num_params] - base[: m.num_params], -0.1 * corr)
+    zero = _run(m, w, x, y, local_steps=1, batch_size=23,
+                correction=torch.zeros(m.num_params)).delta
+    assert torch.equal(zero, base)
+
+
+def test_full_gradient_and_sensitivity_on_a_linear_model():
+    from fedray.client_update import full_gradient, sensitivity
+
+    torch.manual_seed(0)
+    m = FlatModel(nn.Linear(3, 1, bias=False))
+    w = m.flat.clone()
+    x, y = torch.randn(7, 3), torch.randn(7)
+    g = full_gradient(m, w, x, y, batch_size=3, seed=0, out=torch.empty(3), loss="mse")
+    wv = w.double()
+    expected = x.double().T @ (x.double() @ wv - y.double()) / 7
+    torch.testing.assert_close(g.double(), expected, rtol=1e-5, atol=1e-6)
+    mu = 0.8
+    om = sensitivity(m, w, x, batch_size=4, mu=mu, out=torch.empty(3))
+    ref = torch.zeros(3, dtype=torch.float64)
+    for lo in (0, 4):
+        xb = x[lo:lo + 4].double()
+        ref = mu * ref + (1 - mu) * (2 * (xb @ wv)[:, None] * xb).mean(0).abs()
+    torch.testing.assert_close(om.double(), ref, rtol=1e-5, atol=1e-6)
