@@ -36,6 +36,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--model", default="logreg")
     p.add_argument("--report", type=int, nargs="+", default=[1, 10, 50])
     p.add_argument("--out", default=None, help="run directory (default: a temporary one)")
+    p.add_argument("overrides", nargs="*", help="key=value config overrides")
     args = p.parse_args(argv)
 
     import fedray
@@ -54,7 +55,7 @@ def main(argv: list[str] | None = None) -> int:
            "eval": {"every": 0, "central": True},
            "output": {"dir": args.out}}
     t0 = time.perf_counter()
-    res = fedray.run(job)
+    res = fedray.run(job, overrides=args.overrides)
     wall = time.perf_counter() - t0
     print(f"SCAFFOLD, {args.model}, population {args.population:,}, {args.per_round} clients "
           f"per round, {args.rounds} rounds: {wall:.0f}s, final test accuracy "

@@ -15,9 +15,12 @@ examples:
   fedray run jobs/quickstart.yaml
   fedray run jobs/quickstart.yaml rounds=50 sampling.clients_per_round=20 output.dir=runs/a
   fedray run jobs/quickstart.yaml runtime.address=auto runtime.worker.num_gpus=0.25
+  fedray run jobs/femnist/scaffold.yaml
+  fedray run jobs/quickstart.yaml algorithm.client=fedprox algorithm.aggregator=elastic
 
 The run directory (output.dir, any fsspec URL) receives config.yaml, metrics.jsonl,
-summary.json and model.safetensors. Config keys: docs/config.md."""
+summary.json, model.safetensors, server_state.safetensors and, for SCAFFOLD,
+client_state/. Config keys: docs/config.md; algorithms: docs/algorithms.md."""
 
 PARTITION_HELP = """Build a partition store from a recipe, or describe one.
 
