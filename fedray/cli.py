@@ -33,6 +33,20 @@ Every recipe takes source.path=PATH (the raw files, in their official format) an
 (where the store goes: a new local path or fsspec URL). Recipes: partitions/*.yaml;
 recipe keys and partitioners: docs/partitions.md."""
 
+REPORT_HELP = """Tables and plots from finished runs: one line per method, a band over seeds.
+
+examples:
+  fedray report runs/quickstart-* --out reports/quickstart
+  fedray report runs/fedavg-s* runs/fedprox-s* --out reports/prox --group-by algorithm.name \\
+      --target 0.7
+  fedray report runs/* --out reports/loss --metric test_loss \\
+      --group-by algorithm.name,sampling.clients_per_round --title "FEMNIST, test loss"
+
+Runs with the same values of the --group-by config keys (default: name) form one method;
+its runs are repetitions (normally different seeds). --out receives report.md, report.csv,
+report.json and <metric>.png; it is refused if it already holds a report.md. Run
+directories can be any fsspec URL. Details: docs/report.md."""
+
 
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="fedray", description="Ray-based simulation of "
@@ -55,7 +69,33 @@ def _parser() -> argparse.ArgumentParser:
                       "distribution plot (default: <store name>-labels.png here)")
     part.add_argument("--quiet", action="store_true", help="no progress lines")
     part.add_argument("--debug", action="store_true", help="show tracebacks on errors")
+    rep = sub.add_parser("report", help="tables and plots over runs and seeds",
+                         description=REPORT_HELP,
+                         formatter_class=argparse.RawDescriptionHelpFormatter)
+    rep.add_argument("runs", nargs="+", metavar="RUN_DIR", help="run directories (fsspec URLs)")
+    rep.add_argument("--out", required=True, metavar="DIR",
+                     help="local directory for the report (created)")
+    rep.add_argument("--metric", default="test_accuracy",
+                     help="a key of metrics.jsonl (default: test_accuracy); lower is better "
+                     "when its name contains 'loss'")
+    rep.add_argument("--group-by", metavar="KEY[,KEY...]",
+                     help="dotted config keys whose values make a method (default: name)")
+    rep.add_argument("--target", type=float, metavar="VALUE",
+                     help="report the rounds each run needs to reach VALUE")
+    rep.add_argument("--title", metavar="TEXT", help="title of the report and the plot "
+                     "(default: the metric)")
+    rep.add_argument("--debug", action="store_true", help="show tracebacks on errors")
     return p
+
+
+def _report(args: argparse.Namespace) -> int:
+    from fedray.report import build_report
+
+    table = build_report(args.runs, args.out, metric=args.metric, group_by=args.group_by,
+                         target=args.target, title=args.title)
+    print(table)
+    print(f"report in {args.out}", flush=True)
+    return 0
 
 
 def _partition(args: argparse.Namespace) -> int:
@@ -102,7 +142,8 @@ def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     debug = getattr(args, "debug", False) or bool(os.environ.get("FEDRAY_DEBUG"))
     try:
-        return _partition(args) if args.command == "partition" else _run(args)
+        commands = {"run": _run, "partition": _partition, "report": _report}
+        return commands[args.command](args)
     except FedrayError as exc:
         if debug:
             raise
