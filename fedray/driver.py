@@ -29,6 +29,7 @@ from fedray.assignment import assign_balanced
 from fedray.data.source import ClientSource
 from fedray.errors import FedrayError
 from fedray.evaluation import merge_sums
+from fedray.losses import correct_fn
 from fedray.pool import create_workers
 from fedray.replica import FlatModel
 from fedray.run_dir import CLIENT_STATE_DIR, SERVER_STATE_FILE, WEIGHTS_FILE, RunDir
@@ -156,7 +157,8 @@ class Driver:
         for prefix, refs in pending.items():
             s = merge_sums(ray.get(refs))
             out[f"{prefix}_loss"] = s["loss_sum"] / max(1, s["count"])
-            out[f"{prefix}_accuracy"] = s["correct"] / max(1, s["count"])
+            if correct_fn(self.cfg.model.loss) is not None:  # regression (mse) has no accuracy
+                out[f"{prefix}_accuracy"] = s["correct"] / max(1, s["count"])
         return out
 
     def run(self) -> Iterator[dict]:

@@ -11,6 +11,7 @@ from torch import nn
 
 import fedray
 from fedray.client_state import ClientStateStore
+from fedray.run_dir import read_metrics
 from fedray.sampling import sample_clients
 from fedray.seeding import TAG_HOLDOUT, client_seed, derive_seed
 from fedray.worker import holdout_split
@@ -47,15 +48,16 @@ def linear_model_fn(w0: np.ndarray = W0):
 
 def run_job(tmp_path, name: str, *, rounds: int, clients=CLIENTS, workers: int = 2,
             algorithm: dict, server: dict | None = None, lr: float = 0.1, steps: int = 3,
-            per_round: int | None = None, client: dict | None = None
-            ) -> tuple[np.ndarray, str]:
+            per_round: int | None = None, client: dict | None = None,
+            test_data=None) -> tuple[np.ndarray, str]:
     job = {"name": name, "seed": SEED, "rounds": rounds, "model": {"loss": "mse"},
            "algorithm": algorithm, "server": server or {},
            "client": {"lr": lr, "batch_size": 64, "local_steps": steps, **(client or {})},
            "sampling": {"clients_per_round": per_round or len(clients)},
            "runtime": {"num_workers": workers, "worker": {"num_cpus": 0.5}},
-           "eval": {"central": False}, "output": {"dir": str(tmp_path / name)}}
-    res = fedray.run(job, model_fn=linear_model_fn(), client_data=clients)
+           "eval": {"central": test_data is not None},
+           "output": {"dir": str(tmp_path / name)}}
+    res = fedray.run(job, model_fn=linear_model_fn(), client_data=clients, test_data=test_data)
     return res.weights["weight"].double().numpy().reshape(-1), res.run_dir
 
 
@@ -102,8 +104,12 @@ def test_fedavg_and_fedprox(ray_cluster, tmp_path):
     x = W0.copy()
     for _ in range(4):
         x = x + fedavg_delta(x, 3, 0.1)
-    got, _ = run_job(tmp_path, "fedavg", rounds=4, algorithm={"name": "fedavg"})
+    got, run_dir = run_job(tmp_path, "fedavg", rounds=4, algorithm={"name": "fedavg"},
+                           test_data=CLIENTS[0])
     np.testing.assert_allclose(got, x, atol=ATOL)
+    last = read_metrics(run_dir)[-1]  # regression: a test loss (the same f_0), no accuracy
+    assert last["test_loss"] == pytest.approx(risk(0, x), rel=1e-4)
+    assert "test_accuracy" not in last
 
     x = W0.copy()
     for _ in range(3):
