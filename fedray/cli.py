@@ -48,30 +48,31 @@ report.json and <metric>.png; it is refused if it already holds a report.md. Run
 directories can be any fsspec URL. Details: docs/report.md."""
 
 
+def _command(sub, name: str, summary: str, description: str) -> argparse.ArgumentParser:
+    """A sub-command with its help text kept as written and the shared --debug flag."""
+    cmd = sub.add_parser(name, help=summary, description=description,
+                         formatter_class=argparse.RawDescriptionHelpFormatter)
+    cmd.add_argument("--debug", action="store_true", help="show tracebacks on errors")
+    return cmd
+
+
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="fedray", description="Ray-based simulation of "
                                 "cross-device federated learning.")
     p.add_argument("--version", action="version", version=f"fedray {__version__}")
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    run = sub.add_parser("run", help="run a federated job", description=RUN_HELP,
-                         formatter_class=argparse.RawDescriptionHelpFormatter)
+    run = _command(sub, "run", "run a federated job", RUN_HELP)
     run.add_argument("job", metavar="JOB.yaml", help="job configuration file")
     run.add_argument("overrides", nargs="*", metavar="key=value", help="config overrides")
     run.add_argument("--quiet", action="store_true", help="no progress bar")
-    run.add_argument("--debug", action="store_true", help="show tracebacks on errors")
-    part = sub.add_parser("partition", help="build or describe a partition store",
-                          description=PARTITION_HELP,
-                          formatter_class=argparse.RawDescriptionHelpFormatter)
+    part = _command(sub, "partition", "build or describe a partition store", PARTITION_HELP)
     part.add_argument("recipe", metavar="RECIPE.yaml", nargs="?", help="partition recipe")
     part.add_argument("overrides", nargs="*", metavar="key=value", help="recipe overrides")
     part.add_argument("--describe", metavar="URL", help="describe an existing store instead")
     part.add_argument("--plot", metavar="PNG", help="with --describe: where to write the label "
                       "distribution plot (default: <store name>-labels.png here)")
     part.add_argument("--quiet", action="store_true", help="no progress lines")
-    part.add_argument("--debug", action="store_true", help="show tracebacks on errors")
-    rep = sub.add_parser("report", help="tables and plots over runs and seeds",
-                         description=REPORT_HELP,
-                         formatter_class=argparse.RawDescriptionHelpFormatter)
+    rep = _command(sub, "report", "tables and plots over runs and seeds", REPORT_HELP)
     rep.add_argument("runs", nargs="+", metavar="RUN_DIR", help="run directories (fsspec URLs)")
     rep.add_argument("--out", required=True, metavar="DIR",
                      help="local directory for the report (created)")
@@ -84,7 +85,6 @@ def _parser() -> argparse.ArgumentParser:
                      help="report the rounds each run needs to reach VALUE")
     rep.add_argument("--title", metavar="TEXT", help="title of the report and the plot "
                      "(default: the metric)")
-    rep.add_argument("--debug", action="store_true", help="show tracebacks on errors")
     return p
 
 

@@ -157,7 +157,8 @@ class ClientWorker:
                 # c_i+ = c_i - c + (x - y_i) / (K lr), K = the local steps actually taken
                 torch.sub(self._ci, self._c, out=self._ci_new)
                 self._ci_new.add_(res.delta[:p], alpha=-1.0 / (res.steps * s.lr))
-            acc.add_extra(self._ci_new - self._ci)  # dc_i = c_i+ - c_i
+            acc.add_extra(self._ci_new)  # dc_i = c_i+ - c_i, without a temporary
+            acc.add_extra(self._ci, -1.0)
             self.state.put(cid, {"c": self._ci_new})
         return res
 
