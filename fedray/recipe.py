@@ -14,12 +14,14 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
 from omegaconf import DictConfig, OmegaConf
 
 from fedray.config import load_structured
 from fedray.data.dataset import Dataset
 from fedray.errors import ConfigError
 from fedray.run_dir import absolute_url
+from fedray.seeding import TAG_TEST_HOLDOUT, rng
 
 
 @dataclass
@@ -40,6 +42,9 @@ class Recipe:
     partitioner: dict[str, Any] = field(default_factory=lambda: {"name": ""})
     out: str | None = None  # path or fsspec URL of the store to create
     shard_mb: float = 64.0  # target size of a shard file
+    # hold out this fraction of the train split as the central test set, stratified by label
+    # (for sources that ship no test split, e.g. MNIST's t10k files alone)
+    test_fraction: float = 0.0
 
 
 def load_recipe(source: Any, overrides: list[str] | tuple = ()) -> DictConfig:
@@ -64,6 +69,8 @@ def load_recipe(source: Any, overrides: list[str] | tuple = ()) -> DictConfig:
         raise ConfigError("recipe key 'out': where to write the store, e.g. out=stores/femnist")
     if cfg.shard_mb <= 0:
         raise ConfigError(f"recipe key 'shard_mb': must be > 0, got {cfg.shard_mb}")
+    if not 0.0 <= cfg.test_fraction < 1.0:
+        raise ConfigError(f"recipe key 'test_fraction': must be in [0, 1), got {cfg.test_fraction}")
     s = cfg.source
     if s.name == "synthetic" and not (1 <= s.min_examples <= s.max_examples and s.num_writers >= 1):
         raise ConfigError("recipe keys 'source.num_writers/min_examples/max_examples': need "
@@ -88,6 +95,29 @@ def load_dataset(spec: DictConfig) -> Dataset:
     return load_source(spec.name, spec.path)
 
 
+def hold_out_test(dataset: Dataset, fraction: float, seed: int) -> Dataset:
+    """Carve a central test set out of a train-only source, stratified by label.
+
+    Why stratified: a test set whose label mix drifts from the train set's would blur the very
+    accuracy comparisons the reproductions make. Which rows go to test depends on the recipe's
+    seed only, so a store rebuilt from the same recipe is the same store.
+    """
+    from dataclasses import replace
+
+    if dataset.test is not None:
+        raise ConfigError(f"recipe key 'test_fraction': source {dataset.name!r} already has a "
+                          f"test split; set test_fraction=0")
+    g = rng(seed, TAG_TEST_HOLDOUT)
+    test_rows = []
+    for label in np.unique(dataset.train.y):
+        rows = np.flatnonzero(dataset.train.y == label)
+        test_rows.append(g.choice(rows, size=int(round(fraction * len(rows))), replace=False))
+    is_test = np.zeros(len(dataset.train), dtype=bool)
+    is_test[np.concatenate(test_rows)] = True
+    return replace(dataset, train=dataset.train.take(np.flatnonzero(~is_test)),
+                   test=dataset.train.take(np.flatnonzero(is_test)))
+
+
 def build(recipe: Any, overrides: list[str] | tuple = (),
           log: Callable[[str], None] = lambda s: None) -> tuple[str, dict]:
     """Run a recipe end to end; returns the store's URL and manifest."""
@@ -100,6 +130,8 @@ def build(recipe: Any, overrides: list[str] | tuple = (),
     t0 = time.perf_counter()
     log(f"reading {cfg.source.name} from {cfg.source.path or '(generated)'}")
     dataset = load_dataset(cfg.source)
+    if cfg.test_fraction > 0:
+        dataset = hold_out_test(dataset, cfg.test_fraction, cfg.seed)
     test_n = len(dataset.test) if dataset.test is not None else 0
     log(f"  {len(dataset.train):,} train / {test_n:,} test examples, "
         f"{dataset.num_classes} classes ({time.perf_counter() - t0:.1f}s)")

@@ -17,6 +17,7 @@ TAG_FED_EVAL = 3
 TAG_INIT = 4
 TAG_HOLDOUT = 5  # Elastic's held-out subset B_k, from a client's round seed
 TAG_CONTROL = 6  # SCAFFOLD option I's extra gradient pass, from a client's round seed
+TAG_TEST_HOLDOUT = 7  # a recipe's central test set carved out of a train-only source
 
 
 def derive_seed(*parts: int) -> int:

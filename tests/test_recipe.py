@@ -11,6 +11,7 @@ import pytest
 from conftest import tiny_job
 
 import fedray
+from fedray.data.mnist import load_mnist
 from fedray.errors import ConfigError, FedrayError
 from fedray.recipe import build, load_recipe
 from fedray.store import StoreSource, read_manifest
@@ -164,3 +165,26 @@ def test_fed_cifar100_recipe_end_to_end(tmp_path):
     x, y = src.client(7)
     assert x.shape == (10, 3, 32, 32) and x.dtype == np.float32 and 0 <= x.min() <= x.max() <= 1
     assert src.num_classes == 100 and m["num_coarse"] == 20
+
+
+def test_test_fraction_holds_out_a_stratified_central_test_set(shared_data, tmp_path):
+    """MNIST t10k alone has no test split: test_fraction carves one out, by label and seed."""
+    args = [f"source.path={shared_data / 'mnist-t10k'}", "partitioner.num_clients=50",
+            "test_fraction=0.2"]
+    _, m = build(ROOT / "partitions" / "dirichlet.yaml", [f"out={tmp_path / 'a'}", *args])
+    _, again = build(ROOT / "partitions" / "dirichlet.yaml", [f"out={tmp_path / 'b'}", *args])
+    assert m["central_test"]["rows"] == 2000 and m["clients"] == again["clients"]
+    src = StoreSource(str(tmp_path / "a"))
+    x_test, y_test = src.central_test()
+    train = np.asarray(m["clients"]["train"]["label_histogram"]).sum(axis=0)
+    test = np.bincount(y_test, minlength=10)
+    assert train.sum() == 8000 and np.abs(test / 2000 - train / 8000).max() < 1e-3
+    # nothing lost, nothing duplicated: train + test hold exactly the t10k images
+    rows = [src.client(c)[0].reshape(-1, 784) for c in range(50)]
+    seen = np.concatenate([*rows, x_test.reshape(-1, 784)])
+    every = load_mnist(str(shared_data / "mnist-t10k")).train.x.reshape(-1, 784)
+    assert len(np.unique(seen, axis=0)) == len(np.unique(every, axis=0))
+    assert len(seen) == 10000
+    with pytest.raises(ConfigError, match="test_fraction"):
+        load_recipe(ROOT / "partitions" / "dirichlet.yaml",
+                    [f"out={tmp_path / 'c'}", *args[:2], "test_fraction=1.0"])
