@@ -82,6 +82,7 @@ class ServerConfig:
 @dataclass
 class SamplingConfig:
     clients_per_round: int = 10
+    always: list[int] = field(default_factory=list)  # client indices in every round
 
 
 @dataclass
@@ -277,6 +278,12 @@ def validate(cfg: DictConfig, population: int, *, custom_model: bool = False) ->
     r(k >= 1, "sampling.clients_per_round", "must be >= 1", k)
     r(k <= population, "sampling.clients_per_round",
       f"must be <= the population of {population} clients", k)
+    always = list(cfg.sampling.always)
+    r(len(set(always)) == len(always), "sampling.always", "must not repeat a client", always)
+    r(all(0 <= a < population for a in always), "sampling.always",
+      f"must be client indices in 0..{population - 1}", always)
+    r(len(always) <= k, "sampling.always",
+      f"must not name more clients than sampling.clients_per_round ({k})", always)
     rt = cfg.runtime
     r(rt.num_workers is None or rt.num_workers >= 1, "runtime.num_workers",
       "must be >= 1 or null (as many as resources allow)", rt.num_workers)

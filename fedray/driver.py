@@ -114,7 +114,8 @@ class Driver:
 
     def _train_round(self, r: int) -> dict[str, Any]:
         c = self.cfg
-        ids = sample_clients(c.seed, r, self.source.population, c.sampling.clients_per_round)
+        ids = sample_clients(c.seed, r, self.source.population, c.sampling.clients_per_round,
+                             c.sampling.always)
         groups = assign_balanced(ids, self.sizes[ids], len(self.workers))
         payload_ref = self._broadcast_round()
         refs = [w.train.remote(payload_ref, r, g)

@@ -7,14 +7,28 @@ samples the same clients whatever the cluster looks like.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import numpy as np
 
 from fedray.seeding import TAG_FED_EVAL, TAG_SAMPLE, rng
 
 
-def sample_clients(seed: int, round_idx: int, population: int, k: int) -> np.ndarray:
-    ids = rng(seed, TAG_SAMPLE, round_idx).choice(population, size=k, replace=False)
-    return np.sort(ids).astype(np.int64)
+def sample_clients(seed: int, round_idx: int, population: int, k: int,
+                   always: Sequence[int] = ()) -> np.ndarray:
+    """``k`` client indices for a round; the ``always`` clients are among them every round.
+
+    Why ``always``: some experiments pin a client into every round (seed 001's toy keeps its
+    outlier in every round and samples only the regular client). The other ``k - len(always)``
+    are drawn uniformly from the rest; with no ``always`` the draw is exactly the plain one.
+    """
+    g = rng(seed, TAG_SAMPLE, round_idx)
+    if not len(always):
+        return np.sort(g.choice(population, size=k, replace=False)).astype(np.int64)
+    pinned = np.unique(np.asarray(always, dtype=np.int64))
+    rest = np.setdiff1d(np.arange(population, dtype=np.int64), pinned)
+    drawn = rest[g.choice(len(rest), size=k - len(pinned), replace=False)]
+    return np.sort(np.concatenate([pinned, drawn])).astype(np.int64)
 
 
 def federated_eval_clients(seed: int, population: int, k: int) -> np.ndarray:

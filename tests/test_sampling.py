@@ -41,3 +41,27 @@ def test_seeds_differ_per_client_round_and_fit_torch():
 def test_federated_eval_clients_fixed():
     assert np.array_equal(federated_eval_clients(0, 500, 30), federated_eval_clients(0, 500, 30))
     assert len(set(federated_eval_clients(0, 500, 30).tolist())) == 30
+
+
+def test_always_clients_join_every_round_and_the_rest_stay_uniform():
+    rounds = [sample_clients(3, r, 10, 2, always=[9]) for r in range(3000)]
+    assert all(len(ids) == 2 and 9 in ids.tolist() for ids in rounds)
+    others = np.bincount([i for ids in rounds for i in ids.tolist() if i != 9], minlength=10)
+    assert others[9] == 0 and others[:9].min() > 0.85 * 3000 / 9
+    assert np.array_equal(sample_clients(3, 5, 10, 2, always=[9]), rounds[5])
+    # no pinned client: exactly the plain draw, so existing runs are unchanged
+    assert np.array_equal(sample_clients(3, 5, 10, 2, always=[]), sample_clients(3, 5, 10, 2))
+
+
+def test_always_is_validated():
+    import pytest
+
+    from fedray.config import load_config, validate
+    from fedray.errors import ConfigError
+
+    for bad, match in (("[3, 3]", "must not repeat"), ("[1000]", r"indices in 0\.\.999"),
+                       ("[0, 1, 2]", "more clients than")):
+        cfg = load_config({"sampling": {"clients_per_round": 2}},
+                          [f"sampling.always={bad}"])
+        with pytest.raises(ConfigError, match=f"sampling.always.*{match}"):
+            validate(cfg, population=1000)
