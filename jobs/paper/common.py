@@ -1,0 +1,32 @@
+"""What the scripted reproductions under jobs/paper/ share: run a list of jobs in one Ray
+session, skipping those already finished, so an interrupted sweep resumes where it stopped."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import time
+from collections.abc import Callable, Iterable
+from typing import Any
+
+import fedray
+from fedray.config import load_config
+from fedray.runtime import ray_session
+
+# (job file, overrides, run directory, extra keyword arguments of fedray.run)
+Run = tuple[str, list[str], str, dict[str, Any]]
+
+
+def run_all(runs: Iterable[Run], log: Callable[[str], None] = print) -> None:
+    runs = list(runs)
+    if not runs:
+        return
+    with ray_session(load_config(runs[0][0], runs[0][1])):
+        for i, (job, overrides, out, kwargs) in enumerate(runs, 1):
+            if os.path.exists(os.path.join(out, "summary.json")):
+                continue
+            if os.path.exists(out):  # a run cut off before its summary: start it again
+                shutil.rmtree(out)
+            t0 = time.perf_counter()
+            fedray.run(job, overrides=[*overrides, f"output.dir={out}"], **kwargs)
+            log(f"[{i}/{len(runs)}] {out} ({time.perf_counter() - t0:.0f}s)")
