@@ -12,19 +12,13 @@ import json
 import numpy as np
 import pytest
 
+from fedray.data.cifar100 import FINE_TO_COARSE
 from fedray.data.dataset import Dataset, Split
 from fedray.errors import FedrayError
 from fedray.partitioners import PARAMS, PARTITIONERS, canonical_order, partition
 
-# Official CIFAR-100 fine label -> coarse label (fine 0 'apple' -> 4 'fruit_and_vegetables',
-# fine 1 'aquarium_fish' -> 1 'fish', ...).
-CIFAR100_COARSE = [
-    4, 1, 14, 8, 0, 6, 7, 7, 18, 3, 3, 14, 9, 18, 7, 11, 3, 9, 7, 11,
-    6, 11, 5, 10, 7, 6, 13, 15, 3, 15, 0, 11, 1, 10, 12, 14, 16, 9, 11, 5,
-    5, 19, 8, 8, 15, 13, 14, 17, 18, 10, 16, 4, 17, 4, 2, 0, 17, 4, 18, 17,
-    10, 3, 2, 12, 12, 16, 12, 1, 9, 19, 2, 10, 0, 1, 16, 12, 9, 13, 15, 13,
-    16, 19, 2, 4, 6, 19, 5, 5, 8, 19, 18, 1, 2, 15, 6, 0, 17, 8, 14, 13,
-]
+# Official CIFAR-100 fine label -> coarse label (a list, as the tests index and count it).
+CIFAR100_COARSE = list(FINE_TO_COARSE)
 
 
 def make_split(y, seed: int, coarse=None, owner=None) -> Split:

@@ -24,6 +24,15 @@ ARCHIVE = "cifar-100-python.tar.gz"
 FOLDER = "cifar-100-python"
 NUM_CLASSES = 100
 NUM_COARSE = 20
+# The official mapping of the real files' ``coarse_labels``: FINE_TO_COARSE[fine] is the coarse
+# label of fine label ``fine`` (fine labels alphabetical: 0 apple -> 4 fruit_and_vegetables).
+FINE_TO_COARSE: tuple[int, ...] = (
+    4, 1, 14, 8, 0, 6, 7, 7, 18, 3, 3, 14, 9, 18, 7, 11, 3, 9, 7, 11,
+    6, 11, 5, 10, 7, 6, 13, 15, 3, 15, 0, 11, 1, 10, 12, 14, 16, 9, 11, 5,
+    5, 19, 8, 8, 15, 13, 14, 17, 18, 10, 16, 4, 17, 4, 2, 0, 17, 4, 18, 17,
+    10, 3, 2, 12, 12, 16, 12, 1, 9, 19, 2, 10, 0, 1, 16, 12, 9, 13, 15, 13,
+    16, 19, 2, 4, 6, 19, 5, 5, 8, 19, 18, 1, 2, 15, 6, 0, 17, 8, 14, 13,
+)
 
 
 def load_cifar100(path: str) -> Dataset:
