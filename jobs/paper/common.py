@@ -17,7 +17,11 @@ from fedray.runtime import ray_session
 Run = tuple[str, list[str], str, dict[str, Any]]
 
 
-def run_all(runs: Iterable[Run], log: Callable[[str], None] = print) -> None:
+def _log(line: str) -> None:
+    print(line, flush=True)
+
+
+def run_all(runs: Iterable[Run], log: Callable[[str], None] = _log) -> None:
     runs = list(runs)
     if not runs:
         return
