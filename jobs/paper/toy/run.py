@@ -155,6 +155,7 @@ def main(argv: list[str] | None = None) -> int:
     from fedray.report import build_report
 
     os.makedirs(args.out, exist_ok=True)
+    runs_dir = args.runs.rstrip("/")  # as given, so the reports name the runs as the user did
     build_report([f"{runs_dir}/tau{t}/fedavg-s{s}" for t in TAUS for s in args.seeds],
                  os.path.join(args.out, "tau"), metric="test_loss",
                  group_by="client.local_steps",
