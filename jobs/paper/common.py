@@ -3,6 +3,7 @@ session, skipping those already finished, so an interrupted sweep resumes where 
 
 from __future__ import annotations
 
+import argparse
 import os
 import shutil
 import time
@@ -34,3 +35,14 @@ def run_all(runs: Iterable[Run], log: Callable[[str], None] = _log) -> None:
             t0 = time.perf_counter()
             fedray.run(job, overrides=[*overrides, f"output.dir={out}"], **kwargs)
             log(f"[{i}/{len(runs)}] {out} ({time.perf_counter() - t0:.0f}s)")
+
+
+def parser(doc: str, runs_default: str) -> argparse.ArgumentParser:
+    """The options every scripted reproduction takes: --out, --runs and --rounds."""
+    p = argparse.ArgumentParser(description=doc.split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--out", required=True, help="directory for the tables and figures")
+    p.add_argument("--runs", default=runs_default, help="where the run directories go "
+                   "(finished runs found there are reused)")
+    p.add_argument("--rounds", type=int, help="override the jobs' rounds (tests use few)")
+    return p

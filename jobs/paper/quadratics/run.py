@@ -20,7 +20,6 @@ client lr of a small grid, and the best (fewest rounds to the target gap) is rep
 
 from __future__ import annotations
 
-import argparse
 import json
 import math
 import os
@@ -32,7 +31,7 @@ import numpy as np
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 
-from common import run_all  # noqa: E402
+from common import parser, run_all  # noqa: E402
 
 LAMBDA = np.array([1.0, 0.1])
 DELTA = 1.0
@@ -164,12 +163,7 @@ def summarize(runs_dir: str, out: str) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--out", required=True, help="directory for the table and the figure")
-    p.add_argument("--runs", default="runs/paper/quadratics", help="where the run directories "
-                   "go (finished runs found there are reused)")
-    p.add_argument("--rounds", type=int, help="override the job's rounds (tests use few)")
+    p = parser(__doc__, "runs/paper/quadratics")
     args = p.parse_args(argv)
     runs_dir = os.path.abspath(args.runs)
     run_all(plan(runs_dir, args.rounds))

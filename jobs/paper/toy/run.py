@@ -17,7 +17,6 @@ in-memory clients and a model factory; the FL part is the ordinary fedray runtim
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import sys
@@ -28,7 +27,7 @@ import numpy as np
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 
-from common import run_all  # noqa: E402
+from common import parser, run_all  # noqa: E402
 
 M, PER_CLASS, OUTLIER = 10, 50, 9
 TAUS = (10, 50, 300, 1000)
@@ -141,13 +140,8 @@ def summarize(runs_dir: str, seeds: list[int]) -> tuple[str, dict]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--out", required=True, help="directory for the tables and figures")
-    p.add_argument("--runs", default="runs/paper/toy", help="where the run directories go "
-                   "(finished runs found there are reused)")
+    p = parser(__doc__, "runs/paper/toy")
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
-    p.add_argument("--rounds", type=int, help="override the jobs' rounds (tests use few)")
     args = p.parse_args(argv)
     runs_dir = os.path.abspath(args.runs)
     run_all(plan(runs_dir, args.seeds, args.rounds))
