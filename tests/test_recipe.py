@@ -188,3 +188,9 @@ def test_test_fraction_holds_out_a_stratified_central_test_set(shared_data, tmp_
     with pytest.raises(ConfigError, match="test_fraction"):
         load_recipe(ROOT / "partitions" / "dirichlet.yaml",
                     [f"out={tmp_path / 'c'}", *args[:2], "test_fraction=1.0"])
+
+
+def test_test_fraction_refuses_a_source_with_its_own_test_split(tmp_path):
+    with pytest.raises(ConfigError, match="test_fraction.*already has a test split"):
+        _synthetic(tmp_path, "s", test_fraction=0.2)
+    assert not (tmp_path / "s").exists() and not list(tmp_path.glob(".s*"))
