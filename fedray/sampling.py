@@ -26,8 +26,9 @@ def sample_clients(seed: int, round_idx: int, population: int, k: int,
     if not len(always):
         return np.sort(g.choice(population, size=k, replace=False)).astype(np.int64)
     pinned = np.unique(np.asarray(always, dtype=np.int64))
-    rest = np.setdiff1d(np.arange(population, dtype=np.int64), pinned)
-    drawn = rest[g.choice(len(rest), size=k - len(pinned), replace=False)]
+    # the i-th unpinned id, without materializing all of them (populations reach millions)
+    x = g.choice(population - len(pinned), size=k - len(pinned), replace=False)
+    drawn = x + np.searchsorted(pinned - np.arange(len(pinned)), x, side="right")
     return np.sort(np.concatenate([pinned, drawn])).astype(np.int64)
 
 

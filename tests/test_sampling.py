@@ -49,6 +49,11 @@ def test_always_clients_join_every_round_and_the_rest_stay_uniform():
     others = np.bincount([i for ids in rounds for i in ids.tolist() if i != 9], minlength=10)
     assert others[9] == 0 and others[:9].min() > 0.85 * 3000 / 9
     assert np.array_equal(sample_clients(3, 5, 10, 2, always=[9]), rounds[5])
+    # several pinned clients at the edges: still k distinct ids, the rest never pinned ones
+    many = np.concatenate([sample_clients(1, r, 30, 10, always=[29, 0, 5]) for r in range(500)])
+    assert all(len(set(ids.tolist())) == 10 for ids in np.split(many, 500))
+    assert np.bincount(many, minlength=30)[[0, 5, 29]].tolist() == [500] * 3
+    assert np.bincount(many, minlength=30).min() > 0
     # no pinned client: exactly the plain draw, so existing runs are unchanged
     assert np.array_equal(sample_clients(3, 5, 10, 2, always=[]), sample_clients(3, 5, 10, 2))
 
