@@ -104,15 +104,22 @@ def rounds_to(gaps: np.ndarray) -> int | None:
     return int(hit[0]) + 1 if len(hit) else None
 
 
-def best_lr(runs_dir: str, method: str, G: int, K: int) -> tuple[float, int | None, np.ndarray]:
-    """The grid lr with the fewest rounds to the target (else the lowest final gap)."""
-    def key(lr: float) -> tuple:
-        c = curve(run_dir(runs_dir, method, G, K, lr))
-        r = rounds_to(c)
-        return (0, r, 0.0) if r is not None else (1, 0, float(c[-1]))
-    lr = min(LRS, key=key)
-    c = curve(run_dir(runs_dir, method, G, K, lr))
-    return lr, rounds_to(c), c
+def best(runs_dir: str) -> dict[tuple[str, int, int], dict]:
+    """Per (method, G, K): the grid lr with the fewest rounds to the target (else the lowest
+    final gap), its rounds and its curve. SGD takes one step per round: its K is 1."""
+    out = {}
+    for method in METHODS:
+        for G in GS:
+            for K in (KS if method != "fedsgd" else (1,)):
+                curves = {lr: curve(run_dir(runs_dir, method, G, K, lr)) for lr in LRS}
+
+                def key(lr: float, curves: dict = curves) -> tuple:
+                    r = rounds_to(curves[lr])
+                    return (0, r, 0.0) if r is not None else (1, 0, float(curves[lr][-1]))
+                lr = min(LRS, key=key)
+                out[method, G, K] = {"lr": lr, "rounds": rounds_to(curves[lr]),
+                                     "curve": curves[lr]}
+    return out
 
 
 def summarize(runs_dir: str, out: str) -> str:
@@ -121,19 +128,18 @@ def summarize(runs_dir: str, out: str) -> str:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    rows, data = [], []
+    results = best(runs_dir)
     fig, axes = plt.subplots(1, len(KS), figsize=(12, 4.5), sharey=True)
     colors = {"fedsgd": "black", "fedavg": "tab:red", "scaffold": "tab:blue"}
     styles = {1: ":", 10: "--", 100: "-"}
     for ax, K in zip(axes, KS, strict=True):
-        for method, name in METHODS.items():
-            for G in GS:
-                lr, r, c = best_lr(runs_dir, method, G, K if method != "fedsgd" else 1)
-                if ax is axes[0] or method != "fedsgd":
-                    rows.append((name, G, K if method != "fedsgd" else "-", lr, r, float(c[-1])))
-                ax.semilogy(np.arange(1, len(c) + 1), np.clip(c, 1e-12, 1e3),
-                            color=colors[method], linestyle=styles[G], linewidth=1.3,
-                            label=f"{name}, G={G} (lr {lr:g})")
+        for (method, G, k), res in results.items():
+            if k not in (1, K):  # SGD (k = 1) is drawn on both panels
+                continue
+            c = res["curve"]
+            ax.semilogy(np.arange(1, len(c) + 1), np.clip(c, 1e-12, 1e3), color=colors[method],
+                        linestyle=styles[G], linewidth=1.3,
+                        label=f"{METHODS[method]}, G={G} (lr {res['lr']:g})")
         ax.axhline(TARGET, color="grey", linewidth=0.8)
         ax.set_title(f"K = {K} local steps (SGD: 1 step per round)")
         ax.set_xlabel("round")
@@ -143,16 +149,16 @@ def summarize(runs_dir: str, out: str) -> str:
     fig.tight_layout()
     fig.savefig(os.path.join(out, "gap.png"), dpi=110)
     plt.close(fig)
-    seen = set()
     lines = [f"| method | G | K | best client lr | rounds to gap <= {TARGET:g} | gap after the "
              "last round |", "|---|---|---|---|---|---|"]
-    for name, G, K, lr, r, last in rows:
-        if (name, G, K) in seen:
-            continue
-        seen.add((name, G, K))
-        data.append({"method": name, "G": G, "K": K, "lr": lr, "rounds": r, "final_gap": last})
-        lines.append(f"| {name} | {G} | {K} | {lr:g} | {r if r is not None else 'not reached'} "
-                     f"| {last:.3g} |")
+    data = []
+    for (method, G, K), res in sorted(results.items(), key=lambda kv: (kv[0][2], *kv[0][:2])):
+        r, last = res["rounds"], float(res["curve"][-1])
+        k = K if method != "fedsgd" else "-"
+        data.append({"method": METHODS[method], "G": G, "K": k, "lr": res["lr"], "rounds": r,
+                     "final_gap": last})
+        lines.append(f"| {METHODS[method]} | {G} | {k} | {res['lr']:g} | "
+                     f"{r if r is not None else 'not reached'} | {last:.3g} |")
     with open(os.path.join(out, "quadratics.json"), "w") as f:
         json.dump(data, f, indent=1)
     table = "\n".join(lines)
