@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -102,8 +102,6 @@ def hold_out_test(dataset: Dataset, fraction: float, seed: int) -> Dataset:
     accuracy comparisons the reproductions make. Which rows go to test depends on the recipe's
     seed only, so a store rebuilt from the same recipe is the same store.
     """
-    from dataclasses import replace
-
     if dataset.test is not None:
         raise ConfigError(f"recipe key 'test_fraction': source {dataset.name!r} already has a "
                           f"test split; set test_fraction=0")
