@@ -86,6 +86,13 @@ class SamplingConfig:
 
 
 @dataclass
+class GuardConfig:
+    # a client update whose L2 norm exceeds this is dropped from its round (null: no bound);
+    # updates with NaN or Inf are always dropped
+    max_update_norm: float | None = None
+
+
+@dataclass
 class WorkerConfig:
     num_cpus: float = 1.0
     num_gpus: float = 0.0
@@ -127,6 +134,7 @@ class FedrayConfig:
     client: ClientConfig = field(default_factory=ClientConfig)
     server: ServerConfig = field(default_factory=ServerConfig)
     sampling: SamplingConfig = field(default_factory=SamplingConfig)
+    guard: GuardConfig = field(default_factory=GuardConfig)
     runtime: RuntimeConfig = field(default_factory=RuntimeConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
     output: OutputConfig = field(default_factory=OutputConfig)
@@ -278,6 +286,8 @@ def validate(cfg: DictConfig, population: int, *, custom_model: bool = False) ->
     r(k >= 1, "sampling.clients_per_round", "must be >= 1", k)
     r(k <= population, "sampling.clients_per_round",
       f"must be <= the population of {population} clients", k)
+    bound = cfg.guard.max_update_norm
+    r(bound is None or bound > 0, "guard.max_update_norm", "must be > 0 or null", bound)
     always = list(cfg.sampling.always)
     r(len(set(always)) == len(always), "sampling.always", "must not repeat a client", always)
     r(all(0 <= a < population for a in always), "sampling.always",

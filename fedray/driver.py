@@ -86,7 +86,8 @@ class Driver:
                           elastic_holdout=a.elastic_holdout, alpha=a.alpha,
                           state_url=self.run_dir.url_of(CLIENT_STATE_DIR),
                           state_cache_mb=c.runtime.worker.state_cache_mb,
-                          steps_per_epoch=c.client.steps_per_epoch)
+                          steps_per_epoch=c.client.steps_per_epoch,
+                          max_update_norm=c.guard.max_update_norm)
         start = time.perf_counter()
         self.workers = create_workers(spec, num_workers, c.runtime.worker.num_cpus,
                                       c.runtime.worker.num_gpus)
@@ -121,7 +122,8 @@ class Driver:
         refs = [w.train.remote(payload_ref, r, g)
                 for w, g in zip(self.workers, groups, strict=True) if g]
         acc = self.aggregation.new_sum()
-        stats = {"examples": 0, "loss_sum": 0.0, "examples_seen": 0, "busy_s": 0.0}
+        stats = {"examples": 0, "loss_sum": 0.0, "examples_seen": 0, "dropped": 0,
+                 "busy_s": 0.0}
         worker_mem = 0.0
         for ref in refs:  # fixed order: the float64 sum is bit-identical across reruns
             part = ray.get(ref)
@@ -130,9 +132,10 @@ class Driver:
                 stats[k] += part[k]
             worker_mem = max(worker_mem, part["mem_mb"])
             del part
-        if acc.weight > 0:  # a round of clients without examples leaves the model as it is
+        if acc.weight > 0:  # a round without examples (or all dropped) leaves the model as is
             self.weights = self.server_opt.step(self.weights, self.aggregation.finish(acc))
         return {"clients": len(ids), "examples": int(stats["examples"]),
+                "dropped_updates": int(stats["dropped"]),
                 "train_loss": stats["loss_sum"] / max(1, stats["examples_seen"]),
                 "worker_busy_s": stats["busy_s"], "worker_mem_mb": worker_mem}
 
@@ -180,7 +183,8 @@ class Driver:
             m["elapsed_s"] = time.perf_counter() - run_start
             m["driver_mem_mb"] = private_mb()
             self.run_dir.append_metrics(m)
-            history.append({k: m[k] for k in ("updates_per_s", "test_accuracy") if k in m})
+            history.append({k: m[k] for k in ("updates_per_s", "test_accuracy", "dropped_updates")
+                            if k in m})
             yield m
         summary = self._summary(history, m, time.perf_counter() - run_start)
         if c.output.save_weights:
@@ -201,6 +205,7 @@ class Driver:
             "clients_per_round": c.sampling.clients_per_round, "num_workers": len(self.workers),
             "workers": self.workers_info(),
             "final": final, "best_test_accuracy": max(accs) if accs else None,
+            "dropped_updates": sum(h["dropped_updates"] for h in history),
             "total_s": total_s, "pool_start_s": self.pool_start_s,
             "median_updates_per_s": float(np.median(ups)) if ups else None,
             "driver_mem_mb": private_mb(),

@@ -9,10 +9,12 @@ into a local weighted sum, and returns that single partial result.
 from __future__ import annotations
 
 import functools
+import math
 import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import torch
@@ -54,6 +56,7 @@ class WorkerSpec:
     state_url: str | None = None  # client state store (SCAFFOLD's c_i), under the run dir
     state_cache_mb: float = 64.0
     steps_per_epoch: int | None = None  # client.steps_per_epoch: batch = n / steps_per_epoch
+    max_update_norm: float | None = None  # guard: drop larger updates (NaN/Inf: always)
 
 
 def holdout_split(n: int, share: float, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -109,9 +112,17 @@ class ClientWorker:
                      self.spec.loss)
         return s["loss_sum"] / max(1, s["count"])
 
+    def _admissible(self, delta: torch.Tensor) -> bool:
+        """The guard: a non-finite update, or one above guard.max_update_norm, must never
+        reach the global model (nor, for SCAFFOLD, the client's stored c_i)."""
+        norm = float(torch.linalg.vector_norm(delta))  # NaN or Inf if any entry is
+        bound = self.spec.max_update_norm
+        return math.isfinite(norm) and (bound is None or norm <= bound)
+
     def _train_client(self, global_w: torch.Tensor, round_idx: int, cid: int,
-                      acc: PartialSum):
-        """One client's round: its measurements, local update and share of the partial sum."""
+                      acc: PartialSum) -> tuple[Any, bool]:
+        """One client's round: its measurements, local update and share of the partial sum;
+        the flag is False when the guard dropped the update."""
         s = self.spec
         seed = client_seed(s.seed, round_idx, cid)
         x, y = self.cache.get(cid)
@@ -145,7 +156,9 @@ class ClientWorker:
                         full_batch=s.client == "fedsgd", loss=s.loss, correction=correction)
         weight = client_weight(s.aggregator, res.num_examples)
         if weight == 0:
-            return res
+            return res, True
+        if not self._admissible(res.delta):
+            return res, False
         if "risks" in self.needs:
             after = self._risk(self.model.flat, x, y)
             log_scale = expalpha_log_weight(before, after, s.alpha)
@@ -160,7 +173,7 @@ class ClientWorker:
             acc.add_extra(self._ci_new)  # dc_i = c_i+ - c_i, without a temporary
             acc.add_extra(self._ci, -1.0)
             self.state.put(cid, {"c": self._ci_new})
-        return res
+        return res, True
 
     def train(self, payload: dict, round_idx: int, client_ids: list[int]) -> dict:
         """Train ``client_ids`` from the broadcast ``payload`` (the global weights and the
@@ -171,16 +184,19 @@ class ClientWorker:
             self._c.copy_(readonly_tensor(payload["c"]))
         acc = PartialSum(self.model.size, self.device,
                          extra_size(self.spec.aggregator, self.model.num_params))
-        loss_sum, seen, examples = 0.0, 0, 0
+        loss_sum, seen, examples, dropped = 0.0, 0, 0, 0
         for cid in client_ids:
-            res = self._train_client(global_w, round_idx, cid, acc)
+            res, kept = self._train_client(global_w, round_idx, cid, acc)
+            if not kept:  # its loss may be NaN too: the round's train_loss leaves it out
+                dropped += 1
+                continue
             loss_sum += res.loss_sum
             seen += res.examples_seen
             examples += res.num_examples
         out = acc.to_message()
         out.update({"clients": len(client_ids), "examples": examples, "loss_sum": loss_sum,
-                    "examples_seen": seen, "busy_s": time.perf_counter() - start,
-                    "mem_mb": private_mb()})
+                    "examples_seen": seen, "dropped": dropped,
+                    "busy_s": time.perf_counter() - start, "mem_mb": private_mb()})
         return out
 
     def evaluate_range(self, weights: np.ndarray, test: tuple[np.ndarray, np.ndarray],

@@ -4,6 +4,9 @@ re-implementation of the paper's formulas written out here, or a closed form."""
 
 from __future__ import annotations
 
+import json
+import pathlib
+
 import numpy as np
 import pytest
 import torch
@@ -49,14 +52,14 @@ def linear_model_fn(w0: np.ndarray = W0):
 def run_job(tmp_path, name: str, *, rounds: int, clients=CLIENTS, workers: int = 2,
             algorithm: dict, server: dict | None = None, lr: float = 0.1, steps: int = 3,
             per_round: int | None = None, client: dict | None = None,
-            test_data=None) -> tuple[np.ndarray, str]:
+            test_data=None, extra: dict | None = None) -> tuple[np.ndarray, str]:
     job = {"name": name, "seed": SEED, "rounds": rounds, "model": {"loss": "mse"},
            "algorithm": algorithm, "server": server or {},
            "client": {"lr": lr, "batch_size": 64, "local_steps": steps, **(client or {})},
            "sampling": {"clients_per_round": per_round or len(clients)},
            "runtime": {"num_workers": workers, "worker": {"num_cpus": 0.5}},
            "eval": {"central": test_data is not None},
-           "output": {"dir": str(tmp_path / name)}}
+           "output": {"dir": str(tmp_path / name)}, **(extra or {})}
     res = fedray.run(job, model_fn=linear_model_fn(), client_data=clients, test_data=test_data)
     return res.weights["weight"].double().numpy().reshape(-1), res.run_dir
 
@@ -168,7 +171,8 @@ def test_adaptive_server_two_steps(ray_cluster, tmp_path, name):
 
 # -- SCAFFOLD -----------------------------------------------------------------------------
 
-def scaffold_numpy(rounds, steps, lr, option, server_lr=1.0, clients=CLIENTS):
+def scaffold_numpy(rounds, steps, lr, option, server_lr=1.0, clients=CLIENTS,
+                   population=None):
     ids = sorted(clients)
     x, c = W0.copy(), np.zeros(D)
     ci = {i: np.zeros(D) for i in ids}
@@ -181,7 +185,7 @@ def scaffold_numpy(rounds, steps, lr, option, server_lr=1.0, clients=CLIENTS):
             dcs.append(new - ci[i])
             ci[i] = new
         x = x + server_lr * np.mean(dys, axis=0)
-        c = c + np.sum(dcs, axis=0) / len(ids)  # N = population = every client here
+        c = c + np.sum(dcs, axis=0) / (population or len(ids))  # N: the population
     return x
 
 
@@ -299,3 +303,39 @@ def test_scaffold_state_only_for_participants(ray_cluster, tmp_path):
     for r in (1, 2, 3):
         took_part.update(int(c) for c in sample_clients(SEED, r, 30, 4))
     assert ClientStateStore(f"{run_dir}/client_state").clients() == sorted(took_part)
+
+
+# -- the guard: non-finite or oversized client updates never reach the model ---------------
+
+def test_guard_drops_a_nonfinite_client(ray_cluster, tmp_path):
+    """A client whose update has a NaN is left out of every sum, and of the client state,
+    but stays in the population (SCAFFOLD's c averages over all N clients)."""
+    x, y = make_clients(4)[3]
+    poisoned = {**CLIENTS, 3: (x, np.where(np.arange(len(y)) == 0, np.nan, y).astype(np.float32))}
+    for name in ("fedavg", "scaffold"):
+        w, run_dir = run_job(tmp_path, name, rounds=3, clients=poisoned, algorithm={"name": name})
+        if name == "fedavg":
+            expected, _ = run_job(tmp_path, "without", rounds=3, algorithm={"name": name})
+        else:
+            expected = scaffold_numpy(3, 3, 0.1, option=2, population=4)
+            assert ClientStateStore(f"{run_dir}/client_state").clients() == [0, 1, 2]
+        assert np.isfinite(w).all() and np.allclose(w, expected, atol=ATOL)
+        assert [m["dropped_updates"] for m in read_metrics(run_dir)] == [1, 1, 1]
+        assert all(np.isfinite(m["train_loss"]) for m in read_metrics(run_dir))
+        summary = json.loads(pathlib.Path(run_dir, "summary.json").read_text())
+        assert summary["dropped_updates"] == 3
+
+
+def test_guard_norm_bound(ray_cluster, tmp_path):
+    def run(name: str, bound: float | None) -> tuple[np.ndarray, list[int]]:
+        w, run_dir = run_job(tmp_path, name, rounds=2, algorithm={"name": "fedavgm"},
+                             server={"momentum": 0.9},
+                             extra={"guard": {"max_update_norm": bound}})
+        return w, [m["dropped_updates"] for m in read_metrics(run_dir)]
+
+    free, free_dropped = run("free", None)
+    tight, tight_dropped = run("tight", 1e-6)
+    loose, loose_dropped = run("loose", 1e6)
+    assert not np.allclose(free, W0) and free_dropped == [0, 0]
+    assert np.array_equal(tight, W0.astype(np.float32)) and tight_dropped == [3, 3]
+    assert np.array_equal(loose, free) and loose_dropped == [0, 0]

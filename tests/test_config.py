@@ -51,6 +51,7 @@ def test_clients_per_round_above_population():
     ("data.partition=/nonexistent/store", "data.partition"),
     ("data.partition=nosuchproto://bucket/x", "data.partition"),
     ("eval.federated_clients=100000", "eval.federated_clients"),
+    ("guard.max_update_norm=0", "guard.max_update_norm"),
 ])
 def test_impossible_values(override, key):
     with pytest.raises(FedrayError, match=re.escape(key)):
