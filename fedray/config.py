@@ -83,6 +83,8 @@ class ServerConfig:
 class SamplingConfig:
     clients_per_round: int = 10
     always: list[int] = field(default_factory=list)  # client indices in every round
+    dropout: float = 0.0  # chance that a sampled client drops out of the round
+    over_selection: float = 0.0  # sample k * (1 + this), keep the k that finish first
 
 
 @dataclass
@@ -286,6 +288,9 @@ def validate(cfg: DictConfig, population: int, *, custom_model: bool = False) ->
     r(k >= 1, "sampling.clients_per_round", "must be >= 1", k)
     r(k <= population, "sampling.clients_per_round",
       f"must be <= the population of {population} clients", k)
+    sm = cfg.sampling
+    r(0.0 <= sm.dropout < 1.0, "sampling.dropout", "must be in [0, 1)", sm.dropout)
+    r(sm.over_selection >= 0.0, "sampling.over_selection", "must be >= 0", sm.over_selection)
     bound = cfg.guard.max_update_norm
     r(bound is None or bound > 0, "guard.max_update_norm", "must be > 0 or null", bound)
     always = list(cfg.sampling.always)

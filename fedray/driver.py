@@ -1,7 +1,8 @@
 """The driver actor: owns the global model and the worker pool, and runs the rounds.
 
 One round (docs/architecture.md has the picture):
-  1. sample ``sampling.clients_per_round`` client ids from (seed, round);
+  1. sample ``sampling.clients_per_round`` client ids from (seed, round), less those that
+     drop out or finish late (``sampling.dropout`` / ``over_selection``, fedray.sampling);
   2. assign them to workers, balanced by example count (fedray.assignment);
   3. put the global weights into the object store once; every worker reads that one copy;
   4. each worker trains its clients one after another and returns one partial weighted sum;
@@ -34,7 +35,7 @@ from fedray.pool import create_workers
 from fedray.replica import FlatModel
 from fedray.run_dir import CLIENT_STATE_DIR, SERVER_STATE_FILE, WEIGHTS_FILE, RunDir
 from fedray.runtime import private_mb
-from fedray.sampling import federated_eval_clients, sample_clients
+from fedray.sampling import federated_eval_clients, select_round
 from fedray.seeding import TAG_INIT, derive_seed
 from fedray.server_optimizer import build_server_optimizer
 from fedray.worker import WorkerSpec
@@ -115,8 +116,11 @@ class Driver:
 
     def _train_round(self, r: int) -> dict[str, Any]:
         c = self.cfg
-        ids = sample_clients(c.seed, r, self.source.population, c.sampling.clients_per_round,
-                             c.sampling.always)
+        sm = c.sampling
+        sel = select_round(c.seed, r, self.source.population, sm.clients_per_round,
+                           always=sm.always, dropout=sm.dropout,
+                           over_selection=sm.over_selection, sizes=self.sizes)
+        ids = sel.participants
         groups = assign_balanced(ids, self.sizes[ids], len(self.workers))
         payload_ref = self._broadcast_round()
         refs = [w.train.remote(payload_ref, r, g)
@@ -134,7 +138,8 @@ class Driver:
             del part
         if acc.weight > 0:  # a round without examples (or all dropped) leaves the model as is
             self.weights = self.server_opt.step(self.weights, self.aggregation.finish(acc))
-        return {"clients": len(ids), "examples": int(stats["examples"]),
+        return {"clients": len(ids), "dropped_out": sel.dropped_out, "late": sel.late,
+                "examples": int(stats["examples"]),
                 "dropped_updates": int(stats["dropped"]),
                 "train_loss": stats["loss_sum"] / max(1, stats["examples_seen"]),
                 "worker_busy_s": stats["busy_s"], "worker_mem_mb": worker_mem}

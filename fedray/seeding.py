@@ -18,6 +18,8 @@ TAG_INIT = 4
 TAG_HOLDOUT = 5  # Elastic's held-out subset B_k, from a client's round seed
 TAG_CONTROL = 6  # SCAFFOLD option I's extra gradient pass, from a client's round seed
 TAG_TEST_HOLDOUT = 7  # a recipe's central test set carved out of a train-only source
+TAG_DROPOUT = 8  # whether a sampled client drops out of a round, per (round, client)
+TAG_SPEED = 9  # a sampled client's simulated speed in a round (over-selection), per client
 
 
 def derive_seed(*parts: int) -> int:

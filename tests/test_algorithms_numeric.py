@@ -339,3 +339,16 @@ def test_guard_norm_bound(ray_cluster, tmp_path):
     assert not np.allclose(free, W0) and free_dropped == [0, 0]
     assert np.array_equal(tight, W0.astype(np.float32)) and tight_dropped == [3, 3]
     assert np.array_equal(loose, free) and loose_dropped == [0, 0]
+
+
+def test_dropout_and_over_selection_through_the_runtime(ray_cluster, tmp_path):
+    """The round's survivors train; the result does not depend on the number of workers."""
+    clients = make_clients(12, seed=3)
+    extra = {"sampling": {"clients_per_round": 4, "dropout": 0.3, "over_selection": 0.5}}
+    runs = [run_job(tmp_path, f"drop{n}", rounds=4, clients=clients, workers=n,
+                    algorithm={"name": "fedavg"}, extra=extra) for n in (1, 3)]
+    np.testing.assert_allclose(runs[0][0], runs[1][0], atol=1e-6)
+    metrics = read_metrics(runs[0][1])
+    assert all(m["clients"] + m["dropped_out"] + m["late"] == 6 for m in metrics)
+    assert all(m["clients"] <= 4 for m in metrics)
+    assert sum(m["dropped_out"] for m in metrics) > 0 and sum(m["late"] for m in metrics) > 0

@@ -70,3 +70,47 @@ def test_always_is_validated():
                           [f"sampling.always={bad}"])
         with pytest.raises(ConfigError, match=f"sampling.always.*{match}"):
             validate(cfg, population=1000)
+
+
+def test_select_round_without_dropout_or_over_selection_is_plain_sampling():
+    from fedray.sampling import select_round
+
+    sizes = np.arange(1, 101)
+    for r in range(1, 20):
+        sel = select_round(4, r, 100, 10, sizes=sizes)
+        assert np.array_equal(sel.participants, sample_clients(4, r, 100, 10))
+        assert (sel.sampled, sel.dropped_out, sel.late) == (10, 0, 0)
+
+
+def test_dropout_rate_and_determinism():
+    from fedray.sampling import select_round
+
+    sels = [select_round(0, r, 1000, 50, dropout=0.3) for r in range(400)]
+    rate = sum(s.dropped_out for s in sels) / (400 * 50)
+    assert abs(rate - 0.3) < 0.02
+    assert all(len(s.participants) == 50 - s.dropped_out for s in sels)
+    again = select_round(0, 7, 1000, 50, dropout=0.3)
+    assert np.array_equal(again.participants, sels[7].participants)
+    # a client's fate depends on (seed, round, client) only, not on who else was sampled
+    a = select_round(0, 7, 1000, 50, dropout=0.3, always=[int(sels[7].participants[0])])
+    common = np.intersect1d(sample_clients(0, 7, 1000, 50), sample_clients(0, 7, 1000, 50, [
+        int(sels[7].participants[0])]))
+    kept_a, kept_b = set(a.participants.tolist()), set(sels[7].participants.tolist())
+    assert all((c in kept_a) == (c in kept_b) for c in common.tolist())
+
+
+def test_over_selection_keeps_the_first_k_to_finish():
+    from fedray.sampling import select_round
+    from fedray.seeding import TAG_DROPOUT, TAG_SPEED, rng
+
+    sizes = np.random.default_rng(0).integers(10, 200, size=500)
+    for r in range(1, 30):
+        sel = select_round(2, r, 500, 20, dropout=0.2, over_selection=0.5, sizes=sizes)
+        assert sel.sampled == 30 and len(sel.participants) == min(20, 30 - sel.dropped_out)
+        assert sel.sampled == len(sel.participants) + sel.dropped_out + sel.late
+        survivors = [c for c in sample_clients(2, r, 500, 30)
+                     if rng(2, TAG_DROPOUT, r, int(c)).random() >= 0.2]
+        finish = {c: sizes[c] * rng(2, TAG_SPEED, r, int(c)).lognormal(0.0, 1.0)
+                  for c in survivors}
+        assert sorted(sel.participants.tolist()) == sorted(sorted(finish, key=finish.get)[:20])
+    assert select_round(2, 1, 25, 20, over_selection=0.5, sizes=sizes[:25]).sampled == 25
