@@ -8,6 +8,7 @@ import sys
 
 from fedray import __version__
 from fedray.errors import FedrayError
+from fedray.redact import mask
 
 RUN_HELP = """Run a federated job: JOB.yaml merged with key=value overrides.
 
@@ -94,7 +95,7 @@ def _report(args: argparse.Namespace) -> int:
     table = build_report(args.runs, args.out, metric=args.metric, group_by=args.group_by,
                          target=args.target, title=args.title)
     print(table)
-    print(f"report in {args.out}", flush=True)
+    print(f"report in {mask(args.out)}", flush=True)
     return 0
 
 
@@ -113,8 +114,8 @@ def _partition(args: argparse.Namespace) -> int:
     log = (lambda s: None) if args.quiet else (lambda s: print(s, file=sys.stderr, flush=True))
     out, manifest = recipe.build(args.recipe, args.overrides, log=log)
     train = sum(manifest["clients"]["train"]["count"])
-    print(f"done: {manifest['num_clients']:,} clients, {train:,} train examples; store at {out}",
-          flush=True)
+    print(f"done: {manifest['num_clients']:,} clients, {train:,} train examples; "
+          f"store at {mask(out)}", flush=True)
     return 0
 
 
@@ -134,7 +135,7 @@ def _run(args: argparse.Namespace) -> int:
     acc = final.get("test_accuracy", final.get("fed_test_accuracy"))
     acc_text = f"test accuracy {acc:.4f}, " if acc is not None else ""
     print(f"done: {result.summary['rounds']} rounds, {acc_text}"
-          f"{result.summary['total_s']:.1f}s; results in {result.run_dir}", flush=True)
+          f"{result.summary['total_s']:.1f}s; results in {mask(result.run_dir)}", flush=True)
     return 0
 
 
@@ -147,7 +148,7 @@ def main(argv: list[str] | None = None) -> int:
     except FedrayError as exc:
         if debug:
             raise
-        print(f"fedray: error: {exc}", file=sys.stderr)
+        print(f"fedray: error: {mask(str(exc))}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("fedray: interrupted", file=sys.stderr)

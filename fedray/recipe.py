@@ -20,6 +20,7 @@ from omegaconf import DictConfig, OmegaConf
 from fedray.config import load_structured
 from fedray.data.dataset import Dataset
 from fedray.errors import ConfigError
+from fedray.redact import mask_tree
 from fedray.run_dir import absolute_url
 from fedray.seeding import TAG_TEST_HOLDOUT, rng
 
@@ -138,8 +139,8 @@ def build(recipe: Any, overrides: list[str] | tuple = (),
     log(f"partitioned into {part.num_clients:,} clients with '{cfg.partitioner.name}' "
         f"({time.perf_counter() - t1:.1f}s)")
     t2 = time.perf_counter()
-    manifest = write_store(out, dataset, part, recipe=OmegaConf.to_container(cfg, resolve=True),
-                           shard_mb=cfg.shard_mb, log=log)
+    recipe_doc = mask_tree(OmegaConf.to_container(cfg, resolve=True))
+    manifest = write_store(out, dataset, part, recipe=recipe_doc, shard_mb=cfg.shard_mb, log=log)
     log(f"wrote {len(manifest['shards'])} shards to {out} ({time.perf_counter() - t2:.1f}s; "
         f"{time.perf_counter() - t0:.1f}s in all)")
     return out, manifest

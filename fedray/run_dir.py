@@ -20,6 +20,7 @@ from safetensors.torch import load as load_safetensors
 from safetensors.torch import save as save_safetensors
 
 from fedray.errors import FedrayError
+from fedray.redact import mask
 
 WEIGHTS_FILE = "model.safetensors"
 SERVER_STATE_FILE = "server_state.safetensors"
@@ -54,8 +55,9 @@ class RunDir:
                                   "output.dir or remove it")
 
     def create(self, config_yaml: str) -> None:
+        """Make the directory and write config.yaml, with credentials masked."""
         self.fs.makedirs(self.path, exist_ok=True)
-        self.write_text("config.yaml", config_yaml)
+        self.write_text("config.yaml", mask(config_yaml))
 
     def write_bytes(self, name: str, data: bytes) -> None:
         tmp = self._p(f".{name}.{uuid.uuid4().hex}.tmp")
