@@ -14,7 +14,6 @@ import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 import torch
@@ -22,7 +21,13 @@ from torch import nn
 
 from fedray.aggregator import NEEDS, PartialSum, client_weight, expalpha_log_weight, extra_size
 from fedray.client_state import ClientStateStore
-from fedray.client_update import client_batch_size, full_gradient, local_sgd, sensitivity
+from fedray.client_update import (
+    ClientResult,
+    client_batch_size,
+    full_gradient,
+    local_sgd,
+    sensitivity,
+)
 from fedray.data.source import ClientCache, ClientSource
 from fedray.evaluation import evaluate, merge_sums
 from fedray.replica import FlatModel
@@ -120,7 +125,7 @@ class ClientWorker:
         return math.isfinite(norm) and (bound is None or norm <= bound)
 
     def _train_client(self, global_w: torch.Tensor, round_idx: int, cid: int,
-                      acc: PartialSum) -> tuple[Any, bool]:
+                      acc: PartialSum) -> tuple[ClientResult, bool]:
         """One client's round: its measurements, local update and share of the partial sum;
         the flag is False when the guard dropped the update."""
         s = self.spec
