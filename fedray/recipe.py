@@ -59,8 +59,8 @@ def load_recipe(source: Any, overrides: list[str] | tuple = ()) -> DictConfig:
         raise ConfigError(f"recipe key 'source.name': must be one of: {', '.join(sources)}, "
                           f"got {cfg.source.name!r}")
     if cfg.source.name != "synthetic" and not cfg.source.path:
-        raise ConfigError("recipe key 'source.path': where the raw files are, e.g. "
-                          "source.path=../data/cifar-100-python")
+        raise ConfigError(f"recipe key 'source.path': where the raw {cfg.source.name} files "
+                          f"are, e.g. source.path=PATH/{cfg.source.name}")
     pname = cfg.partitioner.get("name", "")
     if pname not in PARAMS:
         raise ConfigError(f"recipe key 'partitioner.name': must be one of: {', '.join(PARAMS)}, "

@@ -39,20 +39,32 @@ class RunDir:
         self.url = url
         self.fs, self.path = fsspec.core.url_to_fs(url)
         protocols = (self.fs.protocol,) if isinstance(self.fs.protocol, str) else self.fs.protocol
-        self._appendable = "file" in protocols
+        self._local = self._appendable = "file" in protocols
         self._metrics: list[str] = []  # kept only where the file must be rewritten
 
     def _p(self, name: str) -> str:
         return f"{self.path.rstrip('/')}/{name}"
 
     def check_new(self) -> None:
-        """Refuse to write into a directory that already holds files (e.g. an earlier run)."""
+        """Refuse to write into a directory that already holds files (e.g. an earlier run),
+        or one that cannot be created: both are found before Ray starts, not after."""
         if self.fs.exists(self.path):
             if not self.fs.isdir(self.path):
                 raise FedrayError(f"output.dir {self.url} exists and is not a directory")
             if self.fs.ls(self.path):
                 raise FedrayError(f"output.dir {self.url} already holds files; choose a new "
                                   "output.dir or remove it")
+            return
+        if not self._local:
+            return  # object stores have no directories to be in the way
+        parent = os.path.dirname(os.path.normpath(self.path))
+        while parent and not os.path.exists(parent):
+            parent = os.path.dirname(parent)
+        if parent and not os.path.isdir(parent):
+            raise FedrayError(f"output.dir {self.url} cannot be created: {parent} is a file")
+        if parent and not os.access(parent, os.W_OK | os.X_OK):
+            raise FedrayError(f"output.dir {self.url} cannot be created: {parent} is not "
+                              "writable")
 
     def create(self, config_yaml: str) -> None:
         """Make the directory and write config.yaml, with credentials masked."""
