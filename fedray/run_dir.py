@@ -39,7 +39,7 @@ class RunDir:
         self.url = url
         self.fs, self.path = fsspec.core.url_to_fs(url)
         protocols = (self.fs.protocol,) if isinstance(self.fs.protocol, str) else self.fs.protocol
-        self._local = self._appendable = "file" in protocols
+        self._local = "file" in protocols  # local files: appendable, with real directories
         self._metrics: list[str] = []  # kept only where the file must be rewritten
 
     def _p(self, name: str) -> str:
@@ -85,7 +85,7 @@ class RunDir:
 
     def append_metrics(self, record: dict) -> None:
         line = json.dumps(record) + "\n"
-        if self._appendable:
+        if self._local:
             with self.fs.open(self._p("metrics.jsonl"), "a") as f:
                 f.write(line)
         else:  # object stores cannot append: rewrite the (small) file
