@@ -3,6 +3,7 @@
     result = fedray.run("jobs/quickstart.yaml", overrides=["rounds=5"])
     result = fedray.run({"rounds": 3}, model_fn=MyNet, client_data={0: (x0, y0), ...},
                         test_data=(x_test, y_test))
+    result = fedray.run(resume="runs/a")  # continue a killed run from its checkpoint
 
 It validates the whole config before Ray starts, runs the driver actor to the end, and
 returns the final weights (a state_dict) and the per-round metrics.
@@ -48,8 +49,10 @@ def prepare(config: ConfigSource | None, overrides: list[str] | tuple = (),
     if client_data is None and cfg.data.partition == "memory":
         raise FedrayError("data.partition is 'memory' but no client_data was given to fedray.run")
     has_client_test = client_data is None
+    train_counts = None  # synthetic writers have at least data.synthetic.min_examples >= 1
     if client_data is not None:
         population = len(client_data)
+        train_counts = [len(xy[1]) for xy in client_data.values()]
     elif cfg.data.partition == "synthetic":
         population = cfg.data.synthetic.num_clients
     else:  # a partition store: make the path absolute so every process means the same place
@@ -58,13 +61,47 @@ def prepare(config: ConfigSource | None, overrides: list[str] | tuple = (),
         url = absolute_url(cfg.data.partition)
         manifest = read_manifest(url)
         population, has_client_test = manifest["num_clients"], "test" in manifest["clients"]
+        train_counts = manifest["clients"]["train"]["count"]
         cfg = OmegaConf.merge(cfg, {"data": {"partition": url}})
         OmegaConf.set_readonly(cfg, True)
     validate(cfg, population, custom_model=model_fn is not None)
+    if train_counts is not None:  # clients without examples may be sampled (they count for
+        # nothing), but one forced into every round is a mistake
+        empty = [a for a in cfg.sampling.always if train_counts[a] == 0]
+        if empty:
+            raise FedrayError(f"config key 'sampling.always': client {empty[0]} has no training "
+                              f"examples, so it can never contribute, got "
+                              f"{list(cfg.sampling.always)}")
     if cfg.eval.federated_clients and not has_client_test:
         raise FedrayError("eval.federated_clients: this data has no per-client test split; set "
                           "it to 0 (and pass test_data for in-memory client_data)")
     return cfg
+
+
+def prepare_resume(run_dir: str, config: ConfigSource | None = None,
+                   overrides: list[str] | tuple = (), allow_changes: list[str] | tuple = (),
+                   client_data: Mapping | None = None, model_fn: Callable | None = None,
+                   test_data: tuple | None = None) -> tuple[DictConfig, str]:
+    """The config to resume ``run_dir`` under, and its absolute URL; nothing is written.
+
+    Without ``config`` the run's own config.yaml is used. Either way the result must equal the
+    config the run started with, except keys named in ``allow_changes`` (fedray.checkpoint)."""
+    from fedray.checkpoint import check_same_config, masked_keys, saved_config
+
+    url = absolute_url(run_dir)
+    saved = saved_config(url)
+    if config is None:
+        masked = masked_keys(saved)
+        if masked:
+            raise FedrayError(f"--resume {url}: its config.yaml has masked credentials in "
+                              f"{', '.join(masked)}; give the job again: fedray run JOB.yaml "
+                              f"--resume {url}")
+        config = saved
+    cfg = prepare(config, overrides, client_data, model_fn, test_data)
+    cfg = OmegaConf.merge(cfg, {"output": {"dir": url}})
+    OmegaConf.set_readonly(cfg, True)
+    check_same_config(url, saved, cfg, allow_changes)
+    return cfg, url
 
 
 def _unwrap_remote_error(exc: BaseException) -> BaseException:
@@ -80,14 +117,17 @@ def _unwrap_remote_error(exc: BaseException) -> BaseException:
 def run(config: ConfigSource | None = None, model_fn: Callable[[], nn.Module] | None = None,
         client_data: Mapping[Any, tuple[Any, Any]] | None = None,
         test_data: tuple[Any, Any] | None = None, *, overrides: list[str] | tuple = (),
-        progress: Callable[[dict], None] | None = None) -> RunResult:
+        progress: Callable[[dict], None] | None = None, resume: str | None = None,
+        allow_changes: list[str] | tuple = ()) -> RunResult:
     """Run a federated job to the end.
 
     config: a YAML path, a dict, a DictConfig or a FedrayConfig; ``overrides`` are
     ``key=value`` strings applied on top. model_fn: a zero-argument factory of a
     torch.nn.Module (default: ``model.name``). client_data: ``{client_id: (x, y)}`` arrays
     to train on instead of ``data.partition``; test_data: a central ``(x, y)`` test set.
-    progress: called with each round's metrics as they arrive.
+    progress: called with each round's metrics as they arrive. resume: a run directory to
+    continue from its last checkpoint (``config`` then defaults to its config.yaml and must
+    not differ from it, except keys listed in ``allow_changes``: docs/fault_tolerance.md).
     """
     import ray
 
@@ -97,9 +137,13 @@ def run(config: ConfigSource | None = None, model_fn: Callable[[], nn.Module] | 
     from fedray.pool import pool_size
     from fedray.runtime import ray_session
 
-    cfg = prepare(config, overrides, client_data, model_fn, test_data)
-    url = absolute_url(cfg.output.dir)
-    RunDir(url).check_new()
+    if resume is not None:
+        cfg, url = prepare_resume(resume, config, overrides, allow_changes, client_data,
+                                  model_fn, test_data)
+    else:
+        cfg = prepare(config, overrides, client_data, model_fn, test_data)
+        url = absolute_url(cfg.output.dir)
+        RunDir(url).check_new()
     manifest = None
     if client_data is None and cfg.data.partition != "synthetic":
         from fedray.store import read_manifest, verify_store
@@ -120,7 +164,7 @@ def run(config: ConfigSource | None = None, model_fn: Callable[[], nn.Module] | 
         summary: dict = {}
         try:
             ray.get(driver.setup.remote(OmegaConf.to_container(cfg, resolve=True), source,
-                                        make_model, num_workers, url))
+                                        make_model, num_workers, url, resume is not None))
             for ref in driver.run.remote():
                 item = ray.get(ref)
                 if "summary" in item:

@@ -18,10 +18,16 @@ examples:
   fedray run jobs/quickstart.yaml runtime.address=auto runtime.worker.num_gpus=0.25
   fedray run jobs/femnist/scaffold.yaml
   fedray run jobs/quickstart.yaml algorithm.client=fedprox algorithm.aggregator=elastic
+  fedray run --resume runs/a                        # continue a killed run
+  fedray run --resume runs/a rounds=200 --allow-change rounds   # extend a finished one
 
 The run directory (output.dir, any fsspec URL) receives config.yaml, metrics.jsonl,
-summary.json, model.safetensors, server_state.safetensors and, for SCAFFOLD,
-client_state/. Config keys: docs/config.md; algorithms: docs/algorithms.md."""
+summary.json, model.safetensors, server_state.safetensors, checkpoint.safetensors
+(every checkpoint.every rounds) and, for SCAFFOLD, client_state/. --resume RUN_DIR continues
+from the checkpoint, bit-identically; the config (RUN_DIR/config.yaml, or JOB.yaml given
+again, plus overrides) must equal the run's, except safe keys named with --allow-change.
+Config keys: docs/config.md; algorithms: docs/algorithms.md; faults and resuming:
+docs/fault_tolerance.md."""
 
 PARTITION_HELP = """Build a partition store from a recipe, or describe one.
 
@@ -63,8 +69,15 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--version", action="version", version=f"fedray {__version__}")
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
     run = _command(sub, "run", "run a federated job", RUN_HELP)
-    run.add_argument("job", metavar="JOB.yaml", help="job configuration file")
+    run.add_argument("job", metavar="JOB.yaml", nargs="?",
+                     help="job configuration file (optional with --resume)")
     run.add_argument("overrides", nargs="*", metavar="key=value", help="config overrides")
+    run.add_argument("--resume", metavar="RUN_DIR",
+                     help="continue this run directory from its last checkpoint")
+    run.add_argument("--allow-change", metavar="KEY", action="append", default=[],
+                     help="with --resume: let this safe key (rounds, eval.every, "
+                     "checkpoint.every, output.save_weights, runtime.*) differ from the run's "
+                     "config; repeatable")
     run.add_argument("--quiet", action="store_true", help="no progress bar")
     part = _command(sub, "partition", "build or describe a partition store", PARTITION_HELP)
     part.add_argument("recipe", metavar="RECIPE.yaml", nargs="?", help="partition recipe")
@@ -121,13 +134,24 @@ def _partition(args: argparse.Namespace) -> int:
 
 def _run(args: argparse.Namespace) -> int:
     import fedray
-    from fedray.api import prepare
+    from fedray.api import prepare, prepare_resume
     from fedray.progress import Progress
 
-    cfg = prepare(args.job, args.overrides)  # fail fast, before anything starts
+    job, overrides = args.job, list(args.overrides)
+    if job is not None and "=" in job and not os.path.exists(job):
+        job, overrides = None, [job, *overrides]  # `fedray run --resume DIR key=value`
+    if args.allow_change and not args.resume:
+        raise FedrayError("--allow-change needs --resume RUN_DIR")
+    if args.resume:
+        cfg, _ = prepare_resume(args.resume, job, overrides, args.allow_change)
+    elif job is None:
+        raise FedrayError("fedray run needs JOB.yaml (or --resume RUN_DIR)")
+    else:
+        cfg = prepare(job, overrides)  # fail fast, before anything starts
     progress = None if args.quiet else Progress(cfg.rounds)
     try:
-        result = fedray.run(args.job, overrides=args.overrides, progress=progress)
+        result = fedray.run(job, overrides=overrides, progress=progress, resume=args.resume,
+                            allow_changes=args.allow_change)
     finally:
         if progress is not None:
             progress.close()

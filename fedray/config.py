@@ -108,6 +108,13 @@ class RuntimeConfig:
     num_workers: int | None = None  # None: as many as the cluster's resources allow
     num_cpus: int | None = None  # CPUs of a locally started Ray (None: all)
     num_gpus: float | None = None  # GPUs of a locally started Ray (None: detected)
+    # re-runs of a dead worker's clients allowed per round (process killed, OOM, node lost);
+    # when they are spent the round fails, naming the clients and the error
+    max_retries: int = 3
+    # a locally started Ray's dashboard and job server: off (nothing listens for HTTP), or
+    # on, listening on dashboard_host -- loopback unless set to an interface on purpose
+    dashboard: bool = False
+    dashboard_host: str = "127.0.0.1"
     worker: WorkerConfig = field(default_factory=WorkerConfig)
 
 
@@ -117,6 +124,13 @@ class EvalConfig:
     central: bool = True  # on the data set's central test set
     federated_clients: int = 0  # also on the held-out data of this many fixed clients
     batch_size: int = 500
+
+
+@dataclass
+class CheckpointConfig:
+    # write run_dir/checkpoint.safetensors after every N-th round and after the last, so
+    # `fedray run --resume RUN_DIR` can continue; 0: only after the last round
+    every: int = 10
 
 
 @dataclass
@@ -139,6 +153,7 @@ class FedrayConfig:
     guard: GuardConfig = field(default_factory=GuardConfig)
     runtime: RuntimeConfig = field(default_factory=RuntimeConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
+    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     output: OutputConfig = field(default_factory=OutputConfig)
 
 
@@ -306,6 +321,7 @@ def validate(cfg: DictConfig, population: int, *, custom_model: bool = False) ->
       rt.num_cpus)
     r(rt.num_gpus is None or rt.num_gpus >= 0, "runtime.num_gpus", "must be >= 0 or null",
       rt.num_gpus)
+    r(rt.max_retries >= 0, "runtime.max_retries", "must be >= 0", rt.max_retries)
     w = rt.worker
     r(w.num_cpus > 0, "runtime.worker.num_cpus", "must be > 0", w.num_cpus)
     r(w.num_gpus >= 0 and (w.num_gpus <= 1 or float(w.num_gpus).is_integer()),
@@ -318,6 +334,7 @@ def validate(cfg: DictConfig, population: int, *, custom_model: bool = False) ->
     r(e.federated_clients <= population, "eval.federated_clients",
       f"must be <= the population of {population} clients", e.federated_clients)
     r(e.batch_size >= 1, "eval.batch_size", "must be >= 1", e.batch_size)
+    r(cfg.checkpoint.every >= 0, "checkpoint.every", "must be >= 0", cfg.checkpoint.every)
     r(bool(cfg.output.dir), "output.dir", "must be a path or URL", cfg.output.dir)
 
 

@@ -7,12 +7,17 @@ One round (docs/architecture.md has the picture):
   3. put the global weights into the object store once; every worker reads that one copy;
   4. each worker trains its clients one after another and returns one partial weighted sum;
   5. merge the partial sums (in worker order, so reruns are bit-identical), apply the
-     server optimizer, write the round's metrics, and yield them to whoever streams them.
-The driver never holds more than one worker's partial result at a time.
+     server optimizer, write the round's metrics, and yield them to whoever streams them;
+  6. every ``checkpoint.every`` rounds, write a checkpoint (fedray.checkpoint).
+The driver never holds more than one worker's partial result at a time. A worker that dies
+mid-round has its clients re-run (fedray.pool); per-client state is versioned by round
+(fedray.client_state), so a re-run, or a run resumed from a checkpoint, reads exactly what
+the first run read.
 """
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -24,14 +29,16 @@ from omegaconf import OmegaConf
 from torch import nn
 
 from fedray import __version__
-from fedray.aggregator import Aggregation
+from fedray.aggregator import NEEDS, Aggregation
 from fedray.algorithms import resolve
 from fedray.assignment import assign_balanced
+from fedray.checkpoint import CHECKPOINT_FILE, Checkpoint, encode, read_checkpoint
+from fedray.client_state import ClientStateStore
 from fedray.data.source import ClientSource
 from fedray.errors import FedrayError
 from fedray.evaluation import merge_sums
 from fedray.losses import correct_fn
-from fedray.pool import create_workers
+from fedray.pool import WorkerPool
 from fedray.replica import FlatModel
 from fedray.run_dir import CLIENT_STATE_DIR, SERVER_STATE_FILE, WEIGHTS_FILE, RunDir
 from fedray.runtime import private_mb
@@ -45,14 +52,20 @@ def is_eval_round(r: int, every: int, rounds: int) -> bool:
     return r == rounds or (every > 0 and r % every == 0)
 
 
+# the per-round metrics the summary is built from (kept for every round, and rebuilt from a
+# checkpoint's metrics lines on resume)
+_HISTORY_KEYS = ("updates_per_s", "test_accuracy", "dropped_updates", "worker_failures")
+
+
 class Driver:
     def __init__(self) -> None:
         # the driver merges and steps; workers do the heavy work
         torch.set_num_threads(1)
 
     def setup(self, cfg: dict, source: ClientSource, make_model: Callable[[], nn.Module],
-              num_workers: int, run_dir: str) -> None:
-        """Build the global model and the worker pool, and open the run directory.
+              num_workers: int, run_dir: str, resume: bool = False) -> None:
+        """Build the global model and the worker pool, and open the run directory (resuming
+        from its checkpoint when ``resume``).
 
         Not in __init__: an exception there kills the actor with an opaque error, while one
         raised here reaches fedray.run as the FedrayError it is."""
@@ -76,6 +89,16 @@ class Driver:
                                        self.template.num_params,
                                        population=source.population, tau=a.elastic_tau)
         self.run_dir = RunDir(run_dir)
+        state_url = self.run_dir.url_of(CLIENT_STATE_DIR)
+        # client state (SCAFFOLD's c_i): which version of each client's state is current
+        stateful = "control_variate" in NEEDS[self.parts.aggregator]
+        self.state_store = ClientStateStore(state_url, cache_mb=0) if stateful else None
+        self.versions = np.zeros(source.population, np.int32) if stateful else None
+        self._superseded: list[tuple[int, int]] = []  # versions the last checkpoint needs
+        self.last_checkpoint = 0
+        self.start_round = 1
+        self.resumed_from: int | None = None
+        self.history: list[dict] = []
         spec = WorkerSpec(make_model=make_model, source=source, seed=c.seed, lr=c.client.lr,
                           batch_size=c.client.batch_size, local_epochs=c.client.local_epochs,
                           local_steps=c.client.local_steps, eval_batch_size=c.eval.batch_size,
@@ -85,13 +108,15 @@ class Driver:
                           prox_mu=a.prox_mu if self.parts.client == "fedprox" else 0.0,
                           scaffold_option=a.scaffold_option, elastic_mu=a.elastic_mu,
                           elastic_holdout=a.elastic_holdout, alpha=a.alpha,
-                          state_url=self.run_dir.url_of(CLIENT_STATE_DIR),
+                          state_url=state_url,
                           state_cache_mb=c.runtime.worker.state_cache_mb,
                           steps_per_epoch=c.client.steps_per_epoch,
                           max_update_norm=c.guard.max_update_norm)
         start = time.perf_counter()
-        self.workers = create_workers(spec, num_workers, c.runtime.worker.num_cpus,
-                                      c.runtime.worker.num_gpus)
+        if resume:  # before the pool starts: a checkpoint that cannot be used fails fast
+            self._restore()
+        self.pool = WorkerPool(spec, num_workers, c.runtime.worker.num_cpus,
+                               c.runtime.worker.num_gpus, c.runtime.max_retries)
         self.pool_start_s = time.perf_counter() - start
         self.test_ref, self.test_len = None, 0
         if c.eval.central:
@@ -103,8 +128,72 @@ class Driver:
                              if c.eval.federated_clients else None)
         self.run_dir.create(OmegaConf.to_yaml(self.cfg, resolve=True))
 
+    def _restore(self) -> None:
+        """Continue from the run directory's checkpoint (or from round 1 if it has none)."""
+        c = self.cfg
+        ckpt = read_checkpoint(self.run_dir.url)
+        where = self.run_dir.url_of(CHECKPOINT_FILE)
+        if ckpt is not None:
+            if ckpt.round > c.rounds:
+                raise FedrayError(f"rounds={c.rounds}: the run's checkpoint is already after "
+                                  f"round {ckpt.round}")
+            if ckpt.weights.numel() != self.weights.numel():
+                raise FedrayError(f"checkpoint {where} holds {ckpt.weights.numel()} weights; "
+                                  f"the model has {self.weights.numel()}")
+            if self.versions is not None and (ckpt.client_versions is None or len(
+                    ckpt.client_versions) != len(self.versions)):
+                raise FedrayError(f"checkpoint {where} has no client state versions for "
+                                  f"{len(self.versions)} clients")
+            self.weights = ckpt.weights.to(torch.float32).clone()
+            part = {p: {k.removeprefix(p): v for k, v in ckpt.server_state.items()
+                        if k.startswith(p)} for p in ("server_opt.", "aggregator.")}
+            self.server_opt.load_state_dict(part["server_opt."])
+            self.aggregation.load_state_dict(part["aggregator."])
+            if self.versions is not None:
+                self.versions = ckpt.client_versions.astype(np.int32)
+            self.start_round = self.last_checkpoint = self.resumed_from = ckpt.round
+            self.start_round += 1
+        self.run_dir.remove_temporaries()
+        lines = ckpt.metrics_lines if ckpt is not None else []
+        self.run_dir.restore_metrics(lines)
+        self.history = [self._history_entry(json.loads(line)) for line in lines]
+        if self.state_store is not None:  # versions written after the checkpoint, or unused
+            v = self.versions
+            self.state_store.sweep(lambda cid: int(v[cid]) if cid < len(v) else 0)
+
+    @staticmethod
+    def _history_entry(m: dict) -> dict:
+        return {k: m[k] for k in (*_HISTORY_KEYS, "round") if k in m} | {
+            k: v for k, v in m.items() if k.startswith(("test_", "fed_test_"))}
+
+    def _checkpoint(self, r: int) -> None:
+        """Write the checkpoint after round ``r``; then the client state versions only the
+        previous checkpoint needed can go."""
+        self.run_dir.write_bytes(CHECKPOINT_FILE, encode(Checkpoint(
+            round=r, weights=self.weights, server_state=self.server_state(),
+            client_versions=self.versions, metrics_lines=self.run_dir.metrics_lines)))
+        self.last_checkpoint = r
+        if self._superseded:
+            self.state_store.delete(self._superseded)
+            self._superseded = []
+
+    def _record_versions(self, r: int, stored: list[int]) -> None:
+        """Clients whose state was written in round ``r`` now read version ``r``. Their old
+        version is kept while the last checkpoint refers to it (a resume reads it), and
+        dropped at once otherwise -- the round is over, no re-run can need it."""
+        if not stored:
+            return
+        stale = []
+        for cid in stored:
+            old = int(self.versions[cid])
+            if old:
+                (self._superseded if old <= self.last_checkpoint else stale).append((cid, old))
+            self.versions[cid] = r
+        if stale:
+            self.state_store.delete(stale)
+
     def workers_info(self) -> list[dict]:
-        return ray.get([w.info.remote() for w in self.workers])
+        return self.pool.info()
 
     def _broadcast(self) -> ray.ObjectRef:
         return ray.put(self.weights.numpy())
@@ -121,50 +210,58 @@ class Driver:
                            always=sm.always, dropout=sm.dropout,
                            over_selection=sm.over_selection, sizes=self.sizes)
         ids = sel.participants
-        groups = assign_balanced(ids, self.sizes[ids], len(self.workers))
+        groups = assign_balanced(ids, self.sizes[ids], len(self.pool))
         payload_ref = self._broadcast_round()
-        refs = [w.train.remote(payload_ref, r, g)
-                for w, g in zip(self.workers, groups, strict=True) if g]
+        v = self.versions
+        tasks = [(slot, (payload_ref, r, g, None if v is None else v[g].tolist()),
+                  f"round {r}: clients {g}") for slot, g in enumerate(groups) if g]
         acc = self.aggregation.new_sum()
         stats = {"examples": 0, "loss_sum": 0.0, "examples_seen": 0, "dropped": 0,
-                 "busy_s": 0.0}
+                 "updates": 0, "busy_s": 0.0}
         worker_mem = 0.0
-        for ref in refs:  # fixed order: the float64 sum is bit-identical across reruns
-            part = ray.get(ref)
+        stored: list[int] = []
+        # fixed order: the float64 sum is bit-identical across reruns and re-runs
+        for part in self.pool.gather("train", tasks):
             acc.merge(part)
             for k in stats:
                 stats[k] += part[k]
             worker_mem = max(worker_mem, part["mem_mb"])
+            stored += part["stored"]
             del part
+        if v is not None:
+            self._record_versions(r, stored)
         if acc.weight > 0:  # a round without examples (or all dropped) leaves the model as is
             self.weights = self.server_opt.step(self.weights, self.aggregation.finish(acc))
         return {"clients": len(ids), "dropped_out": sel.dropped_out, "late": sel.late,
-                "examples": int(stats["examples"]),
+                "examples": int(stats["examples"]), "updates": int(stats["updates"]),
                 "dropped_updates": int(stats["dropped"]),
+                "worker_failures": self.pool.round_failures,
                 "train_loss": stats["loss_sum"] / max(1, stats["examples_seen"]),
                 "worker_busy_s": stats["busy_s"], "worker_mem_mb": worker_mem}
 
-    def evaluate(self) -> dict[str, float]:
-        """Central and federated evaluation of the current global model, run concurrently."""
+    def evaluate(self, r: int) -> dict[str, float]:
+        """Central and federated evaluation of the current global model."""
         if self.test_ref is None and self.fed_eval_ids is None:
             return {}
-        n = len(self.workers)
+        n = len(self.pool)
         weights_ref = self._broadcast()
-        pending: dict[str, list[ray.ObjectRef]] = {}
+        pending: dict[str, tuple[str, list]] = {}
         if self.test_ref is not None:
             bounds = np.linspace(0, self.test_len, n + 1).astype(int)
-            pending["test"] = [
-                w.evaluate_range.remote(weights_ref, self.test_ref, int(lo), int(hi))
-                for w, lo, hi in zip(self.workers, bounds[:-1], bounds[1:], strict=True)
-                if hi > lo]
+            pending["test"] = ("evaluate_range", [
+                (slot, (weights_ref, self.test_ref, int(lo), int(hi)),
+                 f"round {r} evaluation: test rows {lo}..{hi - 1}")
+                for slot, (lo, hi) in enumerate(zip(bounds[:-1], bounds[1:], strict=True))
+                if hi > lo])
         if self.fed_eval_ids is not None:
             ids = self.fed_eval_ids
             groups = assign_balanced(ids, self.source.test_sizes()[ids], n)
-            pending["fed_test"] = [w.evaluate_clients.remote(weights_ref, g)
-                                   for w, g in zip(self.workers, groups, strict=True) if g]
+            pending["fed_test"] = ("evaluate_clients", [
+                (slot, (weights_ref, g), f"round {r} evaluation: clients {g}")
+                for slot, g in enumerate(groups) if g])
         out: dict[str, float] = {}
-        for prefix, refs in pending.items():
-            s = merge_sums(ray.get(refs))
+        for prefix, (method, tasks) in pending.items():
+            s = merge_sums(list(self.pool.gather(method, tasks)))
             out[f"{prefix}_loss"] = s["loss_sum"] / max(1, s["count"])
             if correct_fn(self.cfg.model.loss) is not None:  # regression (mse) has no accuracy
                 out[f"{prefix}_accuracy"] = s["correct"] / max(1, s["count"])
@@ -174,32 +271,36 @@ class Driver:
         """Run every round, yielding each round's metrics; the last item is the summary."""
         c = self.cfg
         run_start = time.perf_counter()
-        history: list[dict] = []
-        for r in range(1, c.rounds + 1):
+        for r in range(self.start_round, c.rounds + 1):
             t0 = time.perf_counter()
+            self.pool.begin_round()
             m: dict[str, Any] = {"round": r}
             m.update(self._train_round(r))
             train_s = time.perf_counter() - t0
             m["train_s"] = train_s
             m["updates_per_s"] = m["clients"] / train_s
             if is_eval_round(r, c.eval.every, c.rounds):
-                m.update(self.evaluate())
+                m.update(self.evaluate(r))
+                m["worker_failures"] = self.pool.round_failures
             m["wall_s"] = time.perf_counter() - t0
             m["elapsed_s"] = time.perf_counter() - run_start
             m["driver_mem_mb"] = private_mb()
             self.run_dir.append_metrics(m)
-            history.append({k: m[k] for k in ("updates_per_s", "test_accuracy", "dropped_updates")
-                            if k in m})
+            self.history.append(self._history_entry(m))
+            if r == c.rounds or (c.checkpoint.every and r % c.checkpoint.every == 0):
+                self._checkpoint(r)
             yield m
-        summary = self._summary(history, m, time.perf_counter() - run_start)
+        summary = self._summary(time.perf_counter() - run_start)
         if c.output.save_weights:
             self.run_dir.save_weights(self.state_dict())
         self.run_dir.save_tensors(SERVER_STATE_FILE, self.server_state())
         self.run_dir.write_json("summary.json", summary)
         yield {"summary": summary}
 
-    def _summary(self, history: list[dict], last: dict, total_s: float) -> dict[str, Any]:
+    def _summary(self, total_s: float) -> dict[str, Any]:
         c = self.cfg
+        history = self.history
+        last = history[-1] if history else {}
         accs = [h["test_accuracy"] for h in history if "test_accuracy" in h]
         ups = [h["updates_per_s"] for h in history]
         final = {k: v for k, v in last.items() if k.startswith(("test_", "fed_test_"))}
@@ -207,10 +308,12 @@ class Driver:
             "name": c.name, "rounds": c.rounds, "population": self.source.population,
             "algorithm": {"client": self.parts.client, "aggregator": self.parts.aggregator,
                           "server_opt": self.parts.server_opt},
-            "clients_per_round": c.sampling.clients_per_round, "num_workers": len(self.workers),
+            "clients_per_round": c.sampling.clients_per_round, "num_workers": len(self.pool),
             "workers": self.workers_info(),
             "final": final, "best_test_accuracy": max(accs) if accs else None,
-            "dropped_updates": sum(h["dropped_updates"] for h in history),
+            "dropped_updates": sum(h.get("dropped_updates", 0) for h in history),
+            "worker_failures": sum(h.get("worker_failures", 0) for h in history),
+            "resumed_from_round": self.resumed_from,
             "total_s": total_s, "pool_start_s": self.pool_start_s,
             "median_updates_per_s": float(np.median(ups)) if ups else None,
             "driver_mem_mb": private_mb(),

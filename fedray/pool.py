@@ -9,6 +9,8 @@ one round, since a worker without clients only adds broadcast cost.
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator
+from typing import Any
 
 from omegaconf import DictConfig
 
@@ -41,6 +43,16 @@ def pool_size(cfg: DictConfig, resources: dict[str, float]) -> int:
     return max(1, min(fit, cfg.sampling.clients_per_round))
 
 
+def _failure_types() -> tuple[type[BaseException], ...]:
+    """Ray errors that mean "the process running the task is gone", not "the task failed":
+    a killed or OOM-killed worker, a lost node. Re-running elsewhere can succeed; a
+    FedrayError raised by the task itself (a corrupt file, say) would only fail again."""
+    from ray import exceptions as rx
+
+    return (rx.RayActorError, rx.WorkerCrashedError, rx.NodeDiedError, rx.OutOfMemoryError,
+            rx.ObjectLostError)
+
+
 def create_workers(spec, count: int, num_cpus: float, num_gpus: float,
                    ready_timeout_s: float = 300.0) -> list:
     """Start ``count`` worker actors and wait until every one has built its model."""
@@ -50,7 +62,7 @@ def create_workers(spec, count: int, num_cpus: float, num_gpus: float,
 
     actor = ray.remote(ClientWorker).options(num_cpus=num_cpus, num_gpus=num_gpus,
                                              max_concurrency=1)
-    spec_ref = ray.put(spec)
+    spec_ref = spec if isinstance(spec, ray.ObjectRef) else ray.put(spec)
     workers = [actor.remote(spec_ref) for _ in range(count)]
     ready, pending = ray.wait([w.info.remote() for w in workers], num_returns=count,
                               timeout=ready_timeout_s)
@@ -61,3 +73,74 @@ def create_workers(spec, count: int, num_cpus: float, num_gpus: float,
                           f"{ready_timeout_s:.0f}s: the cluster lacks the resources they reserve")
     ray.get(ready)  # surface a worker's construction error, if any
     return workers
+
+
+class WorkerPool:
+    """The run's worker actors, one per slot, and the one way tasks are sent to them.
+
+    A round is split into one task per slot (its clients), gathered in slot order. When the
+    process behind a slot dies mid-task, the slot gets a fresh worker (or, if none can start
+    within ``replace_timeout_s``, a surviving worker takes the slot over) and the task is
+    re-run there. A task's result depends only on its inputs -- every client's randomness
+    comes from (seed, round, client), its stored state is versioned -- so the re-run returns
+    the same partial sum, merged at the same place: the round is bit-identical to an
+    unfaulted one. ``max_retries`` re-runs are allowed per round (``begin_round`` resets the
+    count); then the round fails, naming the task's clients and the error.
+    """
+
+    def __init__(self, spec, count: int, num_cpus: float, num_gpus: float, max_retries: int,
+                 replace_timeout_s: float = 60.0):
+        import ray
+
+        self._spec_ref = ray.put(spec)
+        self._resources = (num_cpus, num_gpus)
+        self.max_retries = max_retries
+        self.replace_timeout_s = replace_timeout_s
+        self.workers = create_workers(self._spec_ref, count, num_cpus, num_gpus)
+        self.failures = 0  # tasks lost to dead workers, this run
+        self.round_failures = 0  # ... this round
+
+    def __len__(self) -> int:
+        return len(self.workers)
+
+    def begin_round(self) -> None:
+        self.round_failures = 0
+
+    def _replace(self, slot: int) -> None:
+        try:
+            self.workers[slot] = create_workers(self._spec_ref, 1, *self._resources,
+                                                ready_timeout_s=self.replace_timeout_s)[0]
+        except (FedrayError, *_failure_types()):  # no room for a new one (a node is gone),
+            # or it died too: a survivor takes the slot (a dead one fails, and is replaced)
+            self.workers[slot] = self.workers[(slot + 1) % len(self.workers)]
+
+    def gather(self, method: str, tasks: list[tuple[int, tuple, str]]) -> Iterator[Any]:
+        """Run ``worker.method(*args)`` for each ``(slot, args, what)`` and yield the results
+        in the order given, re-running a task whose worker died; ``what`` names the task's
+        work (its clients) in the error raised when the round's re-runs are spent."""
+        import ray
+
+        failure = _failure_types()
+        refs = [getattr(self.workers[slot], method).remote(*args) for slot, args, _ in tasks]
+        for (slot, args, what), ref in zip(tasks, refs, strict=True):
+            while True:
+                try:
+                    result = ray.get(ref)
+                    break
+                except failure as exc:
+                    self.failures += 1
+                    self.round_failures += 1
+                    if self.round_failures > self.max_retries:
+                        reason = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+                        raise FedrayError(
+                            f"{what}: worker {slot} died ({type(exc).__name__}: {reason}) and "
+                            f"runtime.max_retries={self.max_retries} re-runs this round are "
+                            "spent") from None
+                    self._replace(slot)
+                    ref = getattr(self.workers[slot], method).remote(*args)
+            yield result
+
+    def info(self) -> list[dict]:
+        import ray
+
+        return ray.get([w.info.remote() for w in self.workers])

@@ -40,7 +40,9 @@ class RunDir:
         self.fs, self.path = fsspec.core.url_to_fs(url)
         protocols = (self.fs.protocol,) if isinstance(self.fs.protocol, str) else self.fs.protocol
         self._local = "file" in protocols  # local files: appendable, with real directories
-        self._metrics: list[str] = []  # kept only where the file must be rewritten
+        # the lines of metrics.jsonl: a checkpoint embeds them, and object stores, which
+        # cannot append, get the whole file rewritten
+        self.metrics_lines: list[str] = []
 
     def _p(self, name: str) -> str:
         return f"{self.path.rstrip('/')}/{name}"
@@ -85,12 +87,25 @@ class RunDir:
 
     def append_metrics(self, record: dict) -> None:
         line = json.dumps(record) + "\n"
+        self.metrics_lines.append(line)
         if self._local:
             with self.fs.open(self._p("metrics.jsonl"), "a") as f:
                 f.write(line)
         else:  # object stores cannot append: rewrite the (small) file
-            self._metrics.append(line)
-            self.write_text("metrics.jsonl", "".join(self._metrics))
+            self.write_text("metrics.jsonl", "".join(self.metrics_lines))
+
+    def restore_metrics(self, lines: list[str]) -> None:
+        """Resuming: metrics.jsonl becomes exactly the checkpoint's rounds (a killed run may
+        have logged rounds after its checkpoint; they are run again)."""
+        self.metrics_lines = list(lines)
+        self.write_text("metrics.jsonl", "".join(lines))
+
+    def remove_temporaries(self) -> None:
+        """Drop the temporary files of writes a killed run left half-done."""
+        leftovers = [p for p in self.fs.ls(self.path, detail=False)
+                     if p.rsplit("/", 1)[-1].startswith(".") and p.endswith(".tmp")]
+        if leftovers:
+            self.fs.rm(leftovers)
 
     def url_of(self, name: str) -> str:
         """The fsspec URL of ``name`` inside the run directory."""

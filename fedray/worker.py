@@ -98,6 +98,7 @@ class ClientWorker:
         self._c, self._ci, self._corr, self._ci_new, self._omega = (vec() for _ in range(5))
         self.state = (ClientStateStore(spec.state_url, spec.state_cache_mb)
                       if "control_variate" in self.needs else None)
+        self._stored: list[int] = []  # clients whose state this round's train() wrote
 
     def info(self) -> dict:
         import ray
@@ -124,10 +125,11 @@ class ClientWorker:
         bound = self.spec.max_update_norm
         return math.isfinite(norm) and (bound is None or norm <= bound)
 
-    def _train_client(self, global_w: torch.Tensor, round_idx: int, cid: int,
+    def _train_client(self, global_w: torch.Tensor, round_idx: int, cid: int, version: int,
                       acc: PartialSum) -> tuple[ClientResult, bool]:
         """One client's round: its measurements, local update and share of the partial sum;
-        the flag is False when the guard dropped the update."""
+        the flag is False when the guard dropped the update. ``version``: the round whose
+        stored state (SCAFFOLD's c_i) is the client's current one, 0 for none yet."""
         s = self.spec
         seed = client_seed(s.seed, round_idx, cid)
         x, y = self.cache.get(cid)
@@ -141,7 +143,7 @@ class ClientWorker:
                         mu=s.elastic_mu, out=self._omega)
             x, y = x[keep], y[keep]
         if "control_variate" in self.needs and len(y):
-            state = self.state.get(cid)
+            state = self.state.get(cid, version)
             if state is None:
                 self._ci.zero_()  # a client's first round: c_i = 0
             else:
@@ -177,12 +179,16 @@ class ClientWorker:
                 self._ci_new.add_(res.delta[:p], alpha=-1.0 / (res.steps * s.lr))
             acc.add_extra(self._ci_new)  # dc_i = c_i+ - c_i, without a temporary
             acc.add_extra(self._ci, -1.0)
-            self.state.put(cid, {"c": self._ci_new})
+            self.state.put(cid, round_idx, {"c": self._ci_new})
+            self._stored.append(cid)
         return res, True
 
-    def train(self, payload: dict, round_idx: int, client_ids: list[int]) -> dict:
+    def train(self, payload: dict, round_idx: int, client_ids: list[int],
+              versions: list[int] | None = None) -> dict:
         """Train ``client_ids`` from the broadcast ``payload`` (the global weights and the
-        aggregator's per-round state); return their one partial sum."""
+        aggregator's per-round state); return their one partial sum, and which clients had
+        their state stored as version ``round_idx``. ``versions``: each client's current
+        state version (stateful client updates only)."""
         start = time.perf_counter()
         global_w = self._load_global(payload["weights"])
         if "c" in payload:
@@ -190,8 +196,10 @@ class ClientWorker:
         acc = PartialSum(self.model.size, self.device,
                          extra_size(self.spec.aggregator, self.model.num_params))
         loss_sum, seen, examples, dropped = 0.0, 0, 0, 0
-        for cid in client_ids:
-            res, kept = self._train_client(global_w, round_idx, cid, acc)
+        self._stored = []
+        for i, cid in enumerate(client_ids):
+            res, kept = self._train_client(global_w, round_idx, cid,
+                                           versions[i] if versions else 0, acc)
             if not kept:  # its loss may be NaN too: the round's train_loss leaves it out
                 dropped += 1
                 continue
@@ -201,6 +209,7 @@ class ClientWorker:
         out = acc.to_message()
         out.update({"clients": len(client_ids), "examples": examples, "loss_sum": loss_sum,
                     "examples_seen": seen, "dropped": dropped,
+                    "updates": len(client_ids) - dropped, "stored": self._stored,
                     "busy_s": time.perf_counter() - start, "mem_mb": private_mb()})
         return out
 

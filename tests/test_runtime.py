@@ -21,7 +21,8 @@ def test_run_directory_contents(ray_cluster, tmp_path):
     res = fedray.run(tiny_job(tmp_path, eval__every=2, eval__federated_clients=5))
     run = tmp_path / "run"
     assert {p.name for p in run.iterdir()} == {"config.yaml", "metrics.jsonl", "summary.json",
-                                                "model.safetensors", "server_state.safetensors"}
+                                                "model.safetensors", "server_state.safetensors",
+                                                "checkpoint.safetensors"}
     assert int(load_file(run / "server_state.safetensors")["server_opt.step"]) == 3
     lines = [json.loads(s) for s in (run / "metrics.jsonl").read_text().splitlines()]
     assert [m["round"] for m in lines] == [1, 2, 3]
@@ -144,3 +145,40 @@ def test_population_scale_driver_memory(ray_cluster, tmp_path):
                                   output__dir=str(tmp_path / str(n))))
         rss[n] = res.summary["driver_mem_mb"]
     assert abs(rss[100_000] - rss[1_000]) < 100, rss
+
+
+_LISTENERS = """
+import sys, psutil
+from fedray.config import load_config
+from fedray.runtime import ray_session
+cfg = load_config({"runtime": {"num_cpus": 1, "dashboard": sys.argv[1] == "on"}})
+with ray_session(cfg):
+    me = psutil.Process()
+    found = set()
+    for p in me.children(recursive=True):
+        try:
+            cmd = p.cmdline()
+            if any("dashboard.py" in part for part in cmd):  # its --port: UI and job server
+                port = int(next(a for a in cmd if a.startswith("--port=")).split("=")[1])
+                found |= {c.laddr.ip for c in p.net_connections("tcp")
+                          if c.status == psutil.CONN_LISTEN and c.laddr.port == port}
+        except psutil.NoSuchProcess:
+            pass
+    print("listening on:", ",".join(sorted(found)))
+"""
+
+
+@pytest.mark.parametrize("dashboard,listening", [("off", ""), ("on", "127.0.0.1")])
+def test_local_dashboard_and_job_server_listen_on_loopback_only(dashboard, listening):
+    """A Ray that fedray starts has no dashboard or job server (which runs submitted code)
+    listening; asked for one, it listens on loopback only (runtime.dashboard_host)."""
+    import os
+    import subprocess
+    import sys
+
+    env = dict(os.environ, RAY_USAGE_STATS_ENABLED="0")
+    env.pop("RAY_ADDRESS", None)
+    out = subprocess.run([sys.executable, "-c", _LISTENERS, dashboard], capture_output=True,
+                         text=True, timeout=120, env=env)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip().splitlines()[-1] == f"listening on: {listening}".strip()

@@ -1,0 +1,156 @@
+"""Faults: a worker killed mid-round, the retry budget, and the `fedray run` process killed
+and resumed. Every check is against an unfaulted run of the same job: bit-identical."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+import yaml
+from conftest import tiny_job
+
+import fedray
+from fedray.checkpoint import read_checkpoint
+from fedray.client_state import ClientStateStore
+from fedray.errors import FedrayError
+from fedray.run_dir import load_weights, read_metrics
+
+
+def suicidal_model_fn(sentinel: str | None, at_call: int = 5):
+    """Logistic regression for the synthetic 28x28 writers whose process SIGKILLs itself at
+    its ``at_call``-th training forward pass -- once per test: the first worker to get there
+    claims ``sentinel``. With ``sentinel=None`` it is the same model, never killed."""
+    def model_fn():  # a closure: shipped to the workers by value
+        from torch import nn
+
+        torch.manual_seed(0)
+        model = nn.Sequential(nn.Flatten(), nn.Linear(28 * 28, 62))
+        calls = [0]
+
+        def hook(module, inputs):
+            calls[0] += 1
+            if sentinel is None or not module.training or calls[0] != at_call:
+                return
+            try:
+                os.close(os.open(sentinel, os.O_CREAT | os.O_EXCL))
+            except FileExistsError:
+                return
+            os.kill(os.getpid(), signal.SIGKILL)
+
+        model.register_forward_pre_hook(hook)
+        return model
+    return model_fn
+
+
+def _job(tmp_path, name: str, **over) -> dict:
+    return tiny_job(tmp_path, **{"name": name, "rounds": 4, "runtime__num_workers": 2,
+                                 "output__dir": str(tmp_path / name), **over})
+
+
+@pytest.mark.usefixtures("ray_cluster")
+def test_worker_killed_mid_round_gives_the_unfaulted_weights(tmp_path):
+    sentinel = tmp_path / "killed"
+    clean = fedray.run(_job(tmp_path, "clean"), model_fn=suicidal_model_fn(None))
+    faulted = fedray.run(_job(tmp_path, "faulted"),
+                         model_fn=suicidal_model_fn(str(sentinel), at_call=7))
+    assert sentinel.exists()  # a worker really died mid-round
+    failures = [m["worker_failures"] for m in faulted.metrics]
+    assert sum(failures) == 1 and faulted.summary["worker_failures"] == 1
+    assert [m["worker_failures"] for m in clean.metrics] == [0] * 4
+    for k, v in clean.weights.items():
+        assert torch.equal(v, faulted.weights[k]), k
+    # no client update was lost: every participant's update was aggregated
+    assert [m["updates"] for m in faulted.metrics] == [m["clients"] for m in clean.metrics]
+
+
+@pytest.mark.usefixtures("ray_cluster")
+def test_spent_retry_budget_names_the_clients_and_keeps_the_checkpoint(tmp_path):
+    sentinel = tmp_path / "killed"
+    # 8 clients per round on 2 workers of 1-2 forward passes per client: call 30 is in round 2
+    job = _job(tmp_path, "spent", runtime__max_retries=0, checkpoint__every=1)
+    with pytest.raises(FedrayError) as err:
+        fedray.run(job, model_fn=suicidal_model_fn(str(sentinel), at_call=30))
+    msg = str(err.value)
+    assert sentinel.exists()
+    assert "died" in msg and "runtime.max_retries=0" in msg and ": clients [" in msg
+    failed_round = int(msg.split(":")[0].removeprefix("round "))
+    assert failed_round >= 2
+    ckpt = read_checkpoint(str(tmp_path / "spent"))
+    assert ckpt is not None and ckpt.round == failed_round - 1
+    assert [m["round"] for m in read_metrics(str(tmp_path / "spent"))] == list(
+        range(1, failed_round))
+
+
+def _cli(*args: str, **kw) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", "fedray.cli", *args], stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, **kw)
+
+
+def _finish(proc: subprocess.Popen) -> str:
+    out, _ = proc.communicate(timeout=240)
+    assert proc.returncode == 0, out
+    return out
+
+
+@pytest.mark.parametrize("algorithm", ["fedavg", "scaffold"])
+def test_sigkilled_run_resumes_bit_identically(tmp_path, algorithm):
+    job = tiny_job(tmp_path, name=algorithm, rounds=40, checkpoint__every=4,
+                   algorithm__name=algorithm, runtime__num_cpus=2, runtime__num_workers=2,
+                   eval__every=0)
+    path = tmp_path / "job.yaml"
+    path.write_text(yaml.safe_dump(job))
+    whole, killed = tmp_path / "whole", tmp_path / "killed"
+    _finish(_cli("run", str(path), f"output.dir={whole}", "--quiet"))
+    proc = _cli("run", str(path), f"output.dir={killed}", "--quiet", start_new_session=True)
+    metrics = killed / "metrics.jsonl"
+    deadline = time.monotonic() + 180
+    while not (metrics.exists() and len(metrics.read_text().splitlines()) >= 6):
+        assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()[0]
+        time.sleep(0.01)
+    os.killpg(proc.pid, signal.SIGKILL)  # the CLI and the Ray it started, mid-run
+    proc.wait()
+    assert not (killed / "summary.json").exists()
+    ckpt = read_checkpoint(str(killed))
+    assert ckpt is not None and 4 <= ckpt.round < 40
+    out = _finish(_cli("run", "--resume", str(killed), "--quiet"))
+    assert "done: 40 rounds" in out
+    a, b = load_weights(str(whole)), load_weights(str(killed))
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    assert [m["round"] for m in read_metrics(str(killed))] == list(range(1, 41))
+    if algorithm == "scaffold":  # one version per client left: the one the index points to
+        versions = ClientStateStore(str(killed / "client_state")).versions()
+        final = read_checkpoint(str(killed)).client_versions
+        assert versions and all(vs == [int(final[c])] for c, vs in versions.items())
+        assert versions == ClientStateStore(str(whole / "client_state")).versions()
+
+
+@pytest.mark.usefixtures("ray_cluster")
+def test_a_finished_run_extended_with_allow_change_equals_a_longer_run(tmp_path):
+    long = fedray.run(_job(tmp_path, "long", rounds=5, algorithm__name="scaffold"))
+    short = _job(tmp_path, "short", rounds=3, algorithm__name="scaffold")
+    fedray.run(short)
+    with pytest.raises(FedrayError, match=r"config.yaml in rounds \(3 -> 5\)"):
+        fedray.run(resume=str(tmp_path / "short"), overrides=["rounds=5"])
+    more = fedray.run(resume=str(tmp_path / "short"), overrides=["rounds=5"],
+                      allow_changes=["rounds"])
+    assert more.summary["resumed_from_round"] == 3 and [m["round"] for m in more.metrics] == [4, 5]
+    assert all(torch.equal(long.weights[k], more.weights[k]) for k in long.weights)
+    assert "rounds: 5" in (tmp_path / "short" / "config.yaml").read_text()
+
+
+def test_pool_gives_a_dead_slot_to_a_survivor_when_no_worker_can_start(monkeypatch):
+    from fedray import pool
+
+    def no_room(*args, **kwargs):
+        raise FedrayError("only 0 of 1 workers started within 60s")
+
+    monkeypatch.setattr(pool, "create_workers", no_room)
+    p = pool.WorkerPool.__new__(pool.WorkerPool)
+    p.workers, p._spec_ref, p._resources, p.replace_timeout_s = ["a", "b", "c"], None, (1, 0), 1
+    p._replace(2)
+    assert p.workers == ["a", "b", "a"]
