@@ -3,7 +3,9 @@
 ``runtime.address`` (or RAY_ADDRESS, as set by Ray Jobs; ``auto`` finds a ``ray start`` on
 this machine) joins an existing cluster; otherwise a private local Ray starts with
 ``runtime.num_cpus`` / ``runtime.num_gpus`` (a declared GPU count works on machines without
-one, which is how fractional placement is tested). A Ray that was already initialised by the
+one, which is how fractional placement is tested), without a dashboard or job server unless
+``runtime.dashboard`` asks for them, and then listening on ``runtime.dashboard_host``
+(loopback by default). A Ray that was already initialised by the
 caller is reused and left running.
 """
 
@@ -12,11 +14,28 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import socket
 from collections.abc import Iterator
 
 from omegaconf import DictConfig
 
 from fedray.errors import FedrayError
+
+
+def probe(address: str, timeout_s: float = 5.0) -> None:
+    """Fail fast when a ``host:port`` (or ``ray://host:port``) address does not answer: Ray
+    itself retries an unreachable GCS for minutes, logging as it goes."""
+    if address in ("auto", "local") or "://" in address and not address.startswith("ray://"):
+        return
+    host, _, port = address.removeprefix("ray://").rpartition(":")
+    if not host or not port.isdigit():
+        raise FedrayError(f"runtime.address: {address!r} is not host:port, ray://host:port "
+                          "or auto")
+    try:
+        socket.create_connection((host, int(port)), timeout=timeout_s).close()
+    except OSError as exc:
+        reason = exc.strerror or type(exc).__name__
+        raise FedrayError(f"runtime.address: cannot reach Ray at {address}: {reason}") from None
 
 
 @contextlib.contextmanager
@@ -30,10 +49,12 @@ def ray_session(cfg: DictConfig) -> Iterator[None]:
     kwargs: dict = {"logging_level": logging.ERROR, "include_dashboard": False}
     address = cfg.runtime.address
     if address:
+        probe(address)
         kwargs["address"] = address
     elif not os.environ.get("RAY_ADDRESS"):  # a private instance, even if `ray start` ran here
         kwargs.update(address="local", num_cpus=cfg.runtime.num_cpus,
-                      num_gpus=cfg.runtime.num_gpus)
+                      num_gpus=cfg.runtime.num_gpus, include_dashboard=cfg.runtime.dashboard,
+                      dashboard_host=cfg.runtime.dashboard_host)
     try:
         ray.init(**kwargs)
     except (ConnectionError, TimeoutError, RuntimeError) as exc:

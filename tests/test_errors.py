@@ -14,6 +14,7 @@ import sys
 
 import pytest
 
+from fedray.config import load_config, to_yaml
 from fedray.recipe import build
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
@@ -41,6 +42,9 @@ def _template(base: pathlib.Path) -> None:
     stores = base / "stores"
     build(ROOT / "partitions" / "synthetic_dirichlet.yaml",
           [f"out={stores / 'tiny'}", "source.num_writers=5", "partitioner.num_clients=10"])
+    build(ROOT / "partitions" / "synthetic_dirichlet.yaml",  # clients 2 and 8 are empty
+          [f"out={stores / 'sparse'}", "source.num_writers=5", "partitioner.num_clients=20",
+           "partitioner.min_examples=0", "partitioner.alpha=0.05"])
     for name in ("nomanifest", "badjson", "corrupt"):
         shutil.copytree(stores / "tiny", stores / name)
     (stores / "nomanifest" / "manifest.json").unlink()
@@ -54,6 +58,10 @@ def _template(base: pathlib.Path) -> None:
     (run / "config.yaml").write_text("name: old\nseed: 0\n")
     (run / "metrics.jsonl").write_text('{"round": 1, "test_accuracy": 0.5}\n')
     (run / "summary.json").write_text('{"rounds": 1}\n')
+    prev = base / "runs" / "prev"  # a run to resume: its config.yaml as fedray wrote it
+    prev.mkdir()
+    cfg = load_config(ROOT / "jobs" / "quickstart.yaml", [f"output.dir={prev}"])
+    (prev / "config.yaml").write_text(to_yaml(cfg))
     (base / "reports" / "old").mkdir(parents=True)
     (base / "reports" / "old" / "report.md").write_text("| method |\n")
     (base / "notarun").mkdir()
