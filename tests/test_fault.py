@@ -154,3 +154,18 @@ def test_pool_gives_a_dead_slot_to_a_survivor_when_no_worker_can_start(monkeypat
     p.workers, p._spec_ref, p._resources, p.replace_timeout_s = ["a", "b", "c"], None, (1, 0), 1
     p._replace(2)
     assert p.workers == ["a", "b", "a"]
+
+
+def test_soak_script_counts_kills_reruns_and_lost_updates(tmp_path):
+    """benchmarks/soak.py, short: it must kill workers and find every update aggregated."""
+    import json
+    import pathlib
+
+    script = pathlib.Path(__file__).resolve().parents[1] / "benchmarks" / "soak.py"
+    out = tmp_path / "soak.json"
+    proc = subprocess.run([sys.executable, str(script), "--rounds", "30", "--kill-every", "8",
+                           "--out", str(out)], capture_output=True, text=True, timeout=400)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    r = json.loads(out.read_text())
+    assert r["kills"] >= 2 and r["worker_failures_rerun"] >= r["kills"]
+    assert r["lost"] == 0 and r["client_updates"] == 30 * 8 and r["weights_bit_identical"]
