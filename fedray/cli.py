@@ -75,7 +75,7 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--resume", metavar="RUN_DIR",
                      help="continue this run directory from its last checkpoint")
     run.add_argument("--allow-change", metavar="KEY", action="append", default=[],
-                     help="with --resume: let this safe key (rounds, eval.every, "
+                     help="with --resume: let this safe key (rounds, eval.every, eval.batch_size, "
                      "checkpoint.every, output.save_weights, runtime.*) differ from the run's "
                      "config; repeatable")
     run.add_argument("--quiet", action="store_true", help="no progress bar")

@@ -112,9 +112,9 @@ class Driver:
                           state_cache_mb=c.runtime.worker.state_cache_mb,
                           steps_per_epoch=c.client.steps_per_epoch,
                           max_update_norm=c.guard.max_update_norm)
-        start = time.perf_counter()
         if resume:  # before the pool starts: a checkpoint that cannot be used fails fast
             self._restore()
+        start = time.perf_counter()
         self.pool = WorkerPool(spec, num_workers, c.runtime.worker.num_cpus,
                                c.runtime.worker.num_gpus, c.runtime.max_retries)
         self.pool_start_s = time.perf_counter() - start
@@ -151,8 +151,8 @@ class Driver:
             self.aggregation.load_state_dict(part["aggregator."])
             if self.versions is not None:
                 self.versions = ckpt.client_versions.astype(np.int32)
-            self.start_round = self.last_checkpoint = self.resumed_from = ckpt.round
-            self.start_round += 1
+            self.resumed_from = self.last_checkpoint = ckpt.round
+            self.start_round = ckpt.round + 1
         self.run_dir.remove_temporaries()
         lines = ckpt.metrics_lines if ckpt is not None else []
         self.run_dir.restore_metrics(lines)
