@@ -11,6 +11,7 @@ returns the final weights (a state_dict) and the per-round metrics.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -72,6 +73,10 @@ def prepare(config: ConfigSource | None, overrides: list[str] | tuple = (),
             raise FedrayError(f"config key 'sampling.always': client {empty[0]} has no training "
                               f"examples, so it can never contribute, got "
                               f"{list(cfg.sampling.always)}")
+    if cfg.output.mlflow:
+        from fedray.mlflow_tracking import require_mlflow
+
+        require_mlflow()
     if cfg.eval.federated_clients and not has_client_test:
         raise FedrayError("eval.federated_clients: this data has no per-client test split; set "
                           "it to 0 (and pass test_data for in-memory client_data)")
@@ -114,6 +119,28 @@ def _unwrap_remote_error(exc: BaseException) -> BaseException:
     return exc
 
 
+def _placement() -> tuple[Any, dict[str, float]]:
+    """Where the driver goes, and the resources its workers may use.
+
+    Inside a placement group that captures child tasks -- a Ray Tune trial of fedray.sweep --
+    the driver and its workers live in the group's bundles, and only those count. Otherwise
+    the driver stays on this node (it reads the run's local inputs) and the workers may use
+    the whole cluster."""
+    import ray
+    from ray.util import scheduling_strategies as ss
+
+    pg = ray.util.get_current_placement_group()
+    if pg is not None:
+        resources: dict[str, float] = {}
+        for bundle in pg.bundle_specs:
+            for k, v in bundle.items():
+                resources[k] = resources.get(k, 0.0) + v
+        return ss.PlacementGroupSchedulingStrategy(
+            pg, placement_group_capture_child_tasks=True), resources
+    node = ray.get_runtime_context().get_node_id()
+    return ss.NodeAffinitySchedulingStrategy(node, soft=False), ray.cluster_resources()
+
+
 def run(config: ConfigSource | None = None, model_fn: Callable[[], nn.Module] | None = None,
         client_data: Mapping[Any, tuple[Any, Any]] | None = None,
         test_data: tuple[Any, Any] | None = None, *, overrides: list[str] | tuple = (),
@@ -125,7 +152,8 @@ def run(config: ConfigSource | None = None, model_fn: Callable[[], nn.Module] | 
     ``key=value`` strings applied on top. model_fn: a zero-argument factory of a
     torch.nn.Module (default: ``model.name``). client_data: ``{client_id: (x, y)}`` arrays
     to train on instead of ``data.partition``; test_data: a central ``(x, y)`` test set.
-    progress: called with each round's metrics as they arrive. resume: a run directory to
+    progress: called with each round's metrics as they arrive (``output.mlflow`` logs them
+    to MLflow too). resume: a run directory to
     continue from its last checkpoint (``config`` then defaults to its config.yaml and must
     not differ from it, except keys listed in ``allow_changes``: docs/fault_tolerance.md).
     """
@@ -155,27 +183,32 @@ def run(config: ConfigSource | None = None, model_fn: Callable[[], nn.Module] | 
         source = build_source(cfg, client_data, test_data, manifest)
         make_model = model_fn or functools.partial(
             build_model, cfg.model.name, tuple(source.input_shape), source.num_classes)
-        num_workers = pool_size(cfg, ray.cluster_resources())
-        node = ray.get_runtime_context().get_node_id()
-        strategy = ray.util.scheduling_strategies.NodeAffinitySchedulingStrategy(node, soft=False)
+        strategy, resources = _placement()
+        num_workers = pool_size(cfg, resources)
         driver_cls = ray.remote(Driver).options(num_cpus=0, scheduling_strategy=strategy)
         driver = driver_cls.remote()
         metrics: list[dict] = []
         summary: dict = {}
-        try:
-            ray.get(driver.setup.remote(OmegaConf.to_container(cfg, resolve=True), source,
-                                        make_model, num_workers, url, resume is not None))
-            for ref in driver.run.remote():
-                item = ray.get(ref)
-                if "summary" in item:
-                    summary = item["summary"]
-                    break
-                metrics.append(item)
-                if progress is not None:
-                    progress(item)
-            weights = ray.get(driver.state_dict.remote())
-        except (ray.exceptions.RayTaskError, ray.exceptions.RayActorError) as exc:
-            raise _unwrap_remote_error(exc) from None
-        finally:
-            ray.kill(driver)  # its worker actors go with it
+        with contextlib.ExitStack() as stack:
+            callbacks = [progress] if progress is not None else []
+            if cfg.output.mlflow:
+                from fedray.mlflow_tracking import mlflow_run
+
+                callbacks.append(stack.enter_context(mlflow_run(cfg, url)))
+            try:
+                ray.get(driver.setup.remote(OmegaConf.to_container(cfg, resolve=True), source,
+                                            make_model, num_workers, url, resume is not None))
+                for ref in driver.run.remote():
+                    item = ray.get(ref)
+                    if "summary" in item:
+                        summary = item["summary"]
+                        break
+                    metrics.append(item)
+                    for callback in callbacks:
+                        callback(item)
+                weights = ray.get(driver.state_dict.remote())
+            except (ray.exceptions.RayTaskError, ray.exceptions.RayActorError) as exc:
+                raise _unwrap_remote_error(exc) from None
+            finally:
+                ray.kill(driver)  # its worker actors go with it
     return RunResult(weights=weights, metrics=metrics, summary=summary, run_dir=url, config=cfg)

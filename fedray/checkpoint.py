@@ -47,7 +47,7 @@ _VERSIONS = "client_state.version"
 # (runtime.* with the pool size unchanged; a different pool size changes float64 sums by
 # ~1e-16, see docs/fault_tolerance.md)
 RESUME_SAFE = ("rounds", "eval.every", "eval.batch_size", "checkpoint.every",
-               "output.save_weights", "runtime.")
+               "output.save_weights", "output.tensorboard", "output.mlflow", "runtime.")
 
 
 @dataclass
@@ -134,7 +134,11 @@ def check_same_config(run_dir: str, saved: DictConfig, new: DictConfig,
                       allow: list[str] | tuple = ()) -> list[str]:
     """Refuse to resume under a config that differs from the run's; return the allowed
     differing keys. ``output.dir`` is the run directory itself and never compared."""
-    old = _flat(OmegaConf.to_container(saved, resolve=True))
+    from fedray.config import FedrayConfig
+
+    # a key the run's config.yaml lacks (a run from an older fedray) had its default
+    old = _flat(OmegaConf.to_container(OmegaConf.structured(FedrayConfig))) | _flat(
+        OmegaConf.to_container(saved, resolve=True))
     cur = _flat(mask_tree(OmegaConf.to_container(new, resolve=True)))
     keys = sorted(k for k in set(old) | set(cur) if k != "output.dir" and old.get(k) != cur.get(k))
     for k in allow:

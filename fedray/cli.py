@@ -55,6 +55,37 @@ report.json and <metric>.png; it is refused if it already holds a report.md. Run
 directories can be any fsspec URL. Details: docs/report.md."""
 
 
+SWEEP_HELP = """Sweep config keys over many runs on Ray Tune: a grid or a random search.
+
+examples:
+  fedray sweep jobs/sweeps/participation.yaml
+  fedray sweep jobs/sweeps/participation.yaml output=runs/part-a max_concurrent_trials=2
+  fedray sweep --resume runs/part-a               # continue an interrupted sweep
+
+SWEEP.yaml names a job and the keys to vary, e.g.
+  job: ../quickstart.yaml
+  parameters:
+    sampling.clients_per_round: [10, 50, 100, 500]
+    seed: [0, 1, 2]
+Each trial is a fedray run with its own driver and workers (workers_per_trial, reserved
+through a placement group). Every round's metrics go to Tune (scheduler.name=asha stops poor
+trials early); the sweep directory (output, any fsspec URL) receives sweep.yaml, tune/,
+trials/<trial id>/ (run directories with TensorBoard events), results.csv and report/ (a
+curve per setting, a band over seeds). Keys: docs/cluster.md."""
+
+SUBMIT_HELP = """Submit a fedray job to a Ray cluster's job server (Ray Jobs).
+
+examples:
+  fedray submit jobs/quickstart.yaml output.dir=s3://bucket/runs/q1 --address http://HEAD:8265
+  fedray submit jobs/quickstart.yaml output.dir=/shared/runs/q2 --wait
+  fedray status JOB_ID; fedray logs JOB_ID --follow; fedray stop JOB_ID
+
+The job file and this machine's fedray package are shipped with the job (runtime_env);
+`fedray run job.yaml key=value ...` runs on the cluster. output.dir, and a partition store,
+must be URLs or absolute paths on storage every node shares. --address defaults to
+RAY_ADDRESS, else http://127.0.0.1:8265. Walkthrough: docs/cluster.md."""
+
+
 def _command(sub, name: str, summary: str, description: str) -> argparse.ArgumentParser:
     """A sub-command with its help text kept as written and the shared --debug flag."""
     cmd = sub.add_parser(name, help=summary, description=description,
@@ -76,7 +107,8 @@ def _parser() -> argparse.ArgumentParser:
                      help="continue this run directory from its last checkpoint")
     run.add_argument("--allow-change", metavar="KEY", action="append", default=[],
                      help="with --resume: let this safe key (rounds, eval.every, eval.batch_size, "
-                     "checkpoint.every, output.save_weights, runtime.*) differ from the run's "
+                     "checkpoint.every, output.save_weights, output.tensorboard, output.mlflow, "
+                     "runtime.*) differ from the run's "
                      "config; repeatable")
     run.add_argument("--quiet", action="store_true", help="no progress bar")
     part = _command(sub, "partition", "build or describe a partition store", PARTITION_HELP)
@@ -99,7 +131,80 @@ def _parser() -> argparse.ArgumentParser:
                      help="report the rounds each run needs to reach VALUE")
     rep.add_argument("--title", metavar="TEXT", help="title of the report and the plot "
                      "(default: the metric)")
+    swp = _command(sub, "sweep", "sweep config keys over many runs (Ray Tune)", SWEEP_HELP)
+    swp.add_argument("sweep", metavar="SWEEP.yaml", nargs="?",
+                     help="sweep file (optional with --resume)")
+    swp.add_argument("overrides", nargs="*", metavar="key=value", help="sweep key overrides")
+    swp.add_argument("--resume", metavar="SWEEP_DIR", help="continue this sweep directory")
+    sbm = _command(sub, "submit", "submit a job to a Ray cluster", SUBMIT_HELP)
+    sbm.add_argument("job", metavar="JOB.yaml", help="job configuration file")
+    sbm.add_argument("overrides", nargs="*", metavar="key=value", help="config overrides")
+    sbm.add_argument("--address", metavar="URL", help="the job server (default: RAY_ADDRESS, "
+                     "else http://127.0.0.1:8265)")
+    sbm.add_argument("--job-id", metavar="ID", help="the job's submission id (default: Ray's)")
+    sbm.add_argument("--wait", action="store_true",
+                     help="follow the job's log until it ends; exit 0 only if it succeeded")
+    for verb, summary in (("status", "a submitted job's status"),
+                          ("logs", "a submitted job's log"), ("stop", "stop a submitted job")):
+        cmd = _command(sub, verb, summary, f"{summary[0].upper()}{summary[1:]} (Ray Jobs); "
+                       "see fedray submit --help.")
+        cmd.add_argument("job_id", metavar="JOB_ID", help="as printed by fedray submit")
+        cmd.add_argument("--address", metavar="URL", help="the job server (default: "
+                         "RAY_ADDRESS, else http://127.0.0.1:8265)")
+        if verb == "logs":
+            cmd.add_argument("--follow", action="store_true", help="until the job ends")
     return p
+
+
+def _sweep(args: argparse.Namespace) -> int:
+    from fedray.sweep import RESULTS_FILE, format_rows, run_sweep
+
+    result = run_sweep(args.sweep, args.overrides, resume=args.resume)
+    print(format_rows(result.rows))
+    if result.report_table is not None:
+        print(result.report_table)
+    where = mask(result.sweep_dir)
+    if result.failed:
+        raise FedrayError(f"sweep {where}: trials {', '.join(result.failed)} failed (see "
+                          f"{RESULTS_FILE}); finish them with fedray sweep --resume {where}")
+    print(f"done: {len(result.rows)} trials, {result.wall_s:.1f}s; {RESULTS_FILE} and report/ "
+          f"in {where}; tensorboard --logdir {where}/trials", flush=True)
+    return 0
+
+
+def _follow_exit(job_id: str, address: str | None) -> int:
+    from fedray.submit import follow
+
+    state = follow(job_id, address)
+    print(f"job {job_id}: {state}", flush=True)
+    return 0 if state == "SUCCEEDED" else 1
+
+
+def _submit(args: argparse.Namespace) -> int:
+    from fedray.submit import job_server, submit
+
+    job_id = submit(args.job, list(args.overrides), args.address, args.job_id)
+    where = job_server(args.address)
+    print(f"submitted {job_id} to {where}; follow it with: fedray logs {job_id} --follow",
+          flush=True)
+    return _follow_exit(job_id, args.address) if args.wait else 0
+
+
+def _job_verb(args: argparse.Namespace) -> int:
+    from fedray import submit
+
+    if args.command == "status":
+        info = submit.status(args.job_id, args.address)
+        print(f"{info['job_id']}: {info['status']}" + (f" ({info['message']})"
+                                                       if info["message"] else ""))
+    elif args.command == "logs":
+        if args.follow:
+            return _follow_exit(args.job_id, args.address)
+        print(submit.logs(args.job_id, args.address), end="", flush=True)
+    else:
+        stopped = submit.stop(args.job_id, args.address)
+        print(f"{args.job_id}: " + ("stop requested" if stopped else "already ended"))
+    return 0
 
 
 def _report(args: argparse.Namespace) -> int:
@@ -167,7 +272,9 @@ def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     debug = getattr(args, "debug", False) or bool(os.environ.get("FEDRAY_DEBUG"))
     try:
-        commands = {"run": _run, "partition": _partition, "report": _report}
+        commands = {"run": _run, "partition": _partition, "report": _report, "sweep": _sweep,
+                    "submit": _submit, "status": _job_verb, "logs": _job_verb,
+                    "stop": _job_verb}
         return commands[args.command](args)
     except FedrayError as exc:
         if debug:

@@ -137,6 +137,10 @@ class CheckpointConfig:
 class OutputConfig:
     dir: str | None = None  # any fsspec URL; None: runs/<name>-<timestamp>
     save_weights: bool = True
+    tensorboard: bool = True  # metrics also as TensorBoard events in the run directory
+    # log params and per-round metrics to MLflow (needs `pip install mlflow`); the tracking
+    # server is MLFLOW_TRACKING_URI's, or ./mlruns
+    mlflow: bool = False
 
 
 @dataclass

@@ -88,7 +88,7 @@ class Driver:
         self.aggregation = Aggregation(self.parts.aggregator, self.weights.numel(),
                                        self.template.num_params,
                                        population=source.population, tau=a.elastic_tau)
-        self.run_dir = RunDir(run_dir)
+        self.run_dir = RunDir(run_dir, tensorboard=c.output.tensorboard)
         state_url = self.run_dir.url_of(CLIENT_STATE_DIR)
         # client state (SCAFFOLD's c_i): which version of each client's state is current
         stateful = "control_variate" in NEEDS[self.parts.aggregator]

@@ -2,7 +2,8 @@
 
 Layout: ``config.yaml`` (the resolved config), ``metrics.jsonl`` (one JSON object per round),
 ``summary.json``, ``model.safetensors`` (the final global weights as a plain state_dict),
-``server_state.safetensors`` (server optimizer and aggregator state) and, for stateful
+``server_state.safetensors`` (server optimizer and aggregator state), the same metrics as
+TensorBoard events (``events.out.tfevents.fedray``, fedray.tensorboard) and, for stateful
 clients (SCAFFOLD), ``client_state/`` (fedray.client_state).
 Whole files are written to a temporary name and renamed into place, so a reader never sees a
 half-written summary or weights file. Only safe formats: YAML, JSON, safetensors.
@@ -21,6 +22,7 @@ from safetensors.torch import save as save_safetensors
 
 from fedray.errors import FedrayError
 from fedray.redact import mask
+from fedray.tensorboard import EVENTS_FILE, events_from_lines, file_header, scalar_events
 
 WEIGHTS_FILE = "model.safetensors"
 SERVER_STATE_FILE = "server_state.safetensors"
@@ -35,8 +37,9 @@ def absolute_url(url: str) -> str:
 
 
 class RunDir:
-    def __init__(self, url: str):
+    def __init__(self, url: str, tensorboard: bool = False):
         self.url = url
+        self.tensorboard = tensorboard  # metrics also as TensorBoard events
         self.fs, self.path = fsspec.core.url_to_fs(url)
         protocols = (self.fs.protocol,) if isinstance(self.fs.protocol, str) else self.fs.protocol
         self._local = "file" in protocols  # local files: appendable, with real directories
@@ -91,14 +94,22 @@ class RunDir:
         if self._local:
             with self.fs.open(self._p("metrics.jsonl"), "a") as f:
                 f.write(line)
-        else:  # object stores cannot append: rewrite the (small) file
+            if self.tensorboard:
+                new = not self.fs.exists(self._p(EVENTS_FILE))
+                with self.fs.open(self._p(EVENTS_FILE), "ab") as f:
+                    f.write((file_header() if new else b"") + scalar_events(record))
+        else:  # object stores cannot append: rewrite the (small) files
             self.write_text("metrics.jsonl", "".join(self.metrics_lines))
+            if self.tensorboard:
+                self.write_bytes(EVENTS_FILE, events_from_lines(self.metrics_lines))
 
     def restore_metrics(self, lines: list[str]) -> None:
         """Resuming: metrics.jsonl becomes exactly the checkpoint's rounds (a killed run may
         have logged rounds after its checkpoint; they are run again)."""
         self.metrics_lines = list(lines)
         self.write_text("metrics.jsonl", "".join(lines))
+        if self.tensorboard:
+            self.write_bytes(EVENTS_FILE, events_from_lines(lines))
 
     def remove_temporaries(self) -> None:
         """Drop the temporary files of writes a killed run left half-done."""

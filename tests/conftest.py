@@ -37,7 +37,9 @@ def shared_data() -> Path:
 def ray_cluster():
     import ray
 
-    ray.init(num_cpus=2, num_gpus=1, include_dashboard=False, logging_level="ERROR")
+    # address="local": a private instance, even if a `ray start` cluster is around
+    ray.init(address="local", num_cpus=2, num_gpus=1, include_dashboard=False,
+             logging_level="ERROR")
     yield ray
     ray.shutdown()
 

@@ -65,6 +65,9 @@ def _template(base: pathlib.Path) -> None:
     (base / "reports" / "old").mkdir(parents=True)
     (base / "reports" / "old" / "report.md").write_text("| method |\n")
     (base / "notarun").mkdir()
+    (base / "sweeps").mkdir()
+    (base / "sweeps" / "typo.yaml").write_text(
+        "job: ../jobs/quickstart.yaml\nparameters:\n  sampling.clients_per_rnd: [10, 20]\n")
     mnist = base / "raw" / "mnist"
     mnist.mkdir(parents=True)
     (mnist / "t10k-images-idx3-ubyte").write_bytes(struct.pack(">IIII", 0x803, 10000, 28, 28)
@@ -109,7 +112,7 @@ def results(tmp_path_factory):
 
 
 def test_catalogue_is_complete():
-    assert len(CATALOGUE) >= 22
+    assert len(CATALOGUE) >= 47
     assert all(code != 0 for _, _, code in CATALOGUE.values())
 
 

@@ -1,0 +1,75 @@
+"""TensorBoard event files for a run's per-round metrics, at any fsspec URL.
+
+``tensorboard --logdir RUN_DIR`` (or a sweep's directory, for all its trials) plots every
+numeric key of metrics.jsonl against the round. The events are a pure function of the
+metrics lines, so a resumed run rewrites the file from its checkpoint's lines and shows no
+duplicate or orphaned points. The file is TensorFlow's record format -- length, masked
+CRC-32C, a serialized ``Event`` protobuf, its CRC -- encoded with tensorboardX's protobuf
+classes (a dependency of Ray Tune), because TensorBoard's own writers only reach local
+disks and S3, while a run directory can be any fsspec URL.
+"""
+
+from __future__ import annotations
+
+import json
+import struct
+import time
+from collections.abc import Iterable
+
+import fsspec
+from tensorboardX.proto.event_pb2 import Event
+from tensorboardX.proto.summary_pb2 import Summary
+from tensorboardX.record_writer import masked_crc32c
+
+# TensorBoard reads every file whose name contains "tfevents"; one fixed name per run
+# directory lets a resumed run replace it
+EVENTS_FILE = "events.out.tfevents.fedray"
+
+
+def _record(data: bytes) -> bytes:
+    header = struct.pack("<Q", len(data))
+    return (header + struct.pack("<I", masked_crc32c(header)) + data
+            + struct.pack("<I", masked_crc32c(data)))
+
+
+def file_header(wall_time: float | None = None) -> bytes:
+    """The version event every event file starts with."""
+    event = Event(wall_time=time.time() if wall_time is None else wall_time,
+                  file_version="brain.Event:2")
+    return _record(event.SerializeToString())
+
+
+def scalar_events(metrics: dict, wall_time: float | None = None) -> bytes:
+    """One event holding every numeric metric of a round (step = the round)."""
+    values = [Summary.Value(tag=k, simple_value=float(v)) for k, v in metrics.items()
+              if k != "round" and isinstance(v, int | float) and not isinstance(v, bool)]
+    event = Event(wall_time=time.time() if wall_time is None else wall_time,
+                  step=int(metrics["round"]), summary=Summary(value=values))
+    return _record(event.SerializeToString())
+
+
+def events_from_lines(lines: Iterable[str]) -> bytes:
+    """A whole event file from metrics.jsonl lines."""
+    return file_header() + b"".join(scalar_events(json.loads(s)) for s in lines if s.strip())
+
+
+def read_scalars(url: str) -> dict[str, list[tuple[int, float]]]:
+    """``{tag: [(step, value), ...]}`` of an event file, checking every record's CRCs (the
+    tests read fedray's files back with this; TensorBoard reads them the same way)."""
+    with fsspec.open(url, "rb") as f:
+        data = f.read()
+    out: dict[str, list[tuple[int, float]]] = {}
+    pos = 0
+    while pos < len(data):
+        header = data[pos:pos + 8]
+        (length,) = struct.unpack("<Q", header)
+        (header_crc,) = struct.unpack("<I", data[pos + 8:pos + 12])
+        body = data[pos + 12:pos + 12 + length]
+        (body_crc,) = struct.unpack("<I", data[pos + 12 + length:pos + 16 + length])
+        if header_crc != masked_crc32c(header) or body_crc != masked_crc32c(body):
+            raise ValueError(f"{url}: corrupt record at byte {pos}")
+        event = Event.FromString(body)
+        for v in event.summary.value:
+            out.setdefault(v.tag, []).append((event.step, v.simple_value))
+        pos += 16 + length
+    return out

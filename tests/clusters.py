@@ -1,0 +1,182 @@
+"""Ray clusters started by tests: separate processes, on 127.0.0.1 only, and stopped by
+killing exactly the processes they started (never `ray stop`, which would stop every Ray on
+the machine, another session's included).
+
+``RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0`` makes Ray take the loopback address as every node's
+IP (it is what Ray does on a laptop), so the fake autoscaler's worker nodes, which get no
+``--node-ip-address``, stay on 127.0.0.1 as well. Processes that join a cluster started here
+need ``client_env()``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import psutil
+
+# token authentication (Ray's default for a new cluster) with a token of the test's own, so
+# that nothing is read from or written to ~/.ray; clients are given the same environment
+LOOPBACK_ENV = {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0", "RAY_USAGE_STATS_ENABLED": "0",
+                "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": secrets.token_hex(32)}
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def client_env(**extra: str) -> dict[str, str]:
+    """The environment of a process joining a test cluster (loopback, the token)."""
+    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+    env.update(LOOPBACK_ENV, **extra)
+    # as in an activated virtual environment: `python` (a Ray job's entrypoint) is this one
+    env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")])
+    return env
+
+
+def _ray_cli() -> str:
+    return str(Path(sys.executable).with_name("ray"))
+
+
+class LocalHead:
+    """``ray start --head --block`` on 127.0.0.1 with free ports, in its own session."""
+
+    def __init__(self, num_cpus: float, *, dashboard: bool = False, port: int | None = None,
+                 autoscaling_config: dict | None = None, extra_env: dict | None = None):
+        self.port = port or free_port()
+        self.dashboard_port = free_port() if dashboard else None
+        self.address = f"127.0.0.1:{self.port}"
+        self.env = client_env(**(extra_env or {}))
+        # its own temp dir: `ray start` records the cluster there (ray_current_cluster),
+        # not in /tmp/ray, where a later ray.init() would find it and try to join
+        self.temp_dir = tempfile.mkdtemp(prefix="fr", dir="/tmp")  # short: socket paths
+        cmd = [_ray_cli(), "start", "--head", "--block", "--node-ip-address=127.0.0.1",
+               f"--temp-dir={self.temp_dir}",
+               f"--port={self.port}", f"--num-cpus={num_cpus}", "--num-gpus=0",
+               "--disable-usage-stats"]
+        if dashboard:
+            cmd += ["--include-dashboard=true", "--dashboard-host=127.0.0.1",
+                    f"--dashboard-port={self.dashboard_port}"]
+        else:
+            cmd += ["--include-dashboard=false"]
+        self._config_file = None
+        if autoscaling_config is not None:
+            fd, self._config_file = tempfile.mkstemp(suffix=".json")
+            with os.fdopen(fd, "w") as f:
+                json.dump(autoscaling_config, f)
+            cmd.append(f"--autoscaling-config={self._config_file}")
+        self.log = tempfile.TemporaryFile()
+        self.proc = subprocess.Popen(cmd, env=self.env, stdout=self.log, stderr=subprocess.STDOUT,
+                                     start_new_session=True)
+        self._wait_ready()
+
+    @property
+    def job_server(self) -> str:
+        return f"http://127.0.0.1:{self.dashboard_port}"
+
+    def _wait_ready(self, timeout_s: float = 90.0) -> None:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                self.log.seek(0)
+                raise RuntimeError(f"ray start exited: {self.log.read().decode()[-2000:]}")
+            ports = [self.port] + ([self.dashboard_port] if self.dashboard_port else [])
+            if all(_listening(p) for p in ports):
+                return
+            time.sleep(0.5)
+        self.stop()
+        raise RuntimeError(f"the Ray head on {self.address} did not start in {timeout_s:.0f}s")
+
+    def stop(self) -> None:
+        """SIGTERM the head (Ray then stops what it started), then SIGKILL any process it
+        started that is still there -- found as its descendants before the SIGTERM."""
+        try:
+            started = psutil.Process(self.proc.pid).children(recursive=True)
+        except psutil.NoSuchProcess:
+            started = []
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        for p in started:
+            try:
+                started.extend(p.children(recursive=True))
+            except psutil.NoSuchProcess:
+                pass
+        for p in started:
+            try:
+                p.kill()
+            except psutil.NoSuchProcess:
+                pass
+        psutil.wait_procs(started, timeout=10)
+        if self._config_file:
+            os.unlink(self._config_file)
+        shutil.rmtree(self.temp_dir, ignore_errors=True)
+
+    def __enter__(self) -> LocalHead:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+
+def _listening(port: int) -> bool:
+    try:
+        socket.create_connection(("127.0.0.1", port), timeout=1).close()
+        return True
+    except OSError:
+        return False
+
+
+def autoscaling_cluster(worker_node_types: dict, head_cpus: float = 0,
+                        idle_timeout_minutes: float = 0.5) -> LocalHead:
+    """A fake multi-node autoscaling cluster (Ray's ``AutoscalingCluster`` config, started on
+    loopback): the autoscaler adds worker nodes -- real raylets on this machine -- when
+    tasks or placement groups need them, and removes idle ones."""
+    from ray.cluster_utils import AutoscalingCluster
+
+    port = free_port()
+
+    class Loopback(AutoscalingCluster):
+        def _generate_config(self, head_resources, worker_node_types, autoscaler_v2=False,
+                             **config_kwargs):
+            # Ray's wheel lacks the fake_multi_node/example.yaml this method reads; these
+            # are its keys, with the provider pointed at the loopback head
+            config = {
+                "cluster_name": "fedray-test", "max_workers": 8, "upscaling_speed": 1.0,
+                "idle_timeout_minutes": idle_timeout_minutes, "docker": {}, "auth": {},
+                "provider": {"type": "fake_multinode", "use_node_id_as_ip": True,
+                             "disable_node_updaters": True,
+                             "disable_launch_config_check": True,
+                             "gcs_address": f"127.0.0.1:{port}"},
+                "available_node_types": {
+                    **worker_node_types,
+                    "ray.head.default": {"resources": head_resources, "node_config": {},
+                                         "max_workers": 0}},
+                "head_node_type": "ray.head.default",
+                "initialization_commands": [], "setup_commands": [],
+                "head_setup_commands": [], "worker_setup_commands": [],
+                "head_start_ray_commands": [], "worker_start_ray_commands": [],
+                "file_mounts": {}, "cluster_synced_files": [],
+                "file_mounts_sync_continuously": False, "rsync_exclude": [],
+                "rsync_filter": []}
+            config.update(config_kwargs)
+            return config
+
+    spec = Loopback(head_resources={"CPU": head_cpus}, worker_node_types=worker_node_types)
+    return LocalHead(head_cpus, port=port, autoscaling_config=spec._config,
+                     extra_env={"RAY_FAKE_CLUSTER": "1", "AUTOSCALER_UPDATE_INTERVAL_S": "1"})
