@@ -65,8 +65,9 @@ def check_cluster_paths(cfg) -> None:
 
 
 def submit(job: str, overrides: list[str], address: str | None = None,
-           submission_id: str | None = None) -> str:
-    """Submit ``fedray run JOB.yaml overrides`` to the cluster; return the job's id."""
+           submission_id: str | None = None, agent_wait_s: float = 120.0) -> str:
+    """Submit ``fedray run JOB.yaml overrides`` to the cluster; return the job's id. A head
+    whose job agent is not up yet (just after ``ray up``) is retried for ``agent_wait_s``."""
     import fedray
     from fedray.config import load_config
 
@@ -82,13 +83,20 @@ def submit(job: str, overrides: list[str], address: str | None = None,
         shutil.copyfile(job, os.path.join(staging, "job.yaml"))
         entrypoint = shlex.join(["python", "-m", "fedray.cli", "run", "job.yaml", *overrides,
                                  "--quiet"])
-        return jobs.submit_job(
-            entrypoint=entrypoint, submission_id=submission_id,
-            runtime_env={"working_dir": staging, "py_modules": [package],
-                         "excludes": ["__pycache__"]},
-            metadata={"fedray_job": os.path.basename(job), "fedray_name": cfg.name})
-    except RuntimeError as exc:  # the job server's refusal (a duplicate id, ...)
-        raise FedrayError(f"submit {job}: {str(exc).strip().splitlines()[0]}") from None
+        deadline = time.monotonic() + agent_wait_s
+        while True:
+            try:
+                return jobs.submit_job(
+                    entrypoint=entrypoint, submission_id=submission_id,
+                    runtime_env={"working_dir": staging, "py_modules": [package],
+                                 "excludes": ["__pycache__"]},
+                    metadata={"fedray_job": os.path.basename(job), "fedray_name": cfg.name})
+            except RuntimeError as exc:  # the job server's refusal (a duplicate id, ...)
+                # a head that has just started has no job agent yet: wait for it
+                if "No available agent" in str(exc) and time.monotonic() < deadline:
+                    time.sleep(2.0)
+                    continue
+                raise FedrayError(f"submit {job}: {str(exc).strip().splitlines()[0]}") from None
     finally:
         shutil.rmtree(staging, ignore_errors=True)
 

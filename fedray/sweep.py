@@ -444,6 +444,13 @@ def run_sweep(source: Any = None, overrides: list[str] | tuple = (), *,
         if not fs.exists(f"{path}/{SWEEP_FILE}"):
             raise FedrayError(f"--resume {url}: not a fedray sweep directory (no {SWEEP_FILE})")
         saved = OmegaConf.create(fs.cat_file(f"{path}/{SWEEP_FILE}").decode())
+        from fedray.checkpoint import masked_keys
+
+        masked = masked_keys(saved)
+        if masked:  # sweep.yaml never holds secrets, so it cannot restore them
+            raise FedrayError(f"--resume {url}: its {SWEEP_FILE} has masked credentials in "
+                              f"{', '.join(masked)}; pass credentials through the environment "
+                              "(e.g. AWS_ACCESS_KEY_ID for s3://), not in URLs or config keys")
         if overrides:
             raise FedrayError("--resume takes no key=value overrides: a sweep resumes as it "
                               "started")

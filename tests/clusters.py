@@ -65,9 +65,11 @@ class LocalHead:
                f"--temp-dir={self.temp_dir}",
                f"--port={self.port}", f"--num-cpus={num_cpus}", "--num-gpus=0",
                "--disable-usage-stats"]
-        if dashboard:
+        if dashboard:  # the job agent's port too: its default (52365) may be another
+            # Ray's on this machine, and then jobs find "no available agent"
             cmd += ["--include-dashboard=true", "--dashboard-host=127.0.0.1",
-                    f"--dashboard-port={self.dashboard_port}"]
+                    f"--dashboard-port={self.dashboard_port}",
+                    f"--dashboard-agent-listen-port={free_port()}"]
         else:
             cmd += ["--include-dashboard=false"]
         self._config_file = None

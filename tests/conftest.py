@@ -53,7 +53,7 @@ def tiny_job(tmp_path, **over) -> dict:
         "model": {"name": "logreg"},
         "client": {"lr": 0.05, "batch_size": 8},
         "sampling": {"clients_per_round": 8},
-        "runtime": {"worker": {"num_cpus": 0.5}},
+        "runtime": {"worker": {"num_cpus": 1.0}},  # two workers on the session's 2 CPUs
         "output": {"dir": str(tmp_path / "run")},
     }
     for key, value in over.items():

@@ -111,6 +111,4 @@ def test_fedavgm_with_zero_momentum_equals_fedavg(ray_cluster, tmp_path):
     assert all(torch.equal(fedavg[k], v) for k, v in run("fedavgm", momentum=0.0).items())
     moved = run("fedavgm", momentum=0.9)
     assert any(not torch.equal(fedavg[k], v) for k, v in moved.items())
-    for name in ("fednesterov", "fedadam", "fedyogi", "fedadagrad", "fedsgd", "fedprox"):
-        out = run(name)
-        assert all(torch.isfinite(v).all() for v in out.values()), name
+    # the other presets are checked against hand-computed numbers in test_algorithms_numeric.py

@@ -14,6 +14,7 @@ from conftest import tiny_job
 import fedray
 from fedray.api import prepare
 from fedray.errors import FedrayError
+from fedray.tensorboard import EVENTS_FILE
 
 
 @pytest.mark.skipif(importlib.util.find_spec("mlflow") is not None, reason="mlflow installed")
@@ -43,7 +44,7 @@ def fake_mlflow(monkeypatch):
 
 
 def test_params_and_every_rounds_metrics_reach_mlflow(ray_cluster, tmp_path, fake_mlflow):
-    job = tiny_job(tmp_path, rounds=3, output__mlflow=True)
+    job = tiny_job(tmp_path, rounds=3, output__mlflow=True, output__tensorboard=False)
     job["storage_key"] = None  # not a key: refused, nothing logged
     with pytest.raises(FedrayError, match="storage_key"):
         fedray.run(job)
@@ -61,3 +62,4 @@ def test_params_and_every_rounds_metrics_reach_mlflow(ray_cluster, tmp_path, fak
     for (_, logged), m in zip(fake_mlflow["metrics"], result.metrics, strict=True):
         assert logged["train_loss"] == m["train_loss"] and "round" not in logged
     assert logged["test_accuracy"] == result.metrics[-1]["test_accuracy"]
+    assert not (tmp_path / "run" / EVENTS_FILE).exists()  # output.tensorboard=false

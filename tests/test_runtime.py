@@ -22,7 +22,8 @@ def test_run_directory_contents(ray_cluster, tmp_path):
     run = tmp_path / "run"
     assert {p.name for p in run.iterdir()} == {"config.yaml", "metrics.jsonl", "summary.json",
                                                 "model.safetensors", "server_state.safetensors",
-                                                "checkpoint.safetensors"}
+                                                "checkpoint.safetensors",
+                                                "events.out.tfevents.fedray"}
     assert int(load_file(run / "server_state.safetensors")["server_opt.step"]) == 3
     lines = [json.loads(s) for s in (run / "metrics.jsonl").read_text().splitlines()]
     assert [m["round"] for m in lines] == [1, 2, 3]
@@ -53,7 +54,7 @@ def test_same_seed_twice_identical(ray_cluster, tmp_path):
 def test_worker_count_does_not_change_result(ray_cluster, tmp_path):
     # the CNN has dropout: per-client seeds must make it placement-independent too
     job = tiny_job(tmp_path, model__name="emnist_cnn", rounds=2, eval__central=False,
-                   client__local_epochs=2)
+                   client__local_epochs=2, runtime__worker__num_cpus=0.5)
     results = [fedray.run(job, overrides=[f"runtime.num_workers={n}",
                                           f"output.dir={tmp_path / str(n)}"])
                for n in (1, 2, 4)]

@@ -49,11 +49,6 @@ def test_a_run_writes_what_tensorboard_reads(ray_cluster, tmp_path):
     assert len(result.metrics) == 4
 
 
-def test_tensorboard_off_writes_no_events(ray_cluster, tmp_path):
-    fedray.run(tiny_job(tmp_path, rounds=1, output__tensorboard=False))
-    assert not (tmp_path / "run" / EVENTS_FILE).exists()
-
-
 @pytest.mark.parametrize("url", ["local", "memory://tb-run"])
 def test_restored_metrics_rewrite_the_events(tmp_path, url):
     """A resumed run's events are those of its checkpoint's rounds, on a local disk (appended
