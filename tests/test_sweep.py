@@ -3,6 +3,7 @@
 import csv
 import glob
 import os
+import pathlib
 import signal
 import subprocess
 import sys
@@ -169,3 +170,26 @@ def test_a_sweep_whose_saved_file_lost_credentials_is_not_resumed(tmp_path):
     with pytest.raises(FedrayError, match=r"sweep.yaml has masked credentials in "
                                           r"job.data.partition; pass credentials through"):
         run_sweep(resume=str(tmp_path / "sweep"))
+
+
+def test_a_trial_that_fails_at_run_time_is_an_error_row(ray_cluster, tmp_path):
+    """Validation reads a store's manifest, not its shards (data.verify off): a cut shard
+    passes it and fails the trial. The sweep still writes every row and says which failed."""
+    from fedray.recipe import build
+
+    root = pathlib.Path(__file__).resolve().parents[1]
+    store = tmp_path / "store"
+    build(root / "partitions" / "synthetic_dirichlet.yaml",
+          [f"out={store}", "source.num_writers=5", "partitioner.num_clients=10"])
+    shard = store / "train-00000.arrow"
+    shard.write_bytes(shard.read_bytes()[: shard.stat().st_size // 2])
+    spec = _sweep(tmp_path, parameters={"seed": [0]})
+    spec["job"].update(data={"partition": str(store), "verify": False},
+                       sampling={"clients_per_round": 5})
+    result = run_sweep(spec, log=lambda s: None)
+    (row,) = result.rows
+    assert row["status"].startswith("error: ") and result.failed == [row["trial"]]
+    assert row["rounds"] == 0 and row["final_test_accuracy"] is None
+    assert result.report_table is None  # no trial has the metric: no report
+    text = (tmp_path / "sweep" / "results.csv").read_text()
+    assert row["trial"] in text and "error: " in text
