@@ -47,6 +47,29 @@ def num_local_steps(n: int, batch_size: int, local_epochs: int, local_steps: int
     return local_epochs * math.ceil(n / batch_size)
 
 
+def batch_schedule(n: int, batch_size: int, local_epochs: int, local_steps: int | None,
+                   seed: int, full_batch: bool = False) -> list[torch.Tensor]:
+    """The example indices of each local step, in order: minibatches of ``batch_size`` cut
+    from a fresh permutation (drawn from ``seed``) each time the previous one is used up --
+    ``local_epochs`` passes, or exactly ``local_steps`` steps. full_batch (FedSGD): one step
+    on all ``n`` examples. Sequential and vectorized training both follow it, so a client's
+    batches do not depend on how it is trained."""
+    if full_batch:
+        batch_size, local_steps = max(1, n), 1
+    steps = num_local_steps(n, batch_size, local_epochs, local_steps) if n else 0
+    order = torch.Generator().manual_seed(seed)
+    out: list[torch.Tensor] = []
+    perm = torch.empty(0, dtype=torch.long)
+    pos = n
+    for _ in range(steps):
+        if pos >= n:
+            perm = torch.randperm(n, generator=order)
+            pos = 0
+        out.append(perm[pos:pos + batch_size])
+        pos += batch_size
+    return out
+
+
 def local_sgd(model: FlatModel, global_weights: torch.Tensor, x: torch.Tensor, y: torch.Tensor,
               *, lr: float, batch_size: int, local_epochs: int, local_steps: int | None,
               seed: int, delta_out: torch.Tensor, prox_mu: float = 0.0,
@@ -62,11 +85,9 @@ def local_sgd(model: FlatModel, global_weights: torch.Tensor, x: torch.Tensor, y
     criterion = loss_fn(loss)
     model.load_(global_weights)
     torch.manual_seed(seed)  # dropout masks
-    order = torch.Generator().manual_seed(seed)  # batch order
     n = len(y)
-    if full_batch:
-        batch_size, local_steps = max(1, n), 1
-    steps = num_local_steps(n, batch_size, local_epochs, local_steps) if n else 0
+    schedule = batch_schedule(n, batch_size, local_epochs, local_steps, seed, full_batch)
+    steps = len(schedule)
     anchor = global_weights[: model.num_params]
     device = model.device
     x = x.to(device, non_blocking=True)
@@ -75,14 +96,8 @@ def local_sgd(model: FlatModel, global_weights: torch.Tensor, x: torch.Tensor, y
     module.train()
     loss_sum = torch.zeros((), dtype=torch.float64, device=device)
     seen = 0
-    perm = torch.empty(0, dtype=torch.long)
-    pos = n
-    for _ in range(steps):
-        if pos >= n:
-            perm = torch.randperm(n, generator=order).to(device, non_blocking=True)
-            pos = 0
-        idx = perm[pos:pos + batch_size]
-        pos += batch_size
+    for idx in schedule:
+        idx = idx.to(device, non_blocking=True)
         model.grad.zero_()
         batch_loss = criterion(module(x[idx]), y[idx])
         batch_loss.backward()

@@ -23,6 +23,8 @@ def _mse(out: torch.Tensor, y: torch.Tensor, reduction: str = "mean") -> torch.T
     for a linear model, whose gradient X^T (Xw - y) / n the closed forms use."""
     err = out.reshape(len(out), -1) - y.reshape(len(y), -1).to(out.dtype)
     per_example = 0.5 * err.pow(2).sum(1)
+    if reduction == "none":
+        return per_example
     return per_example.mean() if reduction == "mean" else per_example.sum()
 
 
@@ -48,7 +50,8 @@ LOSSES: dict[str, tuple[LossFn, Callable[[torch.Tensor, torch.Tensor], int] | No
 
 
 def loss_fn(name: str) -> LossFn:
-    """``fn(out, y, reduction="mean"|"sum")`` for ``model.loss`` = name."""
+    """``fn(out, y, reduction="mean"|"sum"|"none")`` for ``model.loss`` = name ("none": one
+    loss per example, which batched multi-client training masks)."""
     return LOSSES[name][0]
 
 

@@ -1,0 +1,101 @@
+"""Vectorized client work equals sequential client work, client by client (<= 1e-5)."""
+
+import pytest
+import torch
+from torch import nn
+
+from fedray.client_update import local_sgd
+from fedray.models import build_model
+from fedray.replica import FlatModel
+from fedray.vectorized import unsupported_reason, vmap_local_sgd
+
+
+def _clients(shape, classes, sizes, seed=0, loss="cross_entropy"):
+    g = torch.Generator().manual_seed(seed)
+    out = []
+    for n in sizes:
+        x = torch.randn((n, *shape), generator=g)
+        y = (torch.randn((n, 1), generator=g) if loss == "mse"
+             else torch.randint(0, classes, (n,), generator=g))
+        out.append((x, y))
+    return out
+
+
+def _sequential(model, w0, data, lrs, seeds, **kw):
+    deltas, results = [], []
+    for (x, y), lr, seed, i in zip(data, lrs, seeds, range(len(data)), strict=True):
+        corr = kw.get("corrections")
+        res = local_sgd(model, w0, x, y, lr=lr, seed=seed, delta_out=torch.empty_like(w0),
+                        batch_size=kw["batch_size"], local_epochs=kw["local_epochs"],
+                        local_steps=kw["local_steps"], prox_mu=kw.get("prox_mu", 0.0),
+                        full_batch=kw.get("full_batch", False), loss=kw.get("loss",
+                                                                            "cross_entropy"),
+                        correction=None if corr is None else corr[i])
+        deltas.append(res.delta.clone())
+        results.append(res)
+    return torch.stack(deltas), results
+
+
+CASES = {
+    "fedavg": {},
+    "fedavg-local-steps": {"local_steps": 7, "local_epochs": 1},
+    "fedprox": {"prox_mu": 0.1},
+    "fedsgd": {"full_batch": True},
+    "scaffold": {"scaffold": True},
+}
+MODELS = {"logreg": (1, 6, 6), "mlp": (1, 6, 6), "leaf_cnn": (1, 8, 8)}
+
+
+@pytest.mark.parametrize("case", CASES)
+@pytest.mark.parametrize("name", MODELS)
+def test_each_client_gets_its_sequential_update(name, case):
+    shape, classes = MODELS[name], 5
+    torch.manual_seed(1)
+    model = FlatModel(build_model(name, shape, classes))
+    w0 = model.flat.clone()
+    sizes = [13, 3, 0, 9, 25]  # a client smaller than a batch, one without examples
+    data = _clients(shape, classes, sizes)
+    lrs = [0.1, 0.05, 0.1, 0.2, 0.08]  # each client its own
+    seeds = [11, 12, 13, 14, 15]
+    opts = dict(CASES[case])
+    scaffold = opts.pop("scaffold", False)
+    kw = {"batch_size": 4, "local_epochs": 2, "local_steps": None, **opts}
+    if scaffold:  # |c - c_i| of a realistic size: a large one makes SGD diverge, and then
+        # float rounding differences grow without bound in any implementation
+        kw["corrections"] = 1e-3 * torch.randn(len(sizes), model.num_params,
+                                               generator=torch.Generator().manual_seed(3))
+    expected, results = _sequential(model, w0, data, lrs, seeds, **kw)
+    got = vmap_local_sgd(model, w0, data, lrs=lrs, seeds=seeds, **kw)
+    assert got.deltas.shape == expected.shape
+    assert torch.allclose(got.deltas, expected, atol=1e-5, rtol=0), (
+        float((got.deltas - expected).abs().max()))
+    assert expected.abs().max() > 1e-3  # the clients did move
+    assert got.steps == [r.steps for r in results]
+    assert got.examples_seen == [r.examples_seen for r in results]
+    assert got.num_examples == [r.num_examples for r in results]
+    assert got.loss_sums == pytest.approx([r.loss_sum for r in results], rel=1e-5, abs=1e-6)
+
+
+def test_per_client_batch_sizes_and_regression_loss():
+    model = FlatModel(build_model("mlp", (4,), 1))
+    w0 = model.flat.clone()
+    data = _clients((4,), 1, [10, 7, 12], seed=4, loss="mse")
+    kw = {"local_epochs": 1, "local_steps": None, "loss": "mse"}
+    lrs, seeds = [0.05, 0.05, 0.05], [1, 2, 3]
+    got = vmap_local_sgd(model, w0, data, lrs=lrs, seeds=seeds, batch_size=[5, 7, 4], **kw)
+    for i, ((x, y), b) in enumerate(zip(data, [5, 7, 4], strict=True)):
+        res = local_sgd(model, w0, x, y, lr=0.05, batch_size=b, seed=seeds[i],
+                        delta_out=torch.empty_like(w0), **kw)
+        assert torch.allclose(got.deltas[i], res.delta, atol=1e-5, rtol=0)
+
+
+def test_models_that_cannot_be_vectorized_say_why():
+    assert unsupported_reason(build_model("logreg", (1, 28, 28), 62)) is None
+    assert unsupported_reason(build_model("leaf_cnn", (1, 28, 28), 62)) is None
+    assert "dropout" in unsupported_reason(build_model("emnist_cnn", (1, 28, 28), 62))
+    bn = nn.Sequential(nn.Linear(3, 4), nn.BatchNorm1d(4))
+    assert "batch-norm" in unsupported_reason(bn)
+    with pytest.raises(ValueError, match="cannot train this model vectorized: it has dropout"):
+        m = FlatModel(build_model("emnist_cnn", (1, 28, 28), 62))
+        vmap_local_sgd(m, m.flat, _clients((1, 28, 28), 62, [2]), lrs=[0.1], seeds=[0],
+                       batch_size=2, local_epochs=1, local_steps=None)
