@@ -121,7 +121,7 @@ def _parser() -> argparse.ArgumentParser:
     rep = _command(sub, "report", "tables and plots over runs and seeds", REPORT_HELP)
     rep.add_argument("runs", nargs="+", metavar="RUN_DIR", help="run directories (fsspec URLs)")
     rep.add_argument("--out", required=True, metavar="DIR",
-                     help="local directory for the report (created)")
+                     help="directory for the report, a local path or fsspec URL (created)")
     rep.add_argument("--metric", default="test_accuracy",
                      help="a key of metrics.jsonl (default: test_accuracy); lower is better "
                      "when its name contains 'loss'")

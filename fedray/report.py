@@ -4,8 +4,8 @@ A method is rarely judged on one run: papers report a curve per method (accuracy
 rounds) with a band over seeds, and a table of final/best accuracy and rounds to reach a
 target. This module groups run directories into methods by config keys, treats the runs of a
 group as repetitions, and writes ``report.md``, ``report.csv``, ``report.json`` and
-``<metric>.png``. Run directories are read through fsspec, so they can live anywhere
-``fedray run`` can write them; the report itself goes to a local directory.
+``<metric>.png``. Run directories are read and the report is written through fsspec, so
+both can live anywhere ``fedray run`` can write (a local path, s3://, ...).
 """
 
 from __future__ import annotations
@@ -14,7 +14,6 @@ import csv
 import io
 import json
 import math
-import os
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -350,8 +349,8 @@ def plot_file_name(metric: str) -> str:
 def build_report(run_urls: Sequence[str], out: str, *, metric: str = "test_accuracy",
                  group_by: str | Sequence[str] | None = None, target: float | None = None,
                  title: str | None = None) -> str:
-    """Write report.md, report.csv, report.json and ``<metric>.png`` into the local directory
-    ``out`` and return the Markdown table.
+    """Write report.md, report.csv, report.json and ``<metric>.png`` into the directory ``out``
+    (a local path or fsspec URL) and return the Markdown table.
 
     Everything is read and checked before anything is written, and ``out`` is refused when it
     already holds a report.md, so a bad input or a repeated command never leaves a half-written
@@ -360,10 +359,11 @@ def build_report(run_urls: Sequence[str], out: str, *, metric: str = "test_accur
     """
     if not run_urls:
         raise FedrayError("no run directories given")
-    report_path = os.path.join(out, REPORT_FILE)
-    if os.path.exists(out) and not os.path.isdir(out):
+    fs, out_path = fsspec.core.url_to_fs(out)
+    report_path = _join(out, REPORT_FILE)
+    if fs.exists(out_path) and not fs.isdir(out_path):
         raise FedrayError(f"--out {out} exists and is not a directory")
-    if os.path.exists(report_path):
+    if fs.exists(_join(out_path, REPORT_FILE)):
         raise FedrayError(f"{report_path} already exists; choose a new --out or remove it")
     seen: set[str] = set()
     for url in run_urls:
@@ -407,13 +407,11 @@ def build_report(run_urls: Sequence[str], out: str, *, metric: str = "test_accur
                   "best_round": r.best_round, "rounds_to_target": r.rounds_to_target}
                  for g in groups for r in g.results],
     }
-    os.makedirs(out, exist_ok=True)
-    with open(os.path.join(out, plot_file_name(metric)), "wb") as f:
-        f.write(png)
-    with open(os.path.join(out, "report.csv"), "w", newline="") as f:
-        f.write(_csv_text(rows))
-    with open(os.path.join(out, "report.json"), "w") as f:
-        f.write(json.dumps(_json_safe(report_json), indent=2) + "\n")
-    with open(report_path, "w") as f:  # last: its presence means the report is complete
-        f.write("\n".join(md))
+    fs.makedirs(out_path, exist_ok=True)
+    for name, data in ((plot_file_name(metric), png), ("report.csv", _csv_text(rows).encode()),
+                       ("report.json", (json.dumps(_json_safe(report_json), indent=2)
+                                        + "\n").encode()),
+                       (REPORT_FILE, "\n".join(md).encode())):  # last: it means complete
+        with fs.open(_join(out_path, name), "wb") as f:
+            f.write(data)
     return table

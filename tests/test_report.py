@@ -286,3 +286,16 @@ def test_cli_refuses_out_dir_with_report(runs, tmp_path, capsys):
     assert str(out / "report.md") in msg
     assert (out / "report.md").read_text() == "earlier report\n"
     assert [p.name for p in out.iterdir()] == ["report.md"]
+
+
+def test_the_report_can_go_to_an_fsspec_url():
+    """A sweep on a bucket writes its report next to its trials: --out can be a URL."""
+    base = f"memory://fedray-report-out-{uuid.uuid4().hex}"
+    runs = [write_run(f"{base}/runs/s{s}", "fedavg", s) for s in (0, 1)]
+    table = build_report(runs, f"{base}/report")
+    fs = fsspec.filesystem("memory")
+    names = {p.rsplit("/", 1)[-1] for p in fs.ls(f"{base}/report", detail=False)}
+    assert names == {"report.md", "report.csv", "report.json", "test_accuracy.png"}
+    assert table in fs.cat_file(f"{base}/report/report.md").decode()
+    with pytest.raises(FedrayError, match="report.md already exists"):
+        build_report(runs, f"{base}/report")
