@@ -159,6 +159,10 @@ def _parser() -> argparse.ArgumentParser:
 def _sweep(args: argparse.Namespace) -> int:
     from fedray.sweep import RESULTS_FILE, format_rows, run_sweep
 
+    if args.resume and args.sweep:  # positional words after --resume DIR
+        raise FedrayError("--resume takes no key=value overrides: a sweep resumes as it "
+                          "started" if "=" in args.sweep else
+                          "give either SWEEP.yaml or --resume SWEEP_DIR, not both")
     result = run_sweep(args.sweep, args.overrides, resume=args.resume)
     print(format_rows(result.rows))
     if result.report_table is not None:

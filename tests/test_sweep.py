@@ -193,3 +193,13 @@ def test_a_trial_that_fails_at_run_time_is_an_error_row(ray_cluster, tmp_path):
     assert result.report_table is None  # no trial has the metric: no report
     text = (tmp_path / "sweep" / "results.csv").read_text()
     assert row["trial"] in text and "error: " in text
+
+
+def test_resume_takes_neither_a_sweep_file_nor_overrides(tmp_path, capsys):
+    from fedray.cli import main
+
+    assert main(["sweep", "--resume", str(tmp_path), "seed=1"]) == 2
+    assert capsys.readouterr().err.strip() == (
+        "fedray: error: --resume takes no key=value overrides: a sweep resumes as it started")
+    assert main(["sweep", "--resume", str(tmp_path), "s.yaml"]) == 2
+    assert "not both" in capsys.readouterr().err
