@@ -34,6 +34,7 @@ from omegaconf import DictConfig, OmegaConf
 from safetensors.torch import load as load_safetensors
 from safetensors.torch import save as save_safetensors
 
+from fedray.config import FedrayConfig, flat_keys
 from fedray.errors import FedrayError
 from fedray.redact import MASK, mask_tree
 
@@ -111,22 +112,13 @@ def saved_config(run_dir: str) -> DictConfig:
     return OmegaConf.create(text)
 
 
-def _flat(tree, prefix: str = "") -> dict[str, object]:
-    if isinstance(tree, dict):
-        out: dict[str, object] = {}
-        for k, v in tree.items():
-            out.update(_flat(v, f"{prefix}{k}."))
-        return out
-    return {prefix[:-1]: tree}
-
-
 def _safe(key: str) -> bool:
     return any(key == s or (s.endswith(".") and key.startswith(s)) for s in RESUME_SAFE)
 
 
 def masked_keys(cfg: DictConfig) -> list[str]:
     """Keys whose saved value was masked: config.yaml alone cannot restore them."""
-    return [k for k, v in _flat(OmegaConf.to_container(cfg, resolve=True)).items()
+    return [k for k, v in flat_keys(OmegaConf.to_container(cfg, resolve=True)).items()
             if isinstance(v, str) and MASK in v]
 
 
@@ -134,12 +126,10 @@ def check_same_config(run_dir: str, saved: DictConfig, new: DictConfig,
                       allow: list[str] | tuple = ()) -> list[str]:
     """Refuse to resume under a config that differs from the run's; return the allowed
     differing keys. ``output.dir`` is the run directory itself and never compared."""
-    from fedray.config import FedrayConfig
-
     # a key the run's config.yaml lacks (a run from an older fedray) had its default
-    old = _flat(OmegaConf.to_container(OmegaConf.structured(FedrayConfig))) | _flat(
+    old = flat_keys(OmegaConf.to_container(OmegaConf.structured(FedrayConfig))) | flat_keys(
         OmegaConf.to_container(saved, resolve=True))
-    cur = _flat(mask_tree(OmegaConf.to_container(new, resolve=True)))
+    cur = flat_keys(mask_tree(OmegaConf.to_container(new, resolve=True)))
     keys = sorted(k for k in set(old) | set(cur) if k != "output.dir" and old.get(k) != cur.get(k))
     for k in allow:
         if not _safe(k):

@@ -48,12 +48,14 @@ def num_local_steps(n: int, batch_size: int, local_epochs: int, local_steps: int
 
 
 def batch_schedule(n: int, batch_size: int, local_epochs: int, local_steps: int | None,
-                   seed: int, full_batch: bool = False) -> list[torch.Tensor]:
+                   seed: int, full_batch: bool = False,
+                   device: torch.device | str = "cpu") -> list[torch.Tensor]:
     """The example indices of each local step, in order: minibatches of ``batch_size`` cut
     from a fresh permutation (drawn from ``seed``) each time the previous one is used up --
     ``local_epochs`` passes, or exactly ``local_steps`` steps. full_batch (FedSGD): one step
     on all ``n`` examples. Sequential and vectorized training both follow it, so a client's
-    batches do not depend on how it is trained."""
+    batches do not depend on how it is trained. Each permutation is moved to ``device`` once,
+    and the steps' indices are views of it."""
     if full_batch:
         batch_size, local_steps = max(1, n), 1
     steps = num_local_steps(n, batch_size, local_epochs, local_steps) if n else 0
@@ -63,7 +65,7 @@ def batch_schedule(n: int, batch_size: int, local_epochs: int, local_steps: int 
     pos = n
     for _ in range(steps):
         if pos >= n:
-            perm = torch.randperm(n, generator=order)
+            perm = torch.randperm(n, generator=order).to(device, non_blocking=True)
             pos = 0
         out.append(perm[pos:pos + batch_size])
         pos += batch_size
@@ -86,10 +88,11 @@ def local_sgd(model: FlatModel, global_weights: torch.Tensor, x: torch.Tensor, y
     model.load_(global_weights)
     torch.manual_seed(seed)  # dropout masks
     n = len(y)
-    schedule = batch_schedule(n, batch_size, local_epochs, local_steps, seed, full_batch)
+    device = model.device
+    schedule = batch_schedule(n, batch_size, local_epochs, local_steps, seed, full_batch,
+                              device)
     steps = len(schedule)
     anchor = global_weights[: model.num_params]
-    device = model.device
     x = x.to(device, non_blocking=True)
     y = y.to(device, non_blocking=True)
     module = model.module
@@ -97,7 +100,6 @@ def local_sgd(model: FlatModel, global_weights: torch.Tensor, x: torch.Tensor, y
     loss_sum = torch.zeros((), dtype=torch.float64, device=device)
     seen = 0
     for idx in schedule:
-        idx = idx.to(device, non_blocking=True)
         model.grad.zero_()
         batch_loss = criterion(module(x[idx]), y[idx])
         batch_loss.backward()

@@ -235,6 +235,17 @@ def load_config(source: ConfigSource | None = None,
     return cfg
 
 
+def flat_keys(tree: Any, prefix: str = "") -> dict[str, Any]:
+    """A nested config container (plain dicts) as ``{"dotted.key": value}``: how configs are
+    compared on resume and logged as MLflow params."""
+    if isinstance(tree, dict):
+        out: dict[str, Any] = {}
+        for k, v in tree.items():
+            out.update(flat_keys(v, f"{prefix}{k}."))
+        return out
+    return {prefix[:-1]: tree}
+
+
 def _require(ok: bool, key: str, rule: str, value: Any) -> None:
     if not ok:
         raise ConfigError(f"config key '{key}': {rule}, got {value!r}")

@@ -6,6 +6,13 @@ a user-facing error without knowing how it will be shown.
 """
 
 
+def one_line(exc: BaseException) -> str:
+    """The first line of an exception's message (or its type's name), for a one-line error
+    that wraps a library's multi-line one."""
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
+
+
 class FedrayError(Exception):
     """A problem with the user's input or environment, shown as one line."""
 

@@ -10,12 +10,13 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable, Iterator
-from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
+from fedray.config import flat_keys
 from fedray.errors import FedrayError
 from fedray.redact import mask_tree
+from fedray.tensorboard import numeric_metrics
 
 
 def require_mlflow() -> None:
@@ -29,22 +30,9 @@ def require_mlflow() -> None:
 
 def flat_params(cfg: DictConfig) -> dict[str, str]:
     """The config as dotted ``key: value`` strings, credentials masked."""
-    out: dict[str, str] = {}
-
-    def walk(node: Any, prefix: str) -> None:
-        if isinstance(node, dict):
-            for k, v in node.items():
-                walk(v, f"{prefix}{k}.")
-        else:
-            out[prefix[:-1]] = str(node)[:500]  # MLflow caps a param value's length
-
-    walk(mask_tree(OmegaConf.to_container(cfg, resolve=True)), "")
-    return out
-
-
-def numeric(metrics: dict) -> dict[str, float]:
-    return {k: float(v) for k, v in metrics.items()
-            if k != "round" and isinstance(v, int | float) and not isinstance(v, bool)}
+    tree = mask_tree(OmegaConf.to_container(cfg, resolve=True))
+    # MLflow caps a param value's length
+    return {k: str(v)[:500] for k, v in flat_keys(tree).items()}
 
 
 @contextlib.contextmanager
@@ -56,4 +44,4 @@ def mlflow_run(cfg: DictConfig, run_dir: str) -> Iterator[Callable[[dict], None]
     with mlflow.start_run(run_name=cfg.name):
         mlflow.log_params(flat_params(cfg))
         mlflow.set_tag("fedray.run_dir", run_dir)
-        yield lambda m: mlflow.log_metrics(numeric(m), step=int(m["round"]))
+        yield lambda m: mlflow.log_metrics(numeric_metrics(m), step=int(m["round"]))

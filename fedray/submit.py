@@ -21,7 +21,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from fedray.errors import FedrayError
+from fedray.errors import FedrayError, one_line
 
 DEFAULT_ADDRESS = "http://127.0.0.1:8265"
 TERMINAL = ("SUCCEEDED", "FAILED", "STOPPED")
@@ -43,8 +43,8 @@ def client(address: str | None):
     try:
         return JobSubmissionClient(url)
     except (ConnectionError, RuntimeError, ValueError) as exc:
-        reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise FedrayError(f"--address {url}: cannot reach Ray's job server: {reason}") from None
+        raise FedrayError(f"--address {url}: cannot reach Ray's job server: "
+                          f"{one_line(exc)}") from None
 
 
 def _local_relative(url: str) -> bool:
@@ -69,10 +69,11 @@ def submit(job: str, overrides: list[str], address: str | None = None,
     """Submit ``fedray run JOB.yaml overrides`` to the cluster; return the job's id. A head
     whose job agent is not up yet (just after ``ray up``) is retried for ``agent_wait_s``."""
     import fedray
-    from fedray.config import load_config
+    from fedray.config import FedrayConfig, load_structured
 
-    cfg = load_config(job, overrides)  # typos and types fail here, not on the cluster
-    if not any(o.startswith("output.dir=") for o in overrides) and not _has_output_dir(job):
+    # typos and types fail here, not on the cluster; without load_config's default output.dir
+    cfg = load_structured(FedrayConfig, job, overrides)
+    if cfg.output.dir is None:
         raise FedrayError("config key 'output.dir': set it for a cluster job (a URL such as "
                           "s3://bucket/runs/x, or an absolute path on shared storage)")
     check_cluster_paths(cfg)
@@ -96,23 +97,16 @@ def submit(job: str, overrides: list[str], address: str | None = None,
                 if "No available agent" in str(exc) and time.monotonic() < deadline:
                     time.sleep(2.0)
                     continue
-                raise FedrayError(f"submit {job}: {str(exc).strip().splitlines()[0]}") from None
+                raise FedrayError(f"submit {job}: {one_line(exc)}") from None
     finally:
         shutil.rmtree(staging, ignore_errors=True)
-
-
-def _has_output_dir(job: str) -> bool:
-    from omegaconf import OmegaConf
-
-    return OmegaConf.select(OmegaConf.load(job), "output.dir") is not None
 
 
 def _call(what: str, job_id: str, fn: Callable[[], Any]) -> Any:
     try:
         return fn()
     except RuntimeError as exc:
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise FedrayError(f"{what} {job_id}: {first}") from None
+        raise FedrayError(f"{what} {job_id}: {one_line(exc)}") from None
 
 
 def status(job_id: str, address: str | None = None) -> dict[str, Any]:

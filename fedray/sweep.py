@@ -200,7 +200,8 @@ def check_trials(sweep: DictConfig, job: DictConfig) -> int:
     from fedray.api import prepare
 
     base = OmegaConf.to_container(job, resolve=True)
-    for params in _candidates(sweep):
+    candidates = _candidates(sweep)
+    for params in candidates:
         try:
             prepare(trial_config(base, params, "unused", sweep.workers_per_trial))
         except ConfigError as exc:  # say which sweep value made the job invalid
@@ -208,7 +209,7 @@ def check_trials(sweep: DictConfig, job: DictConfig) -> int:
             raise ConfigError(f"sweep setting {what}: {exc}") from None
     if sweep.search == "random":
         return sweep.num_samples
-    return sweep.num_samples * len(_candidates(sweep))
+    return sweep.num_samples * len(candidates)
 
 
 def _search_space(sweep: DictConfig) -> dict[str, Any]:
@@ -259,14 +260,13 @@ def _placement(job: DictConfig, workers: int):
 
 def _check_fits(job: DictConfig, workers: int, resources: dict[str, float]) -> None:
     """On a fixed-size Ray (no autoscaler), a trial that can never be placed would wait
-    forever; say so instead."""
-    w = job.runtime.worker
-    need_cpu, need_gpu = workers * w.num_cpus, workers * w.num_gpus
-    if need_cpu > resources.get("CPU", 0) + 1e-9 or need_gpu > resources.get("GPU", 0) + 1e-9:
-        raise FedrayError(f"workers_per_trial={workers}: one trial needs {need_cpu:g} CPUs and "
-                          f"{need_gpu:g} GPUs (runtime.worker.num_cpus/num_gpus each); the Ray "
-                          f"cluster has {resources.get('CPU', 0):g} CPUs and "
-                          f"{resources.get('GPU', 0):g} GPUs")
+    forever; say so instead (the pool's own fit check, for a pool of workers_per_trial)."""
+    from fedray.pool import pool_size
+
+    try:
+        pool_size(OmegaConf.merge(job, {"runtime": {"num_workers": workers}}), resources)
+    except FedrayError as exc:
+        raise FedrayError(f"workers_per_trial={workers}: {exc}") from None
 
 
 def _progress_callback(sweep: DictConfig, total: int, log: Callable[[str], None]):

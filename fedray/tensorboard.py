@@ -39,10 +39,16 @@ def file_header(wall_time: float | None = None) -> bytes:
     return _record(event.SerializeToString())
 
 
+def numeric_metrics(metrics: dict) -> dict[str, float]:
+    """A round's metrics that can be plotted: the numbers, less the round itself (the step).
+    TensorBoard and MLflow log the same ones."""
+    return {k: float(v) for k, v in metrics.items()
+            if k != "round" and isinstance(v, int | float) and not isinstance(v, bool)}
+
+
 def scalar_events(metrics: dict, wall_time: float | None = None) -> bytes:
     """One event holding every numeric metric of a round (step = the round)."""
-    values = [Summary.Value(tag=k, simple_value=float(v)) for k, v in metrics.items()
-              if k != "round" and isinstance(v, int | float) and not isinstance(v, bool)]
+    values = [Summary.Value(tag=k, simple_value=v) for k, v in numeric_metrics(metrics).items()]
     event = Event(wall_time=time.time() if wall_time is None else wall_time,
                   step=int(metrics["round"]), summary=Summary(value=values))
     return _record(event.SerializeToString())

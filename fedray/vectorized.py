@@ -77,8 +77,6 @@ def vmap_local_sgd(model: FlatModel, global_weights: torch.Tensor,
     reason = unsupported_reason(model.module)
     if reason is not None:
         raise ValueError(f"cannot train this model vectorized: {reason}")
-    if model.size != model.num_params:
-        raise ValueError("cannot train this model vectorized: it has buffers")
     device = model.device
     criterion = loss_fn(loss)
     module = model.module

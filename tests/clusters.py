@@ -116,11 +116,6 @@ class LocalHead:
                 self.proc.wait()
         for p in started:
             try:
-                started.extend(p.children(recursive=True))
-            except psutil.NoSuchProcess:
-                pass
-        for p in started:
-            try:
                 p.kill()
             except psutil.NoSuchProcess:
                 pass

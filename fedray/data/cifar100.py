@@ -18,7 +18,7 @@ from typing import IO, Any
 import numpy as np
 
 from fedray.data.dataset import Dataset, Split
-from fedray.errors import FedrayError
+from fedray.errors import FedrayError, one_line
 
 ARCHIVE = "cifar-100-python.tar.gz"
 FOLDER = "cifar-100-python"
@@ -133,7 +133,7 @@ def _unpickle(f: IO[bytes], where: str) -> dict:
         raise FedrayError(f"{where}: {e}") from None
     except Exception as e:  # any failure to decode means "not a CIFAR-100 pickle"
         raise FedrayError(f"{where}: not a CIFAR-100 pickle ({type(e).__name__}: "
-                          f"{_one_line(e)})") from None
+                          f"{one_line(e)})") from None
     if not isinstance(doc, dict):
         raise FedrayError(f"{where}: expected a pickled dict, got {type(doc).__name__}")
     return doc
@@ -161,12 +161,12 @@ def _read_archive(archive: Path) -> dict[str, _Doc]:
     try:
         tar = tarfile.open(archive, "r:*")
     except (tarfile.TarError, OSError, EOFError) as e:
-        raise FedrayError(f"{archive}: not a readable tar archive ({_one_line(e)})") from None
+        raise FedrayError(f"{archive}: not a readable tar archive ({one_line(e)})") from None
     with tar:
         try:
             members = {m.name: m for m in tar.getmembers() if m.isfile()}
         except (tarfile.TarError, OSError, EOFError) as e:
-            raise FedrayError(f"{archive}: corrupt tar archive ({_one_line(e)})") from None
+            raise FedrayError(f"{archive}: corrupt tar archive ({one_line(e)})") from None
         wanted: dict[str, tarfile.TarInfo] = {}
         for name in ("train", "test", "meta"):
             member = members.get(f"{FOLDER}/{name}") or members.get(name)
@@ -229,6 +229,3 @@ def _check_meta(doc: dict, where: str) -> None:
             raise FedrayError(f"{where}: {key!r} must list {count} names")
 
 
-def _one_line(e: BaseException) -> str:
-    text = str(e).strip()
-    return text.splitlines()[0] if text else type(e).__name__

@@ -14,7 +14,7 @@ import h5py
 import numpy as np
 
 from fedray.data.dataset import Dataset, Split
-from fedray.errors import FedrayError
+from fedray.errors import FedrayError, one_line
 
 _EMNIST_PAIRS = (("fed_emnist_train.h5", "fed_emnist_test.h5", 62),
                  ("fed_emnist_digitsonly_train.h5", "fed_emnist_digitsonly_test.h5", 10))
@@ -70,7 +70,7 @@ def _read_clients(file: Path, keys: tuple[str, ...]) -> tuple[list[str], list[li
     try:
         f = h5py.File(file, "r")
     except OSError as e:
-        raise FedrayError(f"{file}: not a readable HDF5 file ({_one_line(e)})") from None
+        raise FedrayError(f"{file}: not a readable HDF5 file ({one_line(e)})") from None
     with f:
         examples = f.get("examples")
         if not isinstance(examples, h5py.Group):
@@ -148,6 +148,3 @@ def _dataset(name: str, parts: list[_Part], num_classes: int, num_coarse: int | 
                    owners=owners, num_coarse=num_coarse, scale=scale)
 
 
-def _one_line(e: BaseException) -> str:
-    text = str(e).strip()
-    return text.splitlines()[0] if text else type(e).__name__
