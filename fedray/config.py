@@ -100,6 +100,9 @@ class WorkerConfig:
     num_gpus: float = 0.0
     cache_mb: int = 256  # per-worker LRU of client data
     state_cache_mb: float = 64.0  # per-worker LRU of client state (SCAFFOLD's c_i)
+    # train a worker's clients in groups, one batched step per group (fedray/vectorized.py):
+    # auto (where the model supports it and it pays off), on, off
+    vectorize: str = "auto"
 
 
 @dataclass
@@ -229,6 +232,9 @@ def load_config(source: ConfigSource | None = None,
     (population size) happen in ``validate``.
     """
     cfg = load_structured(FedrayConfig, source, overrides)
+    w = cfg.runtime.worker  # YAML 1.1 reads on/off as booleans, which a str key gets as text
+    if w.vectorize in ("True", "False"):
+        w.vectorize = "on" if w.vectorize == "True" else "off"
     if cfg.output.dir is None:
         cfg.output.dir = f"runs/{cfg.name}-{time.strftime('%Y%m%d-%H%M%S')}"
     OmegaConf.set_readonly(cfg, True)
@@ -343,6 +349,8 @@ def validate(cfg: DictConfig, population: int, *, custom_model: bool = False) ->
       "runtime.worker.num_gpus", "must be a fraction in [0, 1] or a whole number", w.num_gpus)
     r(w.cache_mb >= 0, "runtime.worker.cache_mb", "must be >= 0", w.cache_mb)
     r(w.state_cache_mb >= 0, "runtime.worker.state_cache_mb", "must be >= 0", w.state_cache_mb)
+    r(w.vectorize in ("auto", "on", "off"), "runtime.worker.vectorize",
+      "must be auto, on or off", w.vectorize)
     e = cfg.eval
     r(e.every >= 0, "eval.every", "must be >= 0", e.every)
     r(e.federated_clients >= 0, "eval.federated_clients", "must be >= 0", e.federated_clients)

@@ -45,6 +45,7 @@ from fedray.runtime import private_mb
 from fedray.sampling import federated_eval_clients, select_round
 from fedray.seeding import TAG_INIT, derive_seed
 from fedray.server_optimizer import build_server_optimizer
+from fedray.vectorized import vectorize_plan
 from fedray.worker import WorkerSpec
 
 
@@ -111,7 +112,8 @@ class Driver:
                           state_url=state_url,
                           state_cache_mb=c.runtime.worker.state_cache_mb,
                           steps_per_epoch=c.client.steps_per_epoch,
-                          max_update_norm=c.guard.max_update_norm)
+                          max_update_norm=c.guard.max_update_norm,
+                          vectorize=self._vectorize_plan())
         if resume:  # before the pool starts: a checkpoint that cannot be used fails fast
             self._restore()
         start = time.perf_counter()
@@ -127,6 +129,19 @@ class Driver:
                                                     c.eval.federated_clients)
                              if c.eval.federated_clients else None)
         self.run_dir.create(OmegaConf.to_yaml(self.cfg, resolve=True))
+
+    def _vectorize_plan(self) -> bool:
+        """runtime.worker.vectorize resolved for this model, once for every worker; auto's
+        choice of sequential training is said once, here."""
+        w = self.cfg.runtime.worker
+        try:
+            on, why_not = vectorize_plan(self.template.module, w.vectorize, w.num_gpus > 0)
+        except ValueError as exc:
+            raise FedrayError(str(exc)) from None
+        if why_not is not None:
+            print(why_not, flush=True)
+        self.vectorized = on
+        return on
 
     def _restore(self) -> None:
         """Continue from the run directory's checkpoint (or from round 1 if it has none)."""
@@ -315,6 +330,7 @@ class Driver:
             "worker_failures": sum(h.get("worker_failures", 0) for h in history),
             "resumed_from_round": self.resumed_from,
             "total_s": total_s, "pool_start_s": self.pool_start_s,
+            "vectorized": self.vectorized,
             "median_updates_per_s": float(np.median(ups)) if ups else None,
             "driver_mem_mb": private_mb(),
             "weights_file": WEIGHTS_FILE if c.output.save_weights else None,

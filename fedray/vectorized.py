@@ -53,13 +53,64 @@ def unsupported_reason(module: nn.Module) -> str | None:
     return None
 
 
+_CONV = (nn.Conv1d, nn.Conv2d, nn.Conv3d, nn.ConvTranspose1d, nn.ConvTranspose2d,
+         nn.ConvTranspose3d)
+# A group's stacked weights stay within this many bytes: on the CPU larger groups are bound
+# by memory bandwidth (each step streams every client's weights several times), and the
+# measured optimum was ~100 logistic regressions (19 MB) and ~25 MLPs (17 MB).
+GROUP_BYTES = 16 * 2**20
+MAX_GROUP = 128
+
+
+def vectorize_plan(module: nn.Module, mode: str, gpu: bool) -> tuple[bool, str | None]:
+    """Whether workers train this model vectorized under ``runtime.worker.vectorize`` =
+    ``mode``, and, when auto decides against it, the one line that says why. ``on`` for a
+    model that cannot be vectorized is an error. auto keeps convolutional models sequential
+    on the CPU: vmap turns their convolutions into grouped ones, which measured 1.3-3x slower
+    than training the clients one after another (docs/performance.md)."""
+    if mode == "off":
+        return False, None
+    reason = unsupported_reason(module)
+    if reason is not None:
+        if mode == "on":
+            raise ValueError(f"runtime.worker.vectorize=on: this model cannot be trained "
+                             f"vectorized: {reason}")
+        return False, (f"runtime.worker.vectorize=auto: clients train one after another, "
+                       f"as this model cannot be vectorized: {reason}")
+    if mode == "auto" and not gpu and any(isinstance(m, _CONV) for m in module.modules()):
+        return False, ("runtime.worker.vectorize=auto: clients train one after another, as "
+                       "batched convolutions are slower on the CPU (set it to on to force)")
+    return True, None
+
+
+def group_size(num_params: int) -> int:
+    """How many clients a worker trains in one group: as many as fit in GROUP_BYTES."""
+    return max(1, min(MAX_GROUP, GROUP_BYTES // (4 * max(1, num_params))))
+
+
 @dataclass
 class GroupResult:
-    deltas: torch.Tensor  # [G, P]: each client's y - x
+    deltas: torch.Tensor  # [G, P]: the clients' y - x, in training order (see rows)
+    rows: list[int]  # client i's delta is deltas[rows[i]]
     num_examples: list[int]
     loss_sums: list[float]  # per client: sum over steps of (mean batch loss * batch size)
     examples_seen: list[int]
     steps: list[int]
+
+    def delta(self, i: int) -> torch.Tensor:
+        """Client i's y - x (a view)."""
+        return self.deltas[self.rows[i]]
+
+
+def _batched_loss(name: str):
+    """The per-example training loss, in a form whose vmap batching rule is fast: cross
+    entropy as log_softmax + gather (F.cross_entropy's reduction="none" falls back to a slow
+    path under vmap); the others as ``fedray.losses`` defines them."""
+    if name == "cross_entropy":
+        def ce(out: torch.Tensor, y: torch.Tensor, reduction: str = "none") -> torch.Tensor:
+            return -torch.log_softmax(out, -1).gather(-1, y.unsqueeze(-1)).squeeze(-1)
+        return ce
+    return loss_fn(name)
 
 
 def vmap_local_sgd(model: FlatModel, global_weights: torch.Tensor,
@@ -73,12 +124,17 @@ def vmap_local_sgd(model: FlatModel, global_weights: torch.Tensor,
     Per client i: its (x, y), lr ``lrs[i]``, batch size (one for all, or one each), batch
     order from ``seeds[i]``; ``corrections[i]`` (SCAFFOLD's c - c_i) is added to every step's
     gradient, ``prox_mu`` (FedProx) adds mu (y - x). ``model`` supplies the architecture (its
-    module is called functionally; its weights are not touched)."""
+    module is called functionally; its weights are not touched).
+
+    The clients are trained longest-first, so the ones still stepping at step t are a prefix
+    of the group and a step computes only theirs. Every batch is padded to the largest batch
+    size of the group (not of the step), so a client's arithmetic has the same shapes
+    whichever clients share its group."""
     reason = unsupported_reason(model.module)
     if reason is not None:
         raise ValueError(f"cannot train this model vectorized: {reason}")
     device = model.device
-    criterion = loss_fn(loss)
+    criterion = _batched_loss(loss)
     module = model.module
     module.train()
     g = len(data)
@@ -87,60 +143,70 @@ def vmap_local_sgd(model: FlatModel, global_weights: torch.Tensor,
     schedules = [batch_schedule(n, b, local_epochs, local_steps, s, full_batch)
                  for n, b, s in zip(sizes, batches, seeds, strict=True)]
     steps = [len(s) for s in schedules]
-    widest = max((len(idx) for s in schedules for idx in s), default=1)
-    longest = max(sizes, default=0)
+    order = sorted(range(g), key=lambda i: -steps[i])  # stable: ties keep their order
+    width = max([max(1, n) if full_batch else b for n, b in zip(sizes, batches, strict=True)]
+                + [1])
+    longest = max(sizes + [1])
+    horizon = max(steps + [0])
 
-    # every client's data padded to the longest, so a step's batches are one gather
-    x0 = data[0][0]
-    xs = torch.zeros((g, max(1, longest), *x0.shape[1:]), dtype=x0.dtype, device=device)
-    ys = torch.zeros((g, max(1, longest), *data[0][1].shape[1:]), dtype=data[0][1].dtype,
-                     device=device)
-    for i, (x, y) in enumerate(data):
-        xs[i, :len(y)] = x.to(device, non_blocking=True)
-        ys[i, :len(y)] = y.to(device, non_blocking=True)
+    # every client's data padded to the longest and its batch plan to [steps, width], in
+    # training order, so each step's batches are one gather
+    x0, y0 = data[0]
+    xs = torch.zeros((g, longest, *x0.shape[1:]), dtype=x0.dtype, device=device)
+    ys = torch.zeros((g, longest, *y0.shape[1:]), dtype=y0.dtype, device=device)
+    plan = torch.zeros((g, max(1, horizon), width), dtype=torch.long)
+    mask = torch.zeros((g, max(1, horizon), width), dtype=torch.float32)
+    for row, i in enumerate(order):
+        x, y = data[i]
+        xs[row, :len(y)] = x.to(device, non_blocking=True)
+        ys[row, :len(y)] = y.to(device, non_blocking=True)
+        for t, idx in enumerate(schedules[i]):
+            plan[row, t, :len(idx)] = idx
+            mask[row, t, :len(idx)] = 1.0
+    plan, mask = plan.to(device, non_blocking=True), mask.to(device, non_blocking=True)
+    active = [sum(1 for i in order if steps[i] > t) for t in range(horizon)]
 
-    names, shapes, offsets = [], [], []
-    offset = 0
-    for name, p in module.named_parameters():
-        names.append(name)
-        shapes.append(p.shape)
-        offsets.append(offset)
+    names = [n for n, _ in module.named_parameters()]
+    anchor = global_weights[: model.num_params].to(device)
+    weights = anchor.repeat(g, 1)  # [G, P], one row per client, becomes the deltas in place
+    params, anchors, corr, offset = [], [], [], 0
+    c = None if corrections is None else corrections[order].to(device)
+    for _, p in module.named_parameters():
+        span = slice(offset, offset + p.numel())
+        anchors.append(anchor[span].view(p.shape))
+        params.append(weights[:, span].view(g, *p.shape))  # [G, *shape] views
+        if c is not None:
+            corr.append(c[:, span].view(g, *p.shape))
         offset += p.numel()
 
-    def client_loss(w: torch.Tensor, xb: torch.Tensor, yb: torch.Tensor, mask: torch.Tensor):
-        params = {n: w[o:o + s.numel()].view(s) for n, s, o in zip(names, shapes, offsets,
-                                                                   strict=True)}
-        per_example = criterion(functional_call(module, params, (xb,)), yb, reduction="none")
-        mean = (per_example * mask).sum() / mask.sum().clamp(min=1.0)
+    def client_loss(ws: tuple[torch.Tensor, ...], xb: torch.Tensor, yb: torch.Tensor,
+                    m: torch.Tensor):
+        out = functional_call(module, dict(zip(names, ws, strict=True)), (xb,))
+        mean = (criterion(out, yb, reduction="none") * m).sum() / m.sum()
         return mean, mean.detach()
 
     step_fn = vmap(grad(client_loss, has_aux=True))
-    anchor = global_weights[: model.num_params].to(device)
-    w = anchor.unsqueeze(0).repeat(g, 1)
-    lr = torch.tensor(lrs, dtype=torch.float32, device=device)
+    lr = torch.tensor([lrs[i] for i in order], dtype=torch.float32, device=device)
     rows = torch.arange(g, device=device).unsqueeze(1)
     loss_sums = torch.zeros(g, dtype=torch.float64, device=device)
-    seen = [0] * g
-    for t in range(max(steps, default=0)):
-        index = torch.zeros((g, widest), dtype=torch.long)
-        mask = torch.zeros((g, widest), dtype=torch.float32)
-        active = torch.zeros(g, dtype=torch.float32)
-        for i, schedule in enumerate(schedules):
-            if t < len(schedule):
-                idx = schedule[t]
-                index[i, :len(idx)] = idx
-                mask[i, :len(idx)] = 1.0
-                active[i] = 1.0
-                seen[i] += len(idx)
-        index, mask, active = (a.to(device, non_blocking=True) for a in (index, mask, active))
-        grads, losses = step_fn(w, xs[rows, index], ys[rows, index], mask)
+    for t in range(horizon):
+        a = active[t]
+        index, m = plan[:a, t], mask[:a, t]
+        ws = tuple(p[:a] for p in params)
+        grads, losses = step_fn(ws, xs[rows[:a], index], ys[rows[:a], index], m)
         with torch.no_grad():
-            if corrections is not None:
-                grads += corrections
-            if prox_mu:
-                grads += prox_mu * (w - anchor)
-            w -= (lr * active).unsqueeze(1) * grads
-            loss_sums += losses.double() * mask.sum(1).double()
-    deltas = w - anchor
-    return GroupResult(deltas=deltas, num_examples=sizes, loss_sums=loss_sums.tolist(),
+            for k, (w, gr) in enumerate(zip(ws, grads, strict=True)):
+                if c is not None:
+                    gr += corr[k][:a]
+                if prox_mu:
+                    gr.add_(w - anchors[k], alpha=prox_mu)
+                w.addcmul_(lr[:a].view(a, *([1] * (w.dim() - 1))), gr, value=-1.0)
+            loss_sums[:a] += losses.double() * m.sum(1).double()
+    weights.sub_(anchor)
+    row_of = [0] * g
+    for row, i in enumerate(order):
+        row_of[i] = row
+    seen = [sum(len(idx) for idx in s) for s in schedules]
+    return GroupResult(deltas=weights, rows=row_of, num_examples=sizes,
+                       loss_sums=[float(loss_sums[row_of[i]]) for i in range(g)],
                        examples_seen=seen, steps=steps)

@@ -12,7 +12,9 @@ import functools
 import math
 import os
 import time
-from collections.abc import Callable
+from collections import deque
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 import numpy as np
@@ -34,6 +36,7 @@ from fedray.replica import FlatModel
 from fedray.runtime import private_mb
 from fedray.seeding import TAG_CONTROL, TAG_HOLDOUT, client_seed, derive_seed
 from fedray.tensors import readonly_tensor
+from fedray.vectorized import group_size, vmap_local_sgd
 
 
 @dataclass
@@ -62,6 +65,7 @@ class WorkerSpec:
     state_cache_mb: float = 64.0
     steps_per_epoch: int | None = None  # client.steps_per_epoch: batch = n / steps_per_epoch
     max_update_norm: float | None = None  # guard: drop larger updates (NaN/Inf: always)
+    vectorize: bool = False  # train clients in groups (the driver's vectorize_plan decides)
 
 
 def holdout_split(n: int, share: float, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -77,13 +81,38 @@ def holdout_split(n: int, share: float, seed: int) -> tuple[torch.Tensor, torch.
     return perm[:m], perm[m:]
 
 
+@dataclass
+class _Job:
+    """One client's round between its preparation and its folding into the partial sum."""
+
+    cid: int
+    round: int
+    version: int  # its current state version (0: none yet)
+    seed: int
+    x: torch.Tensor  # training data (Elastic: without B_k)
+    y: torch.Tensor
+    batch: int
+    held_x: torch.Tensor | None = None  # Elastic's B_k
+
+
+def _chunks(items: Iterator, size: int) -> Iterator[list]:
+    chunk = []
+    for item in items:
+        chunk.append(item)
+        if len(chunk) == size:
+            yield chunk
+            chunk = []
+    if chunk:
+        yield chunk
+
+
 class ClientWorker:
     def __init__(self, spec: WorkerSpec):
         import ray
 
         self.spec = spec
         torch.set_num_threads(max(1, int(spec.num_cpus)))
-        gpu_ids = ray.get_gpu_ids()
+        gpu_ids = ray.get_gpu_ids() if ray.is_initialized() else []  # outside Ray: the CPU
         use_cuda = bool(gpu_ids) and torch.cuda.is_available()
         self.device = torch.device("cuda" if use_cuda else "cpu")
         self.gpu_ids = [str(g) for g in gpu_ids]
@@ -99,6 +128,8 @@ class ClientWorker:
         self.state = (ClientStateStore(spec.state_url, spec.state_cache_mb)
                       if "control_variate" in self.needs else None)
         self._stored: list[int] = []  # clients whose state this round's train() wrote
+        self.group = group_size(self.model.num_params) if spec.vectorize else 0
+        self._prefetch = spec.source.cacheable or self.device.type == "cuda"
 
     def info(self) -> dict:
         import ray
@@ -125,63 +156,132 @@ class ClientWorker:
         bound = self.spec.max_update_norm
         return math.isfinite(norm) and (bound is None or norm <= bound)
 
-    def _train_client(self, global_w: torch.Tensor, round_idx: int, cid: int, version: int,
-                      acc: PartialSum) -> tuple[ClientResult, bool]:
-        """One client's round: its measurements, local update and share of the partial sum;
-        the flag is False when the guard dropped the update. ``version``: the round whose
-        stored state (SCAFFOLD's c_i) is the client's current one, 0 for none yet."""
+    def _prepare(self, round_idx: int, cid: int, version: int) -> _Job:
+        """A client's round before its local update: its seed, data, batch size and, for
+        Elastic, the held-out B_k (gone from the training data)."""
         s = self.spec
         seed = client_seed(s.seed, round_idx, cid)
         x, y = self.cache.get(cid)
-        batch = client_batch_size(len(y), s.batch_size, s.steps_per_epoch)
-        p = self.model.num_params
-        correction = None
-        log_scale = 0.0
+        if self.device.type == "cuda":  # page-locked: the copy to the GPU runs asynchronously
+            x, y = x.pin_memory(), y.pin_memory()
+        job = _Job(cid, round_idx, version, seed, x, y,
+                   client_batch_size(len(y), s.batch_size, s.steps_per_epoch))
         if "sensitivity" in self.needs:
             held, keep = holdout_split(len(y), s.elastic_holdout, derive_seed(seed, TAG_HOLDOUT))
-            sensitivity(self.model, global_w, x[held], batch_size=batch,
-                        mu=s.elastic_mu, out=self._omega)
-            x, y = x[keep], y[keep]
-        if "control_variate" in self.needs and len(y):
-            state = self.state.get(cid, version)
-            if state is None:
-                self._ci.zero_()  # a client's first round: c_i = 0
-            else:
-                self._ci.copy_(state["c"])
-            correction = torch.sub(self._c, self._ci, out=self._corr)
-            if s.scaffold_option == 1:  # c_i+ = g_i(x), one extra pass at the global model
-                full_gradient(self.model, global_w, x, y, batch_size=batch,
-                              seed=derive_seed(seed, TAG_CONTROL), out=self._ci_new,
-                              loss=s.loss)
-        if "risks" in self.needs and len(y):
-            before = self._risk(global_w, x, y)
-        if "sensitivity" in self.needs:  # B_k is gone: batches are cut from what is left
-            batch = client_batch_size(len(y), s.batch_size, s.steps_per_epoch)
-        res = local_sgd(self.model, global_w, x, y, lr=s.lr, batch_size=batch,
-                        local_epochs=s.local_epochs, local_steps=s.local_steps, seed=seed,
-                        delta_out=self._delta, prox_mu=s.prox_mu,
-                        full_batch=s.client == "fedsgd", loss=s.loss, correction=correction)
+            job.held_x = x[held]
+            job.x, job.y = x[keep], y[keep]
+            job.batch = client_batch_size(len(keep), s.batch_size, s.steps_per_epoch)
+        return job
+
+    def _jobs(self, round_idx: int, client_ids: list[int],
+              versions: list[int] | None) -> Iterator[_Job]:
+        """The clients' prepared rounds, in order. Where reading a client costs something (a
+        store's shards, generated data) or a GPU waits for it, the next client is read on a
+        background thread while the current one trains."""
+        args = [(round_idx, cid, versions[i] if versions else 0)
+                for i, cid in enumerate(client_ids)]
+        if not self._prefetch:
+            yield from (self._prepare(*a) for a in args)
+            return
+        with ThreadPoolExecutor(1, thread_name_prefix="fedray-prefetch") as pool:
+            ahead = deque(pool.submit(self._prepare, *a) for a in args[:2])
+            for a in args[2:]:
+                yield ahead.popleft().result()
+                ahead.append(pool.submit(self._prepare, *a))
+            while ahead:
+                yield ahead.popleft().result()
+
+    def _load_ci(self, job: _Job, out: torch.Tensor) -> torch.Tensor | None:
+        """SCAFFOLD: the client's c_i into ``out`` (zero before its first round); None for a
+        client without training data, which takes no steps."""
+        if not len(job.y):
+            return None
+        state = self.state.get(job.cid, job.version)
+        if state is None:
+            return out.zero_()
+        return out.copy_(state["c"])
+
+    def _finish(self, global_w: torch.Tensor, job: _Job, res: ClientResult,
+                ci: torch.Tensor | None, final: torch.Tensor | None, acc: PartialSum) -> bool:
+        """Fold a trained client into the partial sum, with the measurements its aggregator
+        needs (all at the global model, except Exp-alpha's risk after training, at ``final``
+        -- None: the replica holds the client's trained weights); False when the guard
+        dropped its update."""
+        s = self.spec
         weight = client_weight(s.aggregator, res.num_examples)
         if weight == 0:
-            return res, True
+            return True
         if not self._admissible(res.delta):
-            return res, False
+            return False
+        log_scale = 0.0
         if "risks" in self.needs:
-            after = self._risk(self.model.flat, x, y)
+            if final is not None:
+                self.model.load_(final)
+            after = self._risk(self.model.flat, job.x, job.y)
+            before = self._risk(global_w, job.x, job.y)
             log_scale = expalpha_log_weight(before, after, s.alpha)
         acc.add(res.delta, weight, log_scale)
         if "sensitivity" in self.needs:
+            full_batch = client_batch_size(len(job.y) + len(job.held_x), s.batch_size,
+                                           s.steps_per_epoch)
+            sensitivity(self.model, global_w, job.held_x, batch_size=full_batch,
+                        mu=s.elastic_mu, out=self._omega)
             acc.add_extra(self._omega, weight)
-        elif correction is not None:
-            if s.scaffold_option == 2:
+        elif ci is not None:
+            if s.scaffold_option == 1:  # c_i+ = g_i(x), one extra pass at the global model
+                full_gradient(self.model, global_w, job.x, job.y, batch_size=job.batch,
+                              seed=derive_seed(job.seed, TAG_CONTROL), out=self._ci_new,
+                              loss=s.loss)
+            else:
                 # c_i+ = c_i - c + (x - y_i) / (K lr), K = the local steps actually taken
-                torch.sub(self._ci, self._c, out=self._ci_new)
-                self._ci_new.add_(res.delta[:p], alpha=-1.0 / (res.steps * s.lr))
+                torch.sub(ci, self._c, out=self._ci_new)
+                self._ci_new.add_(res.delta[: self.model.num_params],
+                                  alpha=-1.0 / (res.steps * s.lr))
             acc.add_extra(self._ci_new)  # dc_i = c_i+ - c_i, without a temporary
-            acc.add_extra(self._ci, -1.0)
-            self.state.put(cid, round_idx, {"c": self._ci_new})
-            self._stored.append(cid)
-        return res, True
+            acc.add_extra(ci, -1.0)
+            self.state.put(job.cid, job.round, {"c": self._ci_new})
+            self._stored.append(job.cid)
+        return True
+
+    def _train_client(self, global_w: torch.Tensor, job: _Job,
+                      acc: PartialSum) -> tuple[ClientResult, bool]:
+        """One client's round on the replica (the sequential path)."""
+        s = self.spec
+        correction = None
+        ci = self._load_ci(job, self._ci) if self.state is not None else None
+        if ci is not None:
+            correction = torch.sub(self._c, ci, out=self._corr)
+        res = local_sgd(self.model, global_w, job.x, job.y, lr=s.lr, batch_size=job.batch,
+                        local_epochs=s.local_epochs, local_steps=s.local_steps, seed=job.seed,
+                        delta_out=self._delta, prox_mu=s.prox_mu,
+                        full_batch=s.client == "fedsgd", loss=s.loss, correction=correction)
+        return res, self._finish(global_w, job, res, ci, None, acc)
+
+    def _train_group(self, global_w: torch.Tensor, jobs: list[_Job],
+                     acc: PartialSum) -> list[tuple[ClientResult, bool]]:
+        """A group of clients' rounds: one batched local update (fedray/vectorized.py), then
+        each client folded in, in order, as on the sequential path."""
+        s = self.spec
+        p = self.model.num_params
+        cis: list[torch.Tensor | None] = [None] * len(jobs)
+        corrections = None
+        if self.state is not None:
+            stack = torch.zeros((len(jobs), p), device=self.device)
+            cis = [self._load_ci(job, stack[k]) for k, job in enumerate(jobs)]
+            corrections = self._c - stack  # a client without data takes no step
+        group = vmap_local_sgd(self.model, global_w, [(j.x, j.y) for j in jobs],
+                               lrs=[s.lr] * len(jobs), batch_size=[j.batch for j in jobs],
+                               local_epochs=s.local_epochs, local_steps=s.local_steps,
+                               seeds=[j.seed for j in jobs], prox_mu=s.prox_mu,
+                               full_batch=s.client == "fedsgd", loss=s.loss,
+                               corrections=corrections)
+        out = []
+        for k, job in enumerate(jobs):
+            res = ClientResult(group.delta(k), group.num_examples[k], group.loss_sums[k],
+                               group.examples_seen[k], group.steps[k])
+            final = torch.add(global_w[:p], res.delta) if "risks" in self.needs else None
+            out.append((res, self._finish(global_w, job, res, cis[k], final, acc)))
+        return out
 
     def train(self, payload: dict, round_idx: int, client_ids: list[int],
               versions: list[int] | None = None) -> dict:
@@ -197,9 +297,13 @@ class ClientWorker:
                          extra_size(self.spec.aggregator, self.model.num_params))
         loss_sum, seen, examples, dropped = 0.0, 0, 0, 0
         self._stored = []
-        for i, cid in enumerate(client_ids):
-            res, kept = self._train_client(global_w, round_idx, cid,
-                                           versions[i] if versions else 0, acc)
+        jobs = self._jobs(round_idx, client_ids, versions)
+        if self.group:
+            results = (r for chunk in _chunks(jobs, self.group)
+                       for r in self._train_group(global_w, chunk, acc))
+        else:
+            results = (self._train_client(global_w, job, acc) for job in jobs)
+        for res, kept in results:
             if not kept:  # its loss may be NaN too: the round's train_loss leaves it out
                 dropped += 1
                 continue

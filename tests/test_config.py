@@ -32,6 +32,14 @@ def test_wrong_type():
         load_config(None, ["client.local_steps=2.5"])
 
 
+def test_vectorize_reads_on_and_off_as_yaml_writes_them(tmp_path):
+    job = tmp_path / "job.yaml"
+    job.write_text("runtime:\n  worker:\n    vectorize: off\n")  # YAML 1.1: a boolean
+    assert load_config(job).runtime.worker.vectorize == "off"
+    assert load_config(None, ["runtime.worker.vectorize=on"]).runtime.worker.vectorize == "on"
+    assert load_config().runtime.worker.vectorize == "auto"
+
+
 def test_clients_per_round_above_population():
     cfg = load_config(None, ["sampling.clients_per_round=11", "data.synthetic.num_clients=10"])
     with pytest.raises(ConfigError, match=r"sampling.clients_per_round.*population of 10"):
@@ -52,6 +60,7 @@ def test_clients_per_round_above_population():
     ("data.partition=nosuchproto://bucket/x", "data.partition"),
     ("eval.federated_clients=100000", "eval.federated_clients"),
     ("guard.max_update_norm=0", "guard.max_update_norm"),
+    ("runtime.worker.vectorize=sometimes", "runtime.worker.vectorize"),
 ])
 def test_impossible_values(override, key):
     with pytest.raises(FedrayError, match=re.escape(key)):

@@ -7,7 +7,7 @@ from torch import nn
 from fedray.client_update import local_sgd
 from fedray.models import build_model
 from fedray.replica import FlatModel
-from fedray.vectorized import unsupported_reason, vmap_local_sgd
+from fedray.vectorized import group_size, unsupported_reason, vectorize_plan, vmap_local_sgd
 
 
 def _clients(shape, classes, sizes, seed=0, loss="cross_entropy"):
@@ -66,9 +66,10 @@ def test_each_client_gets_its_sequential_update(name, case):
                                                generator=torch.Generator().manual_seed(3))
     expected, results = _sequential(model, w0, data, lrs, seeds, **kw)
     got = vmap_local_sgd(model, w0, data, lrs=lrs, seeds=seeds, **kw)
-    assert got.deltas.shape == expected.shape
-    assert torch.allclose(got.deltas, expected, atol=1e-5, rtol=0), (
-        float((got.deltas - expected).abs().max()))
+    deltas = torch.stack([got.delta(i) for i in range(len(sizes))])
+    assert deltas.shape == expected.shape
+    assert torch.allclose(deltas, expected, atol=1e-5, rtol=0), (
+        float((deltas - expected).abs().max()))
     assert expected.abs().max() > 1e-3  # the clients did move
     assert got.steps == [r.steps for r in results]
     assert got.examples_seen == [r.examples_seen for r in results]
@@ -86,7 +87,7 @@ def test_per_client_batch_sizes_and_regression_loss():
     for i, ((x, y), b) in enumerate(zip(data, [5, 7, 4], strict=True)):
         res = local_sgd(model, w0, x, y, lr=0.05, batch_size=b, seed=seeds[i],
                         delta_out=torch.empty_like(w0), **kw)
-        assert torch.allclose(got.deltas[i], res.delta, atol=1e-5, rtol=0)
+        assert torch.allclose(got.delta(i), res.delta, atol=1e-5, rtol=0)
 
 
 def test_models_that_cannot_be_vectorized_say_why():
@@ -99,3 +100,37 @@ def test_models_that_cannot_be_vectorized_say_why():
         m = FlatModel(build_model("emnist_cnn", (1, 28, 28), 62))
         vmap_local_sgd(m, m.flat, _clients((1, 28, 28), 62, [2]), lrs=[0.1], seeds=[0],
                        batch_size=2, local_epochs=1, local_steps=None)
+
+
+def test_vectorize_plan_follows_the_mode_and_says_why_not():
+    logreg, cnn = build_model("logreg", (1, 28, 28), 62), build_model("leaf_cnn", (1, 28, 28), 62)
+    dropout = build_model("emnist_cnn", (1, 28, 28), 62)
+    assert vectorize_plan(logreg, "auto", gpu=False) == (True, None)
+    assert vectorize_plan(logreg, "off", gpu=False) == (False, None)
+    assert vectorize_plan(cnn, "on", gpu=False) == (True, None)
+    assert vectorize_plan(cnn, "auto", gpu=True) == (True, None)
+    on, why = vectorize_plan(cnn, "auto", gpu=False)
+    assert not on and "batched convolutions are slower on the CPU" in why
+    on, why = vectorize_plan(dropout, "auto", gpu=True)
+    assert not on and "cannot be vectorized: it has dropout" in why
+    with pytest.raises(ValueError, match="runtime.worker.vectorize=on: .* it has dropout"):
+        vectorize_plan(dropout, "on", gpu=True)
+
+
+def test_group_size_bounds_the_stacked_weights():
+    assert group_size(48_670) == 86  # logistic regression on FEMNIST: 86 x 195 KB
+    assert group_size(10) == 128
+    assert group_size(10**9) == 1
+
+
+def test_a_client_trains_the_same_in_any_group():
+    torch.manual_seed(0)
+    model = FlatModel(build_model("mlp", (1, 6, 6), 5))
+    data = _clients((1, 6, 6), 5, [13, 3, 9, 25, 7, 11])
+    w0 = model.flat.clone()
+    kw = {"batch_size": 4, "local_epochs": 2, "local_steps": None}
+    everyone = vmap_local_sgd(model, w0, data, lrs=[0.1] * 6, seeds=list(range(6)), **kw)
+    some = vmap_local_sgd(model, w0, [data[i] for i in (4, 1, 2)], lrs=[0.1] * 3,
+                          seeds=[4, 1, 2], **kw)
+    for k, i in enumerate((4, 1, 2)):
+        assert torch.allclose(some.delta(k), everyone.delta(i), atol=1e-7, rtol=0)
