@@ -1,19 +1,24 @@
-"""Client updates per second: fedray against a plain single-process PyTorch loop.
+"""Client updates per second: fedray (vectorized and sequential) against a plain PyTorch loop.
 
 The plain loop is the no-framework limit: the same clients (already in memory), the same
 sampled ids per round, the same model, seeds and local SGD, written as anyone would write
-it with torch.optim.SGD in one process (torch's default intra-op threads). fedray runs the
-same job through its Ray worker pool, with the clients handed over as in-memory client_data.
-Only steady-state rounds are timed (the first ``--warmup`` rounds of each side are dropped);
-Ray start-up and pool creation are reported on their own line.
+it with torch.optim.SGD in one process. It runs twice, with torch's default intra-op threads
+and with one thread, and the faster one is the baseline. fedray runs the same job through
+its Ray worker pool, with the clients handed over as in-memory client_data, once with
+runtime.worker.vectorize=off (clients one after another) and once with it on (groups of
+clients in one batched step). Only steady-state rounds are timed (the first ``--warmup``
+rounds of each side are dropped); Ray start-up and pool creation are not counted.
 
-    python benchmarks/throughput.py                 # workloads a and b
-    python benchmarks/throughput.py --workload a --rounds 12
+    python benchmarks/throughput.py                       # the issue 8 workloads
+    python benchmarks/throughput.py --workload a b        # the issue 2 workloads
+    python benchmarks/throughput.py --workload mlp-100 --rounds 6
 
-Workloads (issue 2):
-  a: 1,000 FEMNIST-shaped clients of 30-90 examples, 20 per round, TFF EMNIST CNN,
-     1 local epoch, batch 20;
-  b: the same clients, logistic regression, 100 per round.
+Workloads: 1,000 FEMNIST-shaped clients of 30-90 examples, 1 local epoch, batch 20, and
+  logreg-100, logreg-1000: logistic regression, 100 or 1,000 clients per round;
+  mlp-100, mlp-1000: the 2-layer MLP (200 hidden units), 100 or 1,000 per round;
+  cnn-20, cnn-100: the LEAF FEMNIST CNN (no dropout, so it can be vectorized), 20 or 100;
+  a: the TFF EMNIST CNN (dropout: sequential only), 20 per round (issue 2);
+  b: logistic regression, 100 per round (issue 2; the same job as logreg-100).
 """
 
 from __future__ import annotations
@@ -36,10 +41,18 @@ from fedray.models import build_model  # noqa: E402
 from fedray.sampling import sample_clients  # noqa: E402
 from fedray.seeding import TAG_INIT, client_seed, derive_seed  # noqa: E402
 
+SMALL, LARGE = (12, 2), (5, 1)  # default (rounds, warmup) per workload size
 WORKLOADS = {
-    "a": {"model": "emnist_cnn", "clients_per_round": 20, "lr": 0.05},
-    "b": {"model": "logreg", "clients_per_round": 100, "lr": 0.01},
+    "logreg-100": {"model": "logreg", "clients_per_round": 100, "lr": 0.01, "rounds": SMALL},
+    "logreg-1000": {"model": "logreg", "clients_per_round": 1000, "lr": 0.01, "rounds": LARGE},
+    "mlp-100": {"model": "mlp", "clients_per_round": 100, "lr": 0.05, "rounds": SMALL},
+    "mlp-1000": {"model": "mlp", "clients_per_round": 1000, "lr": 0.05, "rounds": LARGE},
+    "cnn-20": {"model": "leaf_cnn", "clients_per_round": 20, "lr": 0.05, "rounds": LARGE},
+    "cnn-100": {"model": "leaf_cnn", "clients_per_round": 100, "lr": 0.05, "rounds": LARGE},
+    "a": {"model": "emnist_cnn", "clients_per_round": 20, "lr": 0.05, "rounds": SMALL},
+    "b": {"model": "logreg", "clients_per_round": 100, "lr": 0.01, "rounds": SMALL},
 }
+ISSUE_8 = ["logreg-100", "logreg-1000", "mlp-100", "mlp-1000", "cnn-20", "cnn-100"]
 POPULATION, MIN_EX, MAX_EX, BATCH, SEED = 1000, 30, 90, 20, 0
 
 
@@ -54,8 +67,19 @@ def model_factory(name: str):
     return make
 
 
-def raw_loop(clients, model_name: str, k: int, lr: float, rounds: int) -> tuple[list, dict]:
-    """The plain PyTorch loop; returns per-round seconds and the final state_dict."""
+def raw_loop(clients, model_name: str, k: int, lr: float, rounds: int,
+             threads: int) -> tuple[list, dict]:
+    """The plain PyTorch loop on ``threads`` intra-op threads; returns per-round seconds and
+    the final state_dict."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        return _raw_loop(clients, model_name, k, lr, rounds)
+    finally:
+        torch.set_num_threads(before)
+
+
+def _raw_loop(clients, model_name: str, k: int, lr: float, rounds: int) -> tuple[list, dict]:
     torch.manual_seed(derive_seed(SEED, TAG_INIT))
     model = model_factory(model_name)()
     global_state = {n: t.detach().clone() for n, t in model.state_dict().items()}
@@ -90,13 +114,14 @@ def raw_loop(clients, model_name: str, k: int, lr: float, rounds: int) -> tuple[
 
 
 def fedray_run(clients, model_name: str, k: int, lr: float, rounds: int, workers: int | None,
-               out_dir: str) -> tuple[list, dict, dict]:
+               out_dir: str, vectorize: str, worker_cpus: float = 1.0) -> tuple[list, dict, dict]:
     import fedray
 
     cfg = {"name": f"bench-{model_name}", "seed": SEED, "rounds": rounds,
            "client": {"lr": lr, "batch_size": BATCH, "local_epochs": 1},
            "sampling": {"clients_per_round": k},
-           "runtime": {"num_workers": workers},
+           "runtime": {"num_workers": workers,
+                       "worker": {"vectorize": vectorize, "num_cpus": worker_cpus}},
            "eval": {"every": 0, "central": False},
            "output": {"dir": out_dir, "save_weights": False}}
     res = fedray.run(cfg, model_fn=model_factory(model_name), client_data=clients)
@@ -108,58 +133,92 @@ def steady_rate(times: list[float], k: int, warmup: int) -> float:
     return k * len(steady) / sum(steady)
 
 
+def max_diff(a: dict, b: dict) -> float:
+    return max(float((a[n] - b[n]).abs().max()) for n in a)
+
+
+def measure(name: str, clients, args) -> dict:
+    """One workload, every side; the rates are client updates per second."""
+    import tempfile
+
+    from fedray.models import build_model as build
+    from fedray.vectorized import unsupported_reason
+
+    w = WORKLOADS[name]
+    k, lr = w["clients_per_round"], w["lr"]
+    rounds, warmup = (args.rounds, args.warmup) if args.rounds else w["rounds"]
+    row = {"workload": name, "model": w["model"], "clients_per_round": k, "rounds": rounds,
+           "warmup": warmup}
+    raw = {}
+    for threads in sorted({torch.get_num_threads(), 1}, reverse=True):
+        times, weights = raw_loop(clients, w["model"], k, lr, rounds, threads)
+        raw[threads] = (steady_rate(times, k, warmup), weights)
+        row[f"raw_{threads}_threads_updates_per_s"] = raw[threads][0]
+    best = max(raw, key=lambda t: raw[t][0])
+    row["raw_updates_per_s"], raw_w = raw[best]
+    row["raw_threads"] = best
+    sides = ["off"]
+    if unsupported_reason(build(w["model"], (1, 28, 28), 62)) is None:
+        sides.append("on")
+    for vectorize in sides:
+        label = "vectorized" if vectorize == "on" else "sequential"
+        with tempfile.TemporaryDirectory() as tmp:
+            times, weights, summary = fedray_run(
+                clients, w["model"], k, lr, rounds, args.workers, f"{tmp}/run", vectorize,
+                args.vectorized_worker_cpus if vectorize == "on" else 1.0)
+        rate = steady_rate(times, k, warmup)
+        row[f"{label}_updates_per_s"] = rate
+        row[f"{label}_ratio"] = rate / row["raw_updates_per_s"]
+        row[f"{label}_max_weight_diff_vs_raw"] = max_diff(weights, raw_w)
+        row["fedray_workers"] = summary["num_workers"]
+    line = (f"{name:12s} ({w['model']}, {k} clients/round, {rounds - warmup} timed rounds): "
+            f"raw loop {row['raw_updates_per_s']:7.1f}/s ({best} thread"
+            f"{'s' if best > 1 else ''}) | fedray sequential {row['sequential_updates_per_s']:7.1f}"
+            f"/s = {row['sequential_ratio']:.2f}x")
+    if "vectorized_updates_per_s" in row:
+        line += (f" | fedray vectorized {row['vectorized_updates_per_s']:7.1f}/s = "
+                 f"{row['vectorized_ratio']:.2f}x raw, "
+                 f"{row['vectorized_updates_per_s'] / row['sequential_updates_per_s']:.2f}x "
+                 f"sequential")
+    else:
+        line += " | vectorized: n/a (the model has dropout)"
+    print(line + f" | {row['fedray_workers']} workers", flush=True)
+    return row
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--workload", choices=["a", "b", "all"], default="all")
-    p.add_argument("--rounds", type=int, default=12, help="rounds per side (default 12)")
-    p.add_argument("--warmup", type=int, default=2, help="untimed first rounds (default 2)")
+    p.add_argument("--workload", nargs="+", choices=[*WORKLOADS, "all"], default=ISSUE_8,
+                   help="workloads to run (default: the issue 8 set; all: every one)")
+    p.add_argument("--rounds", type=int, default=None,
+                   help="rounds per side (default: 12 for the small workloads, 5 for the "
+                        "1,000-client and CNN ones)")
+    p.add_argument("--warmup", type=int, default=1,
+                   help="untimed first rounds when --rounds is given (default 1)")
     p.add_argument("--workers", type=int, default=None, help="fedray workers (default: auto)")
     p.add_argument("--num-cpus", type=int, default=None, help="CPUs for the local Ray")
-    p.add_argument("--raw-threads", type=int, default=None,
-                   help="torch threads of the raw loop (default: torch's, one per core)")
+    p.add_argument("--vectorized-worker-cpus", type=float, default=1.0,
+                   help="runtime.worker.num_cpus of the vectorized side (default 1; the "
+                        "sequential side always uses 1)")
     p.add_argument("--json", metavar="FILE", help="also write the results as JSON")
     args = p.parse_args(argv)
-    if args.rounds <= args.warmup:
+    if args.rounds is not None and args.rounds <= args.warmup:
         p.error("--rounds must be larger than --warmup")
-
-    import tempfile
+    names = list(WORKLOADS) if "all" in args.workload else args.workload
 
     import ray
 
-    if args.raw_threads:
-        torch.set_num_threads(args.raw_threads)
-
     print(f"machine: {platform.machine()}, {os.cpu_count()} CPUs, torch {torch.__version__}, "
-          f"torch threads in the raw loop: {torch.get_num_threads()}")
+          f"raw loop threads: {torch.get_num_threads()} (torch's default) and 1")
     t0 = time.perf_counter()
     clients = make_clients()
     print(f"data: {POPULATION} clients, {sum(len(v[1]) for v in clients.values())} examples "
           f"({time.perf_counter() - t0:.1f}s to generate)")
     t0 = time.perf_counter()
     ray.init(num_cpus=args.num_cpus, include_dashboard=False, logging_level="ERROR")
-    print(f"ray start-up: {time.perf_counter() - t0:.1f}s (not counted below)")
-    results = []
+    print(f"ray start-up: {time.perf_counter() - t0:.1f}s (not counted below)", flush=True)
     try:
-        for name in (["a", "b"] if args.workload == "all" else [args.workload]):
-            w = WORKLOADS[name]
-            k, lr = w["clients_per_round"], w["lr"]
-            raw_times, raw_w = raw_loop(clients, w["model"], k, lr, args.rounds)
-            with tempfile.TemporaryDirectory() as tmp:
-                fr_times, fr_w, summary = fedray_run(clients, w["model"], k, lr, args.rounds,
-                                                     args.workers, f"{tmp}/run")
-            raw_rate = steady_rate(raw_times, k, args.warmup)
-            fr_rate = steady_rate(fr_times, k, args.warmup)
-            diff = max(float((fr_w[n] - raw_w[n]).abs().max()) for n in raw_w)
-            row = {"workload": name, "model": w["model"], "clients_per_round": k,
-                   "raw_updates_per_s": raw_rate, "fedray_updates_per_s": fr_rate,
-                   "ratio": fr_rate / raw_rate, "fedray_workers": summary["num_workers"],
-                   "pool_start_s": summary["pool_start_s"], "max_weight_diff": diff}
-            results.append(row)
-            print(f"workload {name} ({w['model']}, {k} clients/round): raw loop "
-                  f"{raw_rate:8.1f} updates/s | fedray {fr_rate:8.1f} updates/s "
-                  f"({summary['num_workers']} workers; pool start {summary['pool_start_s']:.1f}s)"
-                  f" | ratio {fr_rate / raw_rate:.2f}x | max |w_fedray - w_raw| {diff:.1e}",
-                  flush=True)
+        results = [measure(name, clients, args) for name in names]
     finally:
         ray.shutdown()
     if args.json:

@@ -5,29 +5,30 @@ Python and kernel-launch overhead, not arithmetic. Here a group of G clients' we
 stacked into one [G, P] tensor and every local step runs one ``vmap(grad(...))`` over the
 group (torch.func), each client with its own data, batch order (``batch_schedule``, the same
 one sequential training follows), learning rate and number of steps. A client's batch is
-padded to the group's largest and its padding masked out of the mean loss; a client whose
-steps are done is masked out of the update. The result is each client's local SGD, equal to
-``client_update.local_sgd`` up to float rounding (the batched kernels sum in another
-order), for FedAvg, FedProx (``prox_mu``), FedSGD (``full_batch``) and SCAFFOLD
-(``corrections``).
+padded to the group's batch size and its padding masked out of the mean loss; clients train
+longest-first, so a step computes only the ones that still have steps to take. The result
+is each client's local SGD, equal to ``client_update.local_sgd`` up to float rounding (the
+batched kernels sum in another order), for FedAvg, FedProx (``prox_mu``), FedSGD
+(``full_batch``) and SCAFFOLD (``corrections``). What Elastic aggregation and Exp-alpha
+measure around the local update (sensitivity, risks) the worker measures per client.
 
 Only models whose training step is a pure function of the weights and the batch qualify:
 no dropout (its masks are drawn per call, not per client seed) and no buffers (batch-norm
 statistics). ``unsupported_reason`` says why a model does not.
 
-Status: equal to sequential training (tests/test_vectorized.py) but not yet wired into the
-workers. On this project's 2-core CPU machine, with one thread, 100 clients of 30-90
-FEMNIST-shaped examples (batch 20, one epoch) took 0.13 s sequentially and 0.24 s
-vectorized for logistic regression (groups of 32), and 0.24 s against 0.59 s for the MLP
-(groups of 8); 20 LEAF-CNN clients took 3.0 s against 26 s (vmap turns the convolutions
-into grouped ones). Whether and where it pays off (GPU, larger groups) is measured before
-it becomes a worker option.
+Workers use it under ``runtime.worker.vectorize`` (``vectorize_plan``): the worker prepares
+a group of clients, trains them here, then folds each into its partial sum as the sequential
+path does (fedray/worker.py). Groups are cut in the worker's client order, and a client's
+arithmetic has the same shapes in any group, so its update does not depend on which clients
+share its group (tests/test_vectorized.py) -- nor, therefore, on the worker count.
+Measured speed-ups, and where it does not pay, are in docs/performance.md.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 from torch import nn
 from torch.func import functional_call, grad, vmap
@@ -55,19 +56,21 @@ def unsupported_reason(module: nn.Module) -> str | None:
 
 _CONV = (nn.Conv1d, nn.Conv2d, nn.Conv3d, nn.ConvTranspose1d, nn.ConvTranspose2d,
          nn.ConvTranspose3d)
-# A group's stacked weights stay within this many bytes: on the CPU larger groups are bound
-# by memory bandwidth (each step streams every client's weights several times), and the
-# measured optimum was ~100 logistic regressions (19 MB) and ~25 MLPs (17 MB).
-GROUP_BYTES = 16 * 2**20
+# A group's stacked weights stay within this many bytes. On the CPU larger groups are bound
+# by memory bandwidth (each step streams every client's weights several times); the
+# measured optimum was ~100 logistic regressions (19 MB) and ~25 MLPs (17 MB). A GPU wants
+# large batched kernels, and has the memory: 512 MiB is 20 LEAF CNNs (26 MB each) with their
+# gradients and activations in about 2 GiB, so 8 workers still share a GPU comfortably.
+GROUP_BYTES = {"cpu": 16 * 2**20, "gpu": 512 * 2**20}
 MAX_GROUP = 128
-
 
 def vectorize_plan(module: nn.Module, mode: str, gpu: bool) -> tuple[bool, str | None]:
     """Whether workers train this model vectorized under ``runtime.worker.vectorize`` =
     ``mode``, and, when auto decides against it, the one line that says why. ``on`` for a
-    model that cannot be vectorized is an error. auto keeps convolutional models sequential
-    on the CPU: vmap turns their convolutions into grouped ones, which measured 1.3-3x slower
-    than training the clients one after another (docs/performance.md)."""
+    model that cannot be vectorized is an error. On the CPU, auto keeps convolutional models
+    sequential: vmap turns their convolutions into grouped ones, which measured slower than
+    one client after another (docs/performance.md), while linear models and MLPs measured
+    1.5-2.5x faster."""
     if mode == "off":
         return False, None
     reason = unsupported_reason(module)
@@ -78,14 +81,16 @@ def vectorize_plan(module: nn.Module, mode: str, gpu: bool) -> tuple[bool, str |
         return False, (f"runtime.worker.vectorize=auto: clients train one after another, "
                        f"as this model cannot be vectorized: {reason}")
     if mode == "auto" and not gpu and any(isinstance(m, _CONV) for m in module.modules()):
-        return False, ("runtime.worker.vectorize=auto: clients train one after another, as "
-                       "batched convolutions are slower on the CPU (set it to on to force)")
+        return False, ("runtime.worker.vectorize=auto: clients train one after another: on "
+                       "the CPU, batched training measured slower for models with "
+                       "convolutions; set it to on to force it")
     return True, None
 
 
-def group_size(num_params: int) -> int:
+def group_size(num_params: int, gpu: bool = False) -> int:
     """How many clients a worker trains in one group: as many as fit in GROUP_BYTES."""
-    return max(1, min(MAX_GROUP, GROUP_BYTES // (4 * max(1, num_params))))
+    budget = GROUP_BYTES["gpu" if gpu else "cpu"]
+    return max(1, min(MAX_GROUP, budget // (4 * max(1, num_params))))
 
 
 @dataclass
@@ -146,24 +151,29 @@ def vmap_local_sgd(model: FlatModel, global_weights: torch.Tensor,
     order = sorted(range(g), key=lambda i: -steps[i])  # stable: ties keep their order
     width = max([max(1, n) if full_batch else b for n, b in zip(sizes, batches, strict=True)]
                 + [1])
-    longest = max(sizes + [1])
     horizon = max(steps + [0])
 
-    # every client's data padded to the longest and its batch plan to [steps, width], in
-    # training order, so each step's batches are one gather
-    x0, y0 = data[0]
-    xs = torch.zeros((g, longest, *x0.shape[1:]), dtype=x0.dtype, device=device)
-    ys = torch.zeros((g, longest, *y0.shape[1:]), dtype=y0.dtype, device=device)
-    plan = torch.zeros((g, max(1, horizon), width), dtype=torch.long)
-    mask = torch.zeros((g, max(1, horizon), width), dtype=torch.float32)
+    # the clients' data back to back, in training order, and each client's batches as
+    # [steps, width] rows into it (padding points at its first example and is masked out),
+    # so a step's batches are one gather
+    plan = np.zeros((g, max(1, horizon), width), dtype=np.int64)
+    mask = np.zeros((g, max(1, horizon), width), dtype=np.float32)
+    start = 0
     for row, i in enumerate(order):
-        x, y = data[i]
-        xs[row, :len(y)] = x.to(device, non_blocking=True)
-        ys[row, :len(y)] = y.to(device, non_blocking=True)
-        for t, idx in enumerate(schedules[i]):
-            plan[row, t, :len(idx)] = idx
-            mask[row, t, :len(idx)] = 1.0
-    plan, mask = plan.to(device, non_blocking=True), mask.to(device, non_blocking=True)
+        plan[row] = start
+        if steps[i]:
+            lengths = np.fromiter((len(idx) for idx in schedules[i]), np.int64, steps[i])
+            at = np.repeat(np.arange(steps[i]), lengths)  # (step, column) of each index
+            col = np.arange(len(at)) - np.repeat(np.cumsum(lengths) - lengths, lengths)
+            plan[row, at, col] += torch.cat(schedules[i]).numpy()
+            mask[row, at, col] = 1.0
+        start += sizes[i]
+    # each client's (pinned, on a GPU) tensors copied asynchronously, joined on the device
+    xs = torch.cat([data[i][0].to(device, non_blocking=True) for i in order])
+    ys = torch.cat([data[i][1].to(device, non_blocking=True) for i in order])
+    counts = mask.sum(2, dtype=np.float64)  # [G, steps]: examples per batch
+    plan = torch.from_numpy(plan).to(device, non_blocking=True)
+    mask = torch.from_numpy(mask).to(device, non_blocking=True)
     active = [sum(1 for i in order if steps[i] > t) for t in range(horizon)]
 
     names = [n for n, _ in module.named_parameters()]
@@ -187,13 +197,12 @@ def vmap_local_sgd(model: FlatModel, global_weights: torch.Tensor,
 
     step_fn = vmap(grad(client_loss, has_aux=True))
     lr = torch.tensor([lrs[i] for i in order], dtype=torch.float32, device=device)
-    rows = torch.arange(g, device=device).unsqueeze(1)
-    loss_sums = torch.zeros(g, dtype=torch.float64, device=device)
+    step_losses = torch.zeros((g, max(1, horizon)), dtype=torch.float32, device=device)
     for t in range(horizon):
         a = active[t]
-        index, m = plan[:a, t], mask[:a, t]
+        index = plan[:a, t]
         ws = tuple(p[:a] for p in params)
-        grads, losses = step_fn(ws, xs[rows[:a], index], ys[rows[:a], index], m)
+        grads, step_losses[:a, t] = step_fn(ws, xs[index], ys[index], mask[:a, t])
         with torch.no_grad():
             for k, (w, gr) in enumerate(zip(ws, grads, strict=True)):
                 if c is not None:
@@ -201,12 +210,12 @@ def vmap_local_sgd(model: FlatModel, global_weights: torch.Tensor,
                 if prox_mu:
                     gr.add_(w - anchors[k], alpha=prox_mu)
                 w.addcmul_(lr[:a].view(a, *([1] * (w.dim() - 1))), gr, value=-1.0)
-            loss_sums[:a] += losses.double() * m.sum(1).double()
+    loss_sums = (step_losses.double().cpu().numpy() * counts).sum(1)
     weights.sub_(anchor)
     row_of = [0] * g
     for row, i in enumerate(order):
         row_of[i] = row
-    seen = [sum(len(idx) for idx in s) for s in schedules]
+    seen = [int(counts[row_of[i]].sum()) for i in range(g)]
     return GroupResult(deltas=weights, rows=row_of, num_examples=sizes,
                        loss_sums=[float(loss_sums[row_of[i]]) for i in range(g)],
                        examples_seen=seen, steps=steps)

@@ -33,7 +33,7 @@ from fedray.client_update import (
 from fedray.data.source import ClientCache, ClientSource
 from fedray.evaluation import evaluate, merge_sums
 from fedray.replica import FlatModel
-from fedray.runtime import private_mb
+from fedray.runtime import keep_freed_memory, private_mb
 from fedray.seeding import TAG_CONTROL, TAG_HOLDOUT, client_seed, derive_seed
 from fedray.tensors import readonly_tensor
 from fedray.vectorized import group_size, vmap_local_sgd
@@ -112,6 +112,7 @@ class ClientWorker:
 
         self.spec = spec
         torch.set_num_threads(max(1, int(spec.num_cpus)))
+        keep_freed_memory()  # per-step tensors of MBs reuse the heap, without page faults
         gpu_ids = ray.get_gpu_ids() if ray.is_initialized() else []  # outside Ray: the CPU
         use_cuda = bool(gpu_ids) and torch.cuda.is_available()
         self.device = torch.device("cuda" if use_cuda else "cpu")
@@ -128,7 +129,8 @@ class ClientWorker:
         self.state = (ClientStateStore(spec.state_url, spec.state_cache_mb)
                       if "control_variate" in self.needs else None)
         self._stored: list[int] = []  # clients whose state this round's train() wrote
-        self.group = group_size(self.model.num_params) if spec.vectorize else 0
+        self.group = (group_size(self.model.num_params, self.device.type == "cuda")
+                      if spec.vectorize else 0)
         self._prefetch = spec.source.cacheable or self.device.type == "cuda"
 
     def info(self) -> dict:
@@ -162,8 +164,6 @@ class ClientWorker:
         s = self.spec
         seed = client_seed(s.seed, round_idx, cid)
         x, y = self.cache.get(cid)
-        if self.device.type == "cuda":  # page-locked: the copy to the GPU runs asynchronously
-            x, y = x.pin_memory(), y.pin_memory()
         job = _Job(cid, round_idx, version, seed, x, y,
                    client_batch_size(len(y), s.batch_size, s.steps_per_epoch))
         if "sensitivity" in self.needs:
@@ -171,6 +171,8 @@ class ClientWorker:
             job.held_x = x[held]
             job.x, job.y = x[keep], y[keep]
             job.batch = client_batch_size(len(keep), s.batch_size, s.steps_per_epoch)
+        if self.device.type == "cuda":  # page-locked: the copy to the GPU runs asynchronously
+            job.x, job.y = job.x.pin_memory(), job.y.pin_memory()
         return job
 
     def _jobs(self, round_idx: int, client_ids: list[int],

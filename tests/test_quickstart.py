@@ -1,5 +1,6 @@
-"""The README's quickstart job, and the throughput benchmark, as a user would run them."""
+"""The README's quickstart job, and the benchmarks, as a user would run them."""
 
+import json
 import subprocess
 import sys
 import time
@@ -31,3 +32,21 @@ def test_throughput_benchmark_runs(tmp_path):
     assert out.returncode == 0, out.stderr
     assert "workload b" in out.stdout and "ratio" in out.stdout
     assert (tmp_path / "b.json").exists()
+
+
+@pytest.mark.slow
+def test_gpu_profile_runs_on_a_declared_gpu(tmp_path):
+    # no GPU here: one is declared to Ray, and the workers' fractional shares are checked
+    out = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "gpu_profile.py"),
+                          "--fake-gpu", "--workers-per-gpu", "2", "--rounds", "2",
+                          "--warmup", "1", "--clients-per-round", "2", "--population", "4",
+                          "--worker-cpus", "0.5", "--json", str(tmp_path / "gpu.json")],
+                         capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr
+    rows = json.loads((tmp_path / "gpu.json").read_text())
+    assert [(r["workers_per_gpu"], r["vectorize"], r["vectorized"]) for r in rows] == [
+        (2, "off", False), (2, "on", True)]
+    assert all(r["workers"] == 2 and r["num_gpus_per_worker"] == 0.5 for r in rows)
+    assert all(r["updates_per_s_per_gpu"] > 0 and r["gpu_utilization_pct"] is None
+               for r in rows)
+    assert "2 workers/GPU (num_gpus 0.5), vectorize on" in out.stdout

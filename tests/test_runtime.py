@@ -1,6 +1,8 @@
 """End-to-end runs through Ray: determinism, placement, the FedAvg arithmetic, the API."""
 
 import json
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -196,3 +198,25 @@ def test_local_dashboard_and_job_server_listen_on_loopback_only(dashboard, liste
                          text=True, timeout=120, env=env)
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.strip().splitlines()[-1] == f"listening on: {listening}".strip()
+
+
+_FREED = """
+import sys, psutil, torch
+from fedray.runtime import keep_freed_memory
+if sys.argv[1] == "keep":
+    assert keep_freed_memory()
+rss = lambda: psutil.Process().memory_info().rss / 2**20
+base = rss()
+xs = [torch.ones(1 << 19) for _ in range(100)]  # 100 x 2 MB, as a group's per-step tensors
+del xs
+print(rss() - base)
+"""
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="glibc's allocator")
+def test_workers_keep_freed_tensor_memory_instead_of_remapping_it():
+    kept = {mode: float(subprocess.run([sys.executable, "-c", _FREED, mode], check=True,
+                                       capture_output=True, text=True).stdout)
+            for mode in ("keep", "default")}
+    assert kept["keep"] > 150  # reused by the next step, no page faults
+    assert kept["default"] < 50  # glibc unmapped it: the next step faults it in again
