@@ -182,7 +182,9 @@ def measure(name: str, clients, args) -> dict:
                  f"sequential")
     else:
         line += " | vectorized: n/a (the model has dropout)"
-    print(line + f" | {row['fedray_workers']} workers", flush=True)
+    diffs = ", ".join(f"{label} {row[f'{label}_max_weight_diff_vs_raw']:.1e}"
+                      for label in ("sequential", "vectorized") if f"{label}_ratio" in row)
+    print(line + f" | {row['fedray_workers']} workers | max |w - w_raw|: {diffs}", flush=True)
     return row
 
 

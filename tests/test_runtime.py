@@ -20,7 +20,9 @@ def _max_diff(a, b):
 
 
 def test_run_directory_contents(ray_cluster, tmp_path):
-    res = fedray.run(tiny_job(tmp_path, eval__every=2, eval__federated_clients=5))
+    res = fedray.run(tiny_job(tmp_path, eval__every=2, eval__federated_clients=5,
+                              runtime__worker__vectorize="auto"))
+    assert res.summary["vectorized"]  # the default, for logistic regression
     run = tmp_path / "run"
     assert {p.name for p in run.iterdir()} == {"config.yaml", "metrics.jsonl", "summary.json",
                                                 "model.safetensors", "server_state.safetensors",
