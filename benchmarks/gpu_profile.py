@@ -81,9 +81,10 @@ def run_case(per_gpu: int, gpus: int, vectorize: str, args, out_dir: str) -> dic
             sampler.start()
 
     cfg = {"name": f"gpu-{per_gpu}-{vectorize}", "seed": 0, "rounds": args.rounds,
-           "data": {"synthetic": {"num_clients": args.population, "min_examples": 150,
-                                  "max_examples": 250}},
-           "model": {"name": "leaf_cnn"},
+           "data": {"synthetic": {"num_clients": args.population,
+                                  "min_examples": args.min_examples,
+                                  "max_examples": args.max_examples}},
+           "model": {"name": args.model},
            "client": {"lr": 0.05, "batch_size": 20, "local_epochs": 1},
            "sampling": {"clients_per_round": args.clients_per_round},
            "runtime": {"num_workers": per_gpu * gpus,
@@ -113,6 +114,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--warmup", type=int, default=2, help="untimed first rounds (default 2)")
     p.add_argument("--clients-per-round", type=int, default=400)
     p.add_argument("--population", type=int, default=5000)
+    p.add_argument("--model", default="leaf_cnn", help="model.name (default leaf_cnn)")
+    p.add_argument("--min-examples", type=int, default=150)
+    p.add_argument("--max-examples", type=int, default=250)
     p.add_argument("--worker-cpus", type=float, default=1.0,
                    help="runtime.worker.num_cpus of each worker (default 1)")
     p.add_argument("--fake-gpu", action="store_true",

@@ -2,9 +2,6 @@
 
 import argparse
 import importlib.util
-import json
-import subprocess
-import sys
 import time
 
 import pytest
@@ -25,32 +22,35 @@ def test_quickstart_learns_well_above_chance(ray_cluster, tmp_path):
     assert elapsed < 120, elapsed
 
 
+def _benchmark(name: str):
+    spec = importlib.util.spec_from_file_location(name, ROOT / "benchmarks" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
 @pytest.mark.slow
-def test_throughput_benchmark_runs(tmp_path):
-    out = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "throughput.py"),
-                          "--workload", "b", "--rounds", "2", "--warmup", "1",
-                          "--json", str(tmp_path / "b.json")],
-                         capture_output=True, text=True, timeout=600)
-    assert out.returncode == 0, out.stderr
-    assert "b            (logreg, 100 clients/round" in out.stdout
-    row = json.loads((tmp_path / "b.json").read_text())[0]
+def test_throughput_benchmark_measures_every_side(ray_cluster, capsys):
+    throughput = _benchmark("throughput")  # main() is measure() per workload, in a new Ray
+    args = argparse.Namespace(rounds=2, warmup=1, workers=None, vectorized_worker_cpus=1.0)
+    row = throughput.measure("b", throughput.make_clients(), args)
+    assert "b            (logreg, 100 clients/round" in capsys.readouterr().out
     assert row["vectorized_updates_per_s"] > 0 and row["sequential_updates_per_s"] > 0
     assert row["vectorized_ratio"] == pytest.approx(
         row["vectorized_updates_per_s"] / row["raw_updates_per_s"])
     assert row["raw_updates_per_s"] == max(row["raw_1_threads_updates_per_s"],
                                            row[f"raw_{row['raw_threads']}_threads_updates_per_s"])
+    assert row["vectorized_max_weight_diff_vs_raw"] < 1e-4  # the same job, trained alike
 
 
 @pytest.mark.slow
 def test_gpu_profile_cases_on_a_declared_gpu(ray_cluster, tmp_path):
     # the session's Ray declares one GPU and this machine has none: the workers get their
     # fractional shares and train on the CPU, which checks placement and bookkeeping only
-    spec = importlib.util.spec_from_file_location("gpu_profile",
-                                                  ROOT / "benchmarks" / "gpu_profile.py")
-    gpu_profile = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(gpu_profile)
+    gpu_profile = _benchmark("gpu_profile")
     args = argparse.Namespace(rounds=2, warmup=1, population=4, clients_per_round=2,
-                              worker_cpus=0.5)
+                              worker_cpus=0.5, model="logreg", min_examples=10,
+                              max_examples=20)
     rows = [gpu_profile.run_case(2, 1, v, args, str(tmp_path / v)) for v in ("off", "on")]
     assert [(r["vectorize"], r["vectorized"], r["workers"], r["num_gpus_per_worker"])
             for r in rows] == [("off", False, 2, 0.5), ("on", True, 2, 0.5)]

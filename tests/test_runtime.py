@@ -67,17 +67,17 @@ def test_worker_count_does_not_change_result(ray_cluster, tmp_path):
         assert _max_diff(results[0].weights, other.weights) <= 1e-6
 
 
-def test_vectorized_workers_match_sequential_at_any_worker_count(ray_cluster, tmp_path):
+def test_vectorized_workers_match_sequential_at_another_worker_count(ray_cluster, tmp_path):
     job = tiny_job(tmp_path, model__name="mlp", rounds=2, eval__central=False,
                    runtime__worker__num_cpus=0.5)
     runs = {(v, n): fedray.run(job, overrides=[f"runtime.worker.vectorize={v}",
                                                f"runtime.num_workers={n}",
                                                f"output.dir={tmp_path / f'{v}{n}'}"])
-            for v, n in (("off", 1), ("on", 1), ("on", 3))}
-    assert [r.summary["vectorized"] for r in runs.values()] == [False, True, True]
-    base = runs[("off", 1)].weights
-    assert _max_diff(base, runs[("on", 1)].weights) <= 1e-5
-    assert _max_diff(runs[("on", 1)].weights, runs[("on", 3)].weights) <= 1e-6
+            for v, n in (("off", 1), ("on", 3))}
+    assert [r.summary["vectorized"] for r in runs.values()] == [False, True]
+    # a client's update is the same in any group (tests/test_vectorized.py), and within 1e-5
+    # of its sequential one whichever worker trains it
+    assert _max_diff(runs[("off", 1)].weights, runs[("on", 3)].weights) <= 1e-5
 
 
 def test_fractional_gpu_placement(ray_cluster, tmp_path):
