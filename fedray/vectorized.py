@@ -64,13 +64,14 @@ _CONV = (nn.Conv1d, nn.Conv2d, nn.Conv3d, nn.ConvTranspose1d, nn.ConvTranspose2d
 GROUP_BYTES = {"cpu": 16 * 2**20, "gpu": 512 * 2**20}
 MAX_GROUP = 128
 
+
 def vectorize_plan(module: nn.Module, mode: str, gpu: bool) -> tuple[bool, str | None]:
     """Whether workers train this model vectorized under ``runtime.worker.vectorize`` =
     ``mode``, and, when auto decides against it, the one line that says why. ``on`` for a
     model that cannot be vectorized is an error. On the CPU, auto keeps convolutional models
     sequential: vmap turns their convolutions into grouped ones, which measured slower than
-    one client after another (docs/performance.md), while linear models and MLPs measured
-    1.5-2.5x faster."""
+    one client after another (docs/performance.md), while logistic regression and the MLP
+    measured 1.4-2.5x faster."""
     if mode == "off":
         return False, None
     reason = unsupported_reason(module)
