@@ -92,25 +92,31 @@ def local_sgd(model: FlatModel, global_weights: torch.Tensor, x: torch.Tensor, y
     schedule = batch_schedule(n, batch_size, local_epochs, local_steps, seed, full_batch,
                               device)
     steps = len(schedule)
-    anchor = global_weights[: model.num_params]
     x = x.to(device, non_blocking=True)
     y = y.to(device, non_blocking=True)
     module = model.module
     module.train()
     loss_sum = torch.zeros((), dtype=torch.float64, device=device)
     seen = 0
-    for idx in schedule:
-        model.grad.zero_()
-        batch_loss = criterion(module(x[idx]), y[idx])
-        batch_loss.backward()
-        with torch.no_grad():
-            if correction is not None:
-                model.grad.add_(correction)
-            if prox_mu:
-                model.grad.add_(model.params - anchor, alpha=prox_mu)
-            model.params.add_(model.grad, alpha=-lr)
-            loss_sum += batch_loss.detach() * len(idx)
-        seen += len(idx)
+    corrections = None if correction is None else model.split(correction)
+    anchors = model.split(global_weights) if prox_mu else None
+    with model.own_grads() as params:
+        for idx in schedule:
+            for p in params:
+                p.grad = None
+            batch_loss = criterion(module(x[idx]), y[idx])
+            batch_loss.backward()
+            with torch.no_grad():
+                # a parameter the loss does not reach has no gradient: zero
+                grads = [torch.zeros_like(p) if p.grad is None else p.grad for p in params]
+                if corrections is not None:
+                    torch._foreach_add_(grads, corrections)
+                if anchors is not None:
+                    torch._foreach_add_(grads, torch._foreach_sub(params, anchors),
+                                        alpha=prox_mu)
+                torch._foreach_add_(params, grads, alpha=-lr)
+                loss_sum += batch_loss.detach() * len(idx)
+            seen += len(idx)
     torch.sub(model.flat, global_weights, out=delta_out)
     return ClientResult(delta_out, n, float(loss_sum), seen, steps)
 

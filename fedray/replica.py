@@ -2,13 +2,16 @@
 
 A worker trains many clients per round on one replica. Keeping every floating-point
 parameter and buffer as a view into one contiguous ``flat`` tensor makes the per-client
-operations single kernels: reset to the global model (one copy), SGD step (one axpy), the
-client's delta (one subtraction) -- instead of a Python loop over tensors, which dominates
-the cost of small cross-device models. The same layout is the wire format: the driver
+operations single kernels: reset to the global model (one copy), the client's delta (one
+subtraction) -- instead of a Python loop over tensors, which dominates the cost of small
+cross-device models. The same layout is the wire format: the driver
 broadcasts one flat array per round and workers send back flat weighted sums.
 """
 
 from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 import torch
 from torch import nn
@@ -25,12 +28,15 @@ class FlatModel:
         total = self.num_params + sum(b.numel() for _, _, b in buffers)
         self.flat = torch.empty(total, dtype=torch.float32, device=self.device)
         self.grad = torch.zeros(self.num_params, dtype=torch.float32, device=self.device)
+        self.param_list = params
+        self._grad_views = []
         offset = 0
         for p in params:
             n = p.numel()
             self.flat[offset:offset + n].copy_(p.data.reshape(-1))
             p.data = self.flat[offset:offset + n].view_as(p)
             p.grad = self.grad[offset:offset + n].view_as(p)
+            self._grad_views.append(p.grad)
             offset += n
         for m, name, b in buffers:
             n = b.numel()
@@ -46,6 +52,28 @@ class FlatModel:
     def load_(self, weights: torch.Tensor) -> None:
         """Reset the replica to ``weights`` (a flat tensor) in place."""
         self.flat.copy_(weights, non_blocking=True)
+
+    def split(self, vector: torch.Tensor) -> list[torch.Tensor]:
+        """A flat per-parameter vector (a correction, an anchor) as views shaped like the
+        parameters, in their order."""
+        return [v.view_as(p) for v, p in
+                zip(vector[: self.num_params].split([p.numel() for p in self.param_list]),
+                    self.param_list, strict=True)]
+
+    @contextmanager
+    def own_grads(self) -> Iterator[list[torch.Tensor]]:
+        """Within it, the parameters (yielded) take the gradient backward() makes as their
+        own: set each ``p.grad`` to None before a step and autograd keeps the fresh tensor
+        instead of adding it into the flat ``grad``. A local SGD step then touches the
+        weights' memory twice fewer times (no zeroing, no accumulate), which for a CNN of
+        tens of MB is most of a step's memory traffic beyond the matmuls. On exit each
+        ``p.grad`` is a view of ``grad`` again, as full_gradient and sensitivity sum into it.
+        """
+        try:
+            yield self.param_list
+        finally:
+            for p, view in zip(self.param_list, self._grad_views, strict=True):
+                p.grad = view
 
     def state_dict(self) -> dict[str, torch.Tensor]:
         """A plain state_dict (copies on CPU) for saving or handing to users."""
