@@ -12,6 +12,7 @@ rounds of each side are dropped); Ray start-up and pool creation are not counted
     python benchmarks/throughput.py                       # the issue 8 workloads
     python benchmarks/throughput.py --workload a b        # the issue 2 workloads
     python benchmarks/throughput.py --workload mlp-100 --rounds 6
+    python benchmarks/throughput.py --repeat 3            # medians of 3 interleaved runs
 
 Workloads: 1,000 FEMNIST-shaped clients of 30-90 examples, 1 local epoch, batch 20, and
   logreg-100, logreg-1000: logistic regression, 100 or 1,000 clients per round;
@@ -137,8 +138,15 @@ def max_diff(a: dict, b: dict) -> float:
     return max(float((a[n] - b[n]).abs().max()) for n in a)
 
 
+def _median(values: list[float]) -> float:
+    return float(np.median(values))
+
+
 def measure(name: str, clients, args) -> dict:
-    """One workload, every side; the rates are client updates per second."""
+    """One workload, every side, ``args.repeat`` times interleaved (raw loop, fedray
+    sequential, fedray vectorized, then again), so that a slow spell of this shared machine
+    lands on every side alike; each side's rate is its median over the repeats, in client
+    updates per second, and the ratios are ratios of medians."""
     import tempfile
 
     from fedray.models import build_model as build
@@ -147,36 +155,50 @@ def measure(name: str, clients, args) -> dict:
     w = WORKLOADS[name]
     k, lr = w["clients_per_round"], w["lr"]
     rounds, warmup = (args.rounds, args.warmup) if args.rounds else w["rounds"]
+    repeat = getattr(args, "repeat", 1)
     row = {"workload": name, "model": w["model"], "clients_per_round": k, "rounds": rounds,
-           "warmup": warmup}
-    raw = {}
-    for threads in sorted({torch.get_num_threads(), 1}, reverse=True):
-        times, weights = raw_loop(clients, w["model"], k, lr, rounds, threads)
-        raw[threads] = (steady_rate(times, k, warmup), weights)
-        row[f"raw_{threads}_threads_updates_per_s"] = raw[threads][0]
-    best = max(raw, key=lambda t: raw[t][0])
-    row["raw_updates_per_s"], raw_w = raw[best]
-    row["raw_threads"] = best
+           "warmup": warmup, "repeat": repeat}
+    thread_counts = sorted({torch.get_num_threads(), 1}, reverse=True)
     sides = ["off"]
     if unsupported_reason(build(w["model"], (1, 28, 28), 62)) is None:
         sides.append("on")
-    for vectorize in sides:
-        label = "vectorized" if vectorize == "on" else "sequential"
-        with tempfile.TemporaryDirectory() as tmp:
-            times, weights, summary = fedray_run(
-                clients, w["model"], k, lr, rounds, args.workers, f"{tmp}/run", vectorize,
-                args.vectorized_worker_cpus if vectorize == "on" else 1.0)
-        rate = steady_rate(times, k, warmup)
-        row[f"{label}_updates_per_s"] = rate
-        row[f"{label}_ratio"] = rate / row["raw_updates_per_s"]
-        row[f"{label}_max_weight_diff_vs_raw"] = max_diff(weights, raw_w)
-        row["fedray_workers"] = summary["num_workers"]
-    line = (f"{name:12s} ({w['model']}, {k} clients/round, {rounds - warmup} timed rounds): "
-            f"raw loop {row['raw_updates_per_s']:7.1f}/s ({best} thread"
-            f"{'s' if best > 1 else ''}) | fedray sequential {row['sequential_updates_per_s']:7.1f}"
-            f"/s = {row['sequential_ratio']:.2f}x")
+    labels = {"off": "sequential", "on": "vectorized"}
+    rates: dict[str, list[float]] = {}
+    weights: dict[str, dict] = {}
+    for _ in range(repeat):
+        for threads in thread_counts:
+            times, weights[f"raw_{threads}"] = raw_loop(clients, w["model"], k, lr, rounds,
+                                                        threads)
+            rates.setdefault(f"raw_{threads}", []).append(steady_rate(times, k, warmup))
+        for vectorize in sides:
+            with tempfile.TemporaryDirectory() as tmp:
+                times, weights[labels[vectorize]], summary = fedray_run(
+                    clients, w["model"], k, lr, rounds, args.workers, f"{tmp}/run", vectorize,
+                    args.vectorized_worker_cpus if vectorize == "on" else 1.0)
+            rates.setdefault(labels[vectorize], []).append(steady_rate(times, k, warmup))
+            row["fedray_workers"] = summary["num_workers"]
+    for threads in thread_counts:
+        row[f"raw_{threads}_threads_updates_per_s"] = _median(rates[f"raw_{threads}"])
+    best = max(thread_counts, key=lambda t: row[f"raw_{t}_threads_updates_per_s"])
+    row["raw_updates_per_s"], row["raw_threads"] = row[f"raw_{best}_threads_updates_per_s"], best
+    row["raw_runs"] = rates[f"raw_{best}"]
+    for label in (labels[v] for v in sides):
+        row[f"{label}_updates_per_s"] = _median(rates[label])
+        row[f"{label}_runs"] = rates[label]
+        row[f"{label}_ratio"] = row[f"{label}_updates_per_s"] / row["raw_updates_per_s"]
+        row[f"{label}_max_weight_diff_vs_raw"] = max_diff(weights[label], weights[f"raw_{best}"])
+
+    def rate(label: str) -> str:
+        runs = row[f"{label}_runs"]
+        spread = f" [{min(runs):.1f}-{max(runs):.1f}]" if len(runs) > 1 else ""
+        return f"{row[f'{label}_updates_per_s']:7.1f}/s{spread}"
+
+    line = (f"{name:12s} ({w['model']}, {k} clients/round, {rounds - warmup} timed rounds"
+            f"{f', median of {repeat}' if repeat > 1 else ''}): raw loop {rate('raw')} "
+            f"({best} thread{'s' if best > 1 else ''}) | fedray sequential "
+            f"{rate('sequential')} = {row['sequential_ratio']:.2f}x")
     if "vectorized_updates_per_s" in row:
-        line += (f" | fedray vectorized {row['vectorized_updates_per_s']:7.1f}/s = "
+        line += (f" | fedray vectorized {rate('vectorized')} = "
                  f"{row['vectorized_ratio']:.2f}x raw, "
                  f"{row['vectorized_updates_per_s'] / row['sequential_updates_per_s']:.2f}x "
                  f"sequential")
@@ -197,6 +219,9 @@ def main(argv: list[str] | None = None) -> int:
                         "1,000-client and CNN ones)")
     p.add_argument("--warmup", type=int, default=1,
                    help="untimed first rounds when --rounds is given (default 1)")
+    p.add_argument("--repeat", type=int, default=1,
+                   help="measure every side this many times, interleaved, and report the "
+                        "medians with their range (default 1)")
     p.add_argument("--workers", type=int, default=None, help="fedray workers (default: auto)")
     p.add_argument("--num-cpus", type=int, default=None, help="CPUs for the local Ray")
     p.add_argument("--vectorized-worker-cpus", type=float, default=1.0,
@@ -206,6 +231,8 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     if args.rounds is not None and args.rounds <= args.warmup:
         p.error("--rounds must be larger than --warmup")
+    if args.repeat < 1:
+        p.error("--repeat must be at least 1")
     names = list(WORKLOADS) if "all" in args.workload else args.workload
 
     import ray

@@ -5,6 +5,7 @@ import importlib.util
 import time
 
 import pytest
+import torch
 from test_docs import ROOT
 
 import fedray
@@ -32,7 +33,8 @@ def _benchmark(name: str):
 @pytest.mark.slow
 def test_throughput_benchmark_measures_every_side(ray_cluster, capsys):
     throughput = _benchmark("throughput")  # main() is measure() per workload, in a new Ray
-    args = argparse.Namespace(rounds=2, warmup=1, workers=None, vectorized_worker_cpus=1.0)
+    args = argparse.Namespace(rounds=2, warmup=1, workers=None, vectorized_worker_cpus=1.0,
+                              repeat=1)
     row = throughput.measure("b", throughput.make_clients(), args)
     assert "b            (logreg, 100 clients/round" in capsys.readouterr().out
     assert row["vectorized_updates_per_s"] > 0 and row["sequential_updates_per_s"] > 0
@@ -41,6 +43,42 @@ def test_throughput_benchmark_measures_every_side(ray_cluster, capsys):
     assert row["raw_updates_per_s"] == max(row["raw_1_threads_updates_per_s"],
                                            row[f"raw_{row['raw_threads']}_threads_updates_per_s"])
     assert row["vectorized_max_weight_diff_vs_raw"] < 1e-4  # the same job, trained alike
+    for label in ("raw", "sequential", "vectorized"):  # medians of the interleaved repeats
+        runs = row[f"{label}_runs"]
+        assert len(runs) == 1 and row[f"{label}_updates_per_s"] == runs[0]
+
+
+def test_throughput_repeats_interleave_the_sides_and_report_medians(monkeypatch, capsys):
+    throughput = _benchmark("throughput")
+    calls, weights = [], {"w": torch.zeros(2)}
+    seconds = {"raw_2": [2.0, 1.0, 4.0], "raw_1": [1.0, 1.0, 1.0],  # per run: seconds a round
+               "off": [0.5, 0.25, 1.0], "on": [0.2, 0.1, 0.4]}
+
+    def raw_loop(clients, model, k, lr, rounds, threads):
+        calls.append(f"raw_{threads}")
+        return [seconds[f"raw_{threads}"][calls.count(calls[-1]) - 1]] * rounds, weights
+
+    def fedray_run(clients, model, k, lr, rounds, workers, out_dir, vectorize, cpus):
+        calls.append(vectorize)
+        return [seconds[vectorize][calls.count(vectorize) - 1]] * rounds, weights, {
+            "num_workers": 2}
+
+    monkeypatch.setattr(throughput, "raw_loop", raw_loop)
+    monkeypatch.setattr(throughput, "fedray_run", fedray_run)
+    monkeypatch.setattr(throughput.torch, "get_num_threads", lambda: 2)
+    args = argparse.Namespace(rounds=3, warmup=1, workers=None, vectorized_worker_cpus=1.0,
+                              repeat=3)
+    row = throughput.measure("b", {}, args)
+    assert calls == ["raw_2", "raw_1", "off", "on"] * 3  # interleaved, not side by side
+    # 100 clients a round: the raw loop's medians are 50/s (2 threads) and 100/s (1 thread)
+    assert row["raw_threads"] == 1 and row["raw_updates_per_s"] == pytest.approx(100)
+    assert row["sequential_runs"] == pytest.approx([200, 400, 100])
+    assert row["sequential_updates_per_s"] == pytest.approx(200)
+    assert row["vectorized_ratio"] == pytest.approx(5.0)
+    assert "median of 3" in capsys.readouterr().out
+    with pytest.raises(SystemExit):  # before any Ray starts
+        throughput.main(["--repeat", "0"])
+    assert "--repeat must be at least 1" in capsys.readouterr().err
 
 
 @pytest.mark.slow
