@@ -94,6 +94,18 @@ def group_size(num_params: int, gpu: bool = False) -> int:
     return max(1, min(MAX_GROUP, budget // (4 * max(1, num_params))))
 
 
+def group_sizes(n: int, target: int) -> list[int]:
+    """How a worker's ``n`` clients of a round split into groups of about ``target``:
+    round(n / target) groups of equal size (give or take one). A group's step costs about
+    the same however few clients remain in it, so 50 clients at a target of 24 train as
+    25 + 25, not 24 + 24 + 2, whose third group would cost nearly as much as a full one."""
+    if n <= 0:
+        return []
+    count = max(1, round(n / max(1, target)))
+    base, extra = divmod(n, count)
+    return [base + 1] * extra + [base] * (count - extra)
+
+
 @dataclass
 class GroupResult:
     deltas: torch.Tensor  # [G, P]: the clients' y - x, in training order (see rows)

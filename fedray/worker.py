@@ -36,7 +36,7 @@ from fedray.replica import FlatModel
 from fedray.runtime import keep_freed_memory, private_mb
 from fedray.seeding import TAG_CONTROL, TAG_HOLDOUT, client_seed, derive_seed
 from fedray.tensors import readonly_tensor
-from fedray.vectorized import group_size, vmap_local_sgd
+from fedray.vectorized import group_size, group_sizes, vmap_local_sgd
 
 
 @dataclass
@@ -95,15 +95,10 @@ class _Job:
     held_x: torch.Tensor | None = None  # Elastic's B_k
 
 
-def _chunks(items: Iterator, size: int) -> Iterator[list]:
-    chunk = []
-    for item in items:
-        chunk.append(item)
-        if len(chunk) == size:
-            yield chunk
-            chunk = []
-    if chunk:
-        yield chunk
+def _chunks(items: Iterator, sizes: list[int]) -> Iterator[list]:
+    """``items`` cut into consecutive lists of the given sizes."""
+    for size in sizes:
+        yield [next(items) for _ in range(size)]
 
 
 class ClientWorker:
@@ -301,7 +296,7 @@ class ClientWorker:
         self._stored = []
         jobs = self._jobs(round_idx, client_ids, versions)
         if self.group:
-            results = (r for chunk in _chunks(jobs, self.group)
+            results = (r for chunk in _chunks(jobs, group_sizes(len(client_ids), self.group))
                        for r in self._train_group(global_w, chunk, acc))
         else:
             results = (self._train_client(global_w, job, acc) for job in jobs)

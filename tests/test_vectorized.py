@@ -7,7 +7,13 @@ from torch import nn
 from fedray.client_update import local_sgd
 from fedray.models import build_model
 from fedray.replica import FlatModel
-from fedray.vectorized import group_size, unsupported_reason, vectorize_plan, vmap_local_sgd
+from fedray.vectorized import (
+    group_size,
+    group_sizes,
+    unsupported_reason,
+    vectorize_plan,
+    vmap_local_sgd,
+)
 
 
 def _clients(shape, classes, sizes, seed=0, loss="cross_entropy"):
@@ -124,6 +130,17 @@ def test_group_size_bounds_the_stacked_weights():
     assert group_size(6_603_710, gpu=True) == 20
     assert group_size(10) == 128
     assert group_size(10**9, gpu=True) == 1
+
+
+def test_group_sizes_split_a_round_evenly_without_a_small_tail():
+    assert group_sizes(50, 24) == [25, 25]  # not 24 + 24 + 2
+    assert group_sizes(9, 4) == [5, 4]
+    assert group_sizes(500, 24) == [24] * 17 + [23] * 4
+    assert group_sizes(3, 86) == [3]
+    assert group_sizes(0, 24) == []
+    for n in range(1, 60):
+        sizes = group_sizes(n, 7)
+        assert sum(sizes) == n and max(sizes) - min(sizes) <= 1 and max(sizes) <= 7 * 1.5
 
 
 def test_a_client_trains_the_same_in_any_group():

@@ -56,7 +56,7 @@ def _worker(tmp_path, name, model, client, aggregator, extra, vectorize):
                       vectorize=vectorize, **kw)
     w = ClientWorker(spec)
     if vectorize:
-        w.group = 4  # several groups, the last one short
+        w.group = 4  # groups of about 4: the 9 clients train as 5 + 4
         w._prefetch = True  # and clients read ahead on the prefetch thread
     return w
 
