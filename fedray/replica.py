@@ -4,8 +4,8 @@ A worker trains many clients per round on one replica. Keeping every floating-po
 parameter and buffer as a view into one contiguous ``flat`` tensor makes the per-client
 operations single kernels: reset to the global model (one copy), the client's delta (one
 subtraction) -- instead of a Python loop over tensors, which dominates the cost of small
-cross-device models. The same layout is the wire format: the driver
-broadcasts one flat array per round and workers send back flat weighted sums.
+cross-device models. The same layout is the wire format: the driver broadcasts one flat
+array per round and workers send back flat weighted sums.
 """
 
 from __future__ import annotations
@@ -64,9 +64,9 @@ class FlatModel:
     def own_grads(self) -> Iterator[list[torch.Tensor]]:
         """Within it, the parameters (yielded) take the gradient backward() makes as their
         own: set each ``p.grad`` to None before a step and autograd keeps the fresh tensor
-        instead of adding it into the flat ``grad``. A local SGD step then touches the
-        weights' memory twice fewer times (no zeroing, no accumulate), which for a CNN of
-        tens of MB is most of a step's memory traffic beyond the matmuls. On exit each
+        instead of adding it into the flat ``grad``. A local SGD step then makes two passes
+        fewer over memory the size of the weights (no zeroing, no accumulating), which for a
+        CNN of tens of MB is much of a step's memory traffic beyond the matmuls. On exit each
         ``p.grad`` is a view of ``grad`` again, as full_gradient and sensitivity sum into it.
         """
         try:
