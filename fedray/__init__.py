@@ -5,6 +5,14 @@ The stable Python entry point is ``fedray.run`` (see docs/api.md).
 
 __version__ = "0.1.0"
 
-from fedray.api import RunResult, run  # noqa: E402
-
 __all__ = ["RunResult", "run", "__version__"]
+
+
+def __getattr__(name: str):
+    # fedray.run pulls in torch (1.5-2 s); the CLI's --help, --version and the errors it
+    # reports before a job starts do not need it
+    if name in ("run", "RunResult"):
+        from fedray import api
+
+        return getattr(api, name)
+    raise AttributeError(f"module 'fedray' has no attribute {name!r}")
