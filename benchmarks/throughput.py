@@ -155,7 +155,7 @@ def measure(name: str, clients, args) -> dict:
     w = WORKLOADS[name]
     k, lr = w["clients_per_round"], w["lr"]
     rounds, warmup = (args.rounds, args.warmup) if args.rounds else w["rounds"]
-    repeat = getattr(args, "repeat", 1)
+    repeat = args.repeat
     row = {"workload": name, "model": w["model"], "clients_per_round": k, "rounds": rounds,
            "warmup": warmup, "repeat": repeat}
     thread_counts = sorted({torch.get_num_threads(), 1}, reverse=True)
