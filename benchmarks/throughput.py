@@ -176,7 +176,7 @@ def measure(name: str, clients, args) -> dict:
                     clients, w["model"], k, lr, rounds, args.workers, f"{tmp}/run", vectorize,
                     args.vectorized_worker_cpus if vectorize == "on" else 1.0)
             rates.setdefault(labels[vectorize], []).append(steady_rate(times, k, warmup))
-            row["fedray_workers"] = summary["num_workers"]
+            row[f"{labels[vectorize]}_workers"] = summary["num_workers"]
     for threads in thread_counts:
         row[f"raw_{threads}_threads_updates_per_s"] = _median(rates[f"raw_{threads}"])
     best = max(thread_counts, key=lambda t: row[f"raw_{t}_threads_updates_per_s"])
@@ -206,7 +206,9 @@ def measure(name: str, clients, args) -> dict:
         line += " | vectorized: n/a (the model has dropout)"
     diffs = ", ".join(f"{label} {row[f'{label}_max_weight_diff_vs_raw']:.1e}"
                       for label in ("sequential", "vectorized") if f"{label}_ratio" in row)
-    print(line + f" | {row['fedray_workers']} workers | max |w - w_raw|: {diffs}", flush=True)
+    workers = ", ".join(f"{label} {row[f'{label}_workers']}"
+                        for label in ("sequential", "vectorized") if f"{label}_ratio" in row)
+    print(line + f" | workers: {workers} | max |w - w_raw|: {diffs}", flush=True)
     return row
 
 

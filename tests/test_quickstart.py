@@ -75,6 +75,7 @@ def test_throughput_repeats_interleave_the_sides_and_report_medians(monkeypatch,
     assert row["sequential_runs"] == pytest.approx([200, 400, 100])
     assert row["sequential_updates_per_s"] == pytest.approx(200)
     assert row["vectorized_ratio"] == pytest.approx(5.0)
+    assert row["sequential_workers"] == row["vectorized_workers"] == 2
     assert "median of 3" in capsys.readouterr().out
     with pytest.raises(SystemExit):  # before any Ray starts
         throughput.main(["--repeat", "0"])
