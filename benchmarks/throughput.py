@@ -138,10 +138,6 @@ def max_diff(a: dict, b: dict) -> float:
     return max(float((a[n] - b[n]).abs().max()) for n in a)
 
 
-def _median(values: list[float]) -> float:
-    return float(np.median(values))
-
-
 def measure(name: str, clients, args) -> dict:
     """One workload, every side, ``args.repeat`` times interleaved (raw loop, fedray
     sequential, fedray vectorized, then again), so that a slow spell of this shared machine
@@ -178,12 +174,12 @@ def measure(name: str, clients, args) -> dict:
             rates.setdefault(labels[vectorize], []).append(steady_rate(times, k, warmup))
             row[f"{labels[vectorize]}_workers"] = summary["num_workers"]
     for threads in thread_counts:
-        row[f"raw_{threads}_threads_updates_per_s"] = _median(rates[f"raw_{threads}"])
+        row[f"raw_{threads}_threads_updates_per_s"] = float(np.median(rates[f"raw_{threads}"]))
     best = max(thread_counts, key=lambda t: row[f"raw_{t}_threads_updates_per_s"])
     row["raw_updates_per_s"], row["raw_threads"] = row[f"raw_{best}_threads_updates_per_s"], best
     row["raw_runs"] = rates[f"raw_{best}"]
     for label in (labels[v] for v in sides):
-        row[f"{label}_updates_per_s"] = _median(rates[label])
+        row[f"{label}_updates_per_s"] = float(np.median(rates[label]))
         row[f"{label}_runs"] = rates[label]
         row[f"{label}_ratio"] = row[f"{label}_updates_per_s"] / row["raw_updates_per_s"]
         row[f"{label}_max_weight_diff_vs_raw"] = max_diff(weights[label], weights[f"raw_{best}"])

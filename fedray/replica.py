@@ -29,14 +29,12 @@ class FlatModel:
         self.flat = torch.empty(total, dtype=torch.float32, device=self.device)
         self.grad = torch.zeros(self.num_params, dtype=torch.float32, device=self.device)
         self.param_list = params
-        self._grad_views = []
         offset = 0
         for p in params:
             n = p.numel()
             self.flat[offset:offset + n].copy_(p.data.reshape(-1))
             p.data = self.flat[offset:offset + n].view_as(p)
             p.grad = self.grad[offset:offset + n].view_as(p)
-            self._grad_views.append(p.grad)
             offset += n
         for m, name, b in buffers:
             n = b.numel()
@@ -72,7 +70,7 @@ class FlatModel:
         try:
             yield self.param_list
         finally:
-            for p, view in zip(self.param_list, self._grad_views, strict=True):
+            for p, view in zip(self.param_list, self.split(self.grad), strict=True):
                 p.grad = view
 
     def state_dict(self) -> dict[str, torch.Tensor]:
