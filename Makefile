@@ -24,9 +24,10 @@ test: venv  ## the whole test suite (about 14 minutes on 2 cores)
 lint: venv
 	$(BIN)/ruff check .
 
-bench: venv  ## fedray vs a plain PyTorch loop, then 1,000 vs 100,000 clients
+bench: venv  ## fedray vs a plain PyTorch loop, 1,000 vs 100,000 clients, a run's start-up
 	$(BIN)/python benchmarks/throughput.py
 	$(BIN)/python benchmarks/scale.py
+	$(BIN)/python benchmarks/startup.py
 
 clean:
 	rm -rf $(VENV) runs .pytest_cache .ruff_cache

@@ -162,7 +162,7 @@ def run(config: ConfigSource | None = None, model_fn: Callable[[], nn.Module] | 
     from fedray.data.source import build_source
     from fedray.driver import Driver
     from fedray.models import build_model
-    from fedray.pool import pool_size
+    from fedray.pool import launch_workers, pool_size
     from fedray.runtime import ray_session
 
     if resume is not None:
@@ -187,6 +187,8 @@ def run(config: ConfigSource | None = None, model_fn: Callable[[], nn.Module] | 
         num_workers = pool_size(cfg, resources)
         driver_cls = ray.remote(Driver).options(num_cpus=0, scheduling_strategy=strategy)
         driver = driver_cls.remote()
+        w = cfg.runtime.worker  # its workers start beside it; it configures them in setup()
+        launched = launch_workers(num_workers, w.num_cpus, w.num_gpus)
         metrics: list[dict] = []
         summary: dict = {}
         with contextlib.ExitStack() as stack:
@@ -197,7 +199,8 @@ def run(config: ConfigSource | None = None, model_fn: Callable[[], nn.Module] | 
                 callbacks.append(stack.enter_context(mlflow_run(cfg, url)))
             try:
                 ray.get(driver.setup.remote(OmegaConf.to_container(cfg, resolve=True), source,
-                                            make_model, num_workers, url, resume is not None))
+                                            make_model, num_workers, url, resume is not None,
+                                            launched))
                 for ref in driver.run.remote():
                     item = ray.get(ref)
                     if "summary" in item:
@@ -210,5 +213,6 @@ def run(config: ConfigSource | None = None, model_fn: Callable[[], nn.Module] | 
             except (ray.exceptions.RayTaskError, ray.exceptions.RayActorError) as exc:
                 raise _unwrap_remote_error(exc) from None
             finally:
-                ray.kill(driver)  # its worker actors go with it
+                for actor in (driver, *launched):  # replacement workers go with the driver
+                    ray.kill(actor)
     return RunResult(weights=weights, metrics=metrics, summary=summary, run_dir=url, config=cfg)

@@ -64,9 +64,11 @@ class Driver:
         torch.set_num_threads(1)
 
     def setup(self, cfg: dict, source: ClientSource, make_model: Callable[[], nn.Module],
-              num_workers: int, run_dir: str, resume: bool = False) -> None:
+              num_workers: int, run_dir: str, resume: bool = False,
+              launched: list | None = None) -> None:
         """Build the global model and the worker pool, and open the run directory (resuming
-        from its checkpoint when ``resume``).
+        from its checkpoint when ``resume``). The pool configures the ``launched`` workers
+        (fedray.run starts them beside this actor: pool.launch_workers), or starts its own.
 
         Not in __init__: an exception there kills the actor with an opaque error, while one
         raised here reaches fedray.run as the FedrayError it is."""
@@ -118,7 +120,8 @@ class Driver:
             self._restore()
         start = time.perf_counter()
         self.pool = WorkerPool(spec, num_workers, c.runtime.worker.num_cpus,
-                               c.runtime.worker.num_gpus, c.runtime.max_retries)
+                               c.runtime.worker.num_gpus, c.runtime.max_retries,
+                               launched=launched)
         self.pool_start_s = time.perf_counter() - start
         self.test_ref, self.test_len = None, 0
         if c.eval.central:

@@ -53,19 +53,31 @@ def _failure_types() -> tuple[type[BaseException], ...]:
             rx.ObjectLostError)
 
 
-def create_workers(spec, count: int, num_cpus: float, num_gpus: float,
-                   ready_timeout_s: float = 300.0) -> list:
-    """Start ``count`` worker actors and wait until every one has built its model."""
+def launch_workers(count: int, num_cpus: float, num_gpus: float) -> list:
+    """Start ``count`` worker actors without waiting for them and without a spec.
+
+    Their processes boot and import torch (1-2 s each) at once; ``create_workers`` later
+    gives them the spec. fedray.run launches them next to the driver, which would otherwise
+    import torch first and start its workers only then: a run starts ~1 s sooner."""
     import ray
 
     from fedray.worker import ClientWorker
 
     actor = ray.remote(ClientWorker).options(num_cpus=num_cpus, num_gpus=num_gpus,
                                              max_concurrency=1)
+    return [actor.remote() for _ in range(count)]
+
+
+def create_workers(spec, count: int, num_cpus: float, num_gpus: float,
+                   ready_timeout_s: float = 300.0, launched: list | None = None) -> list:
+    """``count`` workers that have built their model for ``spec``: the ``launched`` ones
+    (from ``launch_workers``), or new ones."""
+    import ray
+
+    workers = launched if launched is not None else launch_workers(count, num_cpus, num_gpus)
     spec_ref = spec if isinstance(spec, ray.ObjectRef) else ray.put(spec)
-    workers = [actor.remote(spec_ref) for _ in range(count)]
-    ready, pending = ray.wait([w.info.remote() for w in workers], num_returns=count,
-                              timeout=ready_timeout_s)
+    ready, pending = ray.wait([w.configure.remote(spec_ref) for w in workers],
+                              num_returns=count, timeout=ready_timeout_s)
     if pending:
         for w in workers:
             ray.kill(w)
@@ -89,14 +101,15 @@ class WorkerPool:
     """
 
     def __init__(self, spec, count: int, num_cpus: float, num_gpus: float, max_retries: int,
-                 replace_timeout_s: float = 60.0):
+                 replace_timeout_s: float = 60.0, launched: list | None = None):
         import ray
 
         self._spec_ref = ray.put(spec)
         self._resources = (num_cpus, num_gpus)
         self.max_retries = max_retries
         self.replace_timeout_s = replace_timeout_s
-        self.workers = create_workers(self._spec_ref, count, num_cpus, num_gpus)
+        self.workers = create_workers(self._spec_ref, count, num_cpus, num_gpus,
+                                      launched=launched)
         self.failures = 0  # tasks lost to dead workers, this run
         self.round_failures = 0  # ... this round
 

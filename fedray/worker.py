@@ -102,7 +102,15 @@ def _chunks(items: Iterator, sizes: list[int]) -> Iterator[list]:
 
 
 class ClientWorker:
-    def __init__(self, spec: WorkerSpec):
+    def __init__(self, spec: WorkerSpec | None = None):
+        if spec is not None:
+            self.configure(spec)
+
+    def configure(self, spec: WorkerSpec) -> None:
+        """Build the model replica, the data cache and the client state store for ``spec``.
+
+        Apart from __init__ so that a worker's process can start, and import torch (1-2 s),
+        while the driver is still starting and has no spec yet (fedray.pool.launch_workers)."""
         import ray
 
         self.spec = spec

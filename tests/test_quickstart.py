@@ -2,6 +2,7 @@
 
 import argparse
 import importlib.util
+import json
 import time
 
 import pytest
@@ -95,3 +96,13 @@ def test_gpu_profile_cases_on_a_declared_gpu(ray_cluster, tmp_path):
             for r in rows] == [("off", False, 2, 0.5), ("on", True, 2, 0.5)]
     assert all(r["updates_per_s_per_gpu"] > 0 and r["gpu_utilization_pct"] is None
                and r["devices"] == ["cpu"] for r in rows)
+
+
+def test_startup_benchmark_times_each_run(ray_cluster, tmp_path, capsys):
+    startup = _benchmark("startup")  # reuses the session's Ray
+    assert startup.main(["--runs", "1", "--json", str(tmp_path / "startup.json")]) == 0
+    r = json.loads((tmp_path / "startup.json").read_text())
+    (run,) = r["runs"]
+    assert run["workers"] == 2 and 0 < run["pool_start_s"] < run["wall_s"]
+    assert 0 < run["rounds_s"] < run["wall_s"] and r["median_wall_s"] == run["wall_s"]
+    assert "median of 1:" in capsys.readouterr().out

@@ -3,6 +3,7 @@
 import json
 import subprocess
 import sys
+import time
 
 import numpy as np
 import pytest
@@ -149,9 +150,19 @@ def test_existing_run_directory_is_refused(ray_cluster, tmp_path):
 
 
 def test_model_that_does_not_fit_the_data(ray_cluster, tmp_path):
-    with pytest.raises(FedrayError, match="model.name=emnist_cnn"):
+    try:
         fedray.run({"model": {"name": "emnist_cnn"}, "sampling": {"clients_per_round": 2},
                     "output": {"dir": str(tmp_path / "run")}}, client_data=blobs(3))
+    except FedrayError as exc:  # checked while the error (and its traceback) is still alive
+        assert "model.name=emnist_cnn" in str(exc)
+        # the workers fedray.run started beside the driver are gone too: their CPUs are free
+        total = ray_cluster.cluster_resources()["CPU"]
+        deadline = time.monotonic() + 10
+        while ray_cluster.available_resources().get("CPU", 0.0) < total:
+            assert time.monotonic() < deadline, ray_cluster.available_resources()
+            time.sleep(0.05)
+    else:
+        pytest.fail("a model that does not fit the data was accepted")
 
 
 def test_population_scale_driver_memory(ray_cluster, tmp_path):
