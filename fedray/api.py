@@ -15,15 +15,17 @@ import contextlib
 import functools
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import torch
 from omegaconf import DictConfig, OmegaConf
-from torch import nn
 
 from fedray.config import ConfigSource, load_config, validate
 from fedray.errors import FedrayError
 from fedray.run_dir import RunDir, absolute_url
+
+if TYPE_CHECKING:  # torch is imported where a run starts: a bad config fails without it
+    import torch
+    from torch import nn
 
 
 @dataclass

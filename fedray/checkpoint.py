@@ -26,17 +26,18 @@ from __future__ import annotations
 import json
 import struct
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import fsspec
 import numpy as np
-import torch
 from omegaconf import DictConfig, OmegaConf
-from safetensors.torch import load as load_safetensors
-from safetensors.torch import save as save_safetensors
 
 from fedray.config import FedrayConfig, flat_keys
 from fedray.errors import FedrayError
 from fedray.redact import MASK, mask_tree
+
+if TYPE_CHECKING:  # `fedray run --resume` compares configs, and fails there, without torch
+    import torch
 
 CHECKPOINT_FILE = "checkpoint.safetensors"
 CONFIG_FILE = "config.yaml"
@@ -61,6 +62,9 @@ class Checkpoint:
 
 
 def encode(ckpt: Checkpoint) -> bytes:
+    import torch
+    from safetensors.torch import save as save_safetensors
+
     tensors = {"weights": ckpt.weights.detach().cpu().contiguous(),
                **{k: v.detach().cpu().contiguous() for k, v in ckpt.server_state.items()}}
     if ckpt.client_versions is not None:
@@ -76,6 +80,8 @@ def _header_metadata(data: bytes) -> dict:
 
 
 def decode(data: bytes, where: str) -> Checkpoint:
+    from safetensors.torch import load as load_safetensors
+
     try:
         tensors = load_safetensors(data)
         meta = json.loads(_header_metadata(data)[_META])

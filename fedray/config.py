@@ -260,8 +260,6 @@ def _require(ok: bool, key: str, rule: str, value: Any) -> None:
 def validate(cfg: DictConfig, population: int, *, custom_model: bool = False) -> None:
     """Reject impossible values with one line naming the key and what is allowed."""
     from fedray.algorithms import AGGREGATORS, ALGORITHMS, CLIENT_UPDATES, SERVER_OPTS, resolve
-    from fedray.losses import LOSSES
-    from fedray.models import MODELS
 
     r = _require
     r(cfg.seed >= 0, "seed", "must be >= 0", cfg.seed)
@@ -281,11 +279,6 @@ def validate(cfg: DictConfig, population: int, *, custom_model: bool = False) ->
           syn.test_fraction)
         r(syn.test_writers >= 0, "data.synthetic.test_writers", "must be >= 0", syn.test_writers)
         r(syn.seed >= 0, "data.synthetic.seed", "must be >= 0", syn.seed)
-    if not custom_model:
-        r(cfg.model.name in MODELS, "model.name", f"must be one of: {', '.join(MODELS)}",
-          cfg.model.name)
-    r(cfg.model.loss in LOSSES, "model.loss", f"must be one of: {', '.join(LOSSES)}",
-      cfg.model.loss)
     a = cfg.algorithm
     r(a.name in ALGORITHMS, "algorithm.name", f"must be one of: {', '.join(ALGORITHMS)}", a.name)
     for key, allowed in (("client", CLIENT_UPDATES), ("aggregator", AGGREGATORS),
@@ -359,6 +352,16 @@ def validate(cfg: DictConfig, population: int, *, custom_model: bool = False) ->
     r(e.batch_size >= 1, "eval.batch_size", "must be >= 1", e.batch_size)
     r(cfg.checkpoint.every >= 0, "checkpoint.every", "must be >= 0", cfg.checkpoint.every)
     r(bool(cfg.output.dir), "output.dir", "must be a path or URL", cfg.output.dir)
+    # last: the model and loss registries import torch (1-2 s), which a typo in any other
+    # key should not wait for
+    from fedray.losses import LOSSES
+    from fedray.models import MODELS
+
+    if not custom_model:
+        r(cfg.model.name in MODELS, "model.name", f"must be one of: {', '.join(MODELS)}",
+          cfg.model.name)
+    r(cfg.model.loss in LOSSES, "model.loss", f"must be one of: {', '.join(LOSSES)}",
+      cfg.model.loss)
 
 
 def to_yaml(cfg: DictConfig) -> str:

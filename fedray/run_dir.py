@@ -14,15 +14,16 @@ from __future__ import annotations
 import json
 import os
 import uuid
+from typing import TYPE_CHECKING
 
 import fsspec
-import torch
-from safetensors.torch import load as load_safetensors
-from safetensors.torch import save as save_safetensors
 
 from fedray.errors import FedrayError
 from fedray.redact import mask
 from fedray.tensorboard import EVENTS_FILE, events_from_lines, file_header, scalar_events
+
+if TYPE_CHECKING:  # checking a run directory's path needs no torch (fedray run's errors)
+    import torch
 
 WEIGHTS_FILE = "model.safetensors"
 SERVER_STATE_FILE = "server_state.safetensors"
@@ -123,6 +124,8 @@ class RunDir:
         return self.fs.unstrip_protocol(self._p(name))
 
     def save_tensors(self, name: str, state: dict[str, torch.Tensor]) -> None:
+        from safetensors.torch import save as save_safetensors
+
         tensors = {k: v.detach().cpu().contiguous() for k, v in state.items()}
         self.write_bytes(name, save_safetensors(tensors))
 
@@ -132,6 +135,8 @@ class RunDir:
 
 def load_tensors(run_dir: str, name: str = WEIGHTS_FILE) -> dict[str, torch.Tensor]:
     """A safetensors file of a run directory (no code is executed)."""
+    from safetensors.torch import load as load_safetensors
+
     fs, path = fsspec.core.url_to_fs(run_dir)
     with fs.open(f"{path.rstrip('/')}/{name}", "rb") as f:
         return load_safetensors(f.read())

@@ -17,16 +17,25 @@ import time
 from collections.abc import Iterable
 
 import fsspec
-from tensorboardX.proto.event_pb2 import Event
-from tensorboardX.proto.summary_pb2 import Summary
-from tensorboardX.record_writer import masked_crc32c
 
 # TensorBoard reads every file whose name contains "tfevents"; one fixed name per run
 # directory lets a resumed run replace it
 EVENTS_FILE = "events.out.tfevents.fedray"
 
 
+def _tbx():
+    """tensorboardX's ``Event`` and ``Summary`` classes and its CRC, imported when first
+    used: the tensorboardX package imports torch (1-2 s), and `fedray run` checks a run
+    directory, and reports a bad config, before anything needs either."""
+    from tensorboardX.proto.event_pb2 import Event
+    from tensorboardX.proto.summary_pb2 import Summary
+    from tensorboardX.record_writer import masked_crc32c
+
+    return Event, Summary, masked_crc32c
+
+
 def _record(data: bytes) -> bytes:
+    masked_crc32c = _tbx()[2]
     header = struct.pack("<Q", len(data))
     return (header + struct.pack("<I", masked_crc32c(header)) + data
             + struct.pack("<I", masked_crc32c(data)))
@@ -34,6 +43,7 @@ def _record(data: bytes) -> bytes:
 
 def file_header(wall_time: float | None = None) -> bytes:
     """The version event every event file starts with."""
+    Event = _tbx()[0]
     event = Event(wall_time=time.time() if wall_time is None else wall_time,
                   file_version="brain.Event:2")
     return _record(event.SerializeToString())
@@ -48,6 +58,7 @@ def numeric_metrics(metrics: dict) -> dict[str, float]:
 
 def scalar_events(metrics: dict, wall_time: float | None = None) -> bytes:
     """One event holding every numeric metric of a round (step = the round)."""
+    Event, Summary, _ = _tbx()
     values = [Summary.Value(tag=k, simple_value=v) for k, v in numeric_metrics(metrics).items()]
     event = Event(wall_time=time.time() if wall_time is None else wall_time,
                   step=int(metrics["round"]), summary=Summary(value=values))
@@ -62,6 +73,7 @@ def events_from_lines(lines: Iterable[str]) -> bytes:
 def read_scalars(url: str) -> dict[str, list[tuple[int, float]]]:
     """``{tag: [(step, value), ...]}`` of an event file, checking every record's CRCs (the
     tests read fedray's files back with this; TensorBoard reads them the same way)."""
+    Event, _, masked_crc32c = _tbx()
     with fsspec.open(url, "rb") as f:
         data = f.read()
     out: dict[str, list[tuple[int, float]]] = {}

@@ -40,6 +40,21 @@ def test_config_error_is_one_line_and_writes_nothing(tmp_path):
     assert out.returncode == 2 and "job file not found" in out.stderr
 
 
+def test_config_and_store_errors_come_before_torch_is_imported(tmp_path):
+    """A typo fails in a fraction of a second: the checks before a run starts (config keys,
+    the store's manifest) and the error path do not import torch (1-2 s)."""
+    job = tmp_path / "job.yaml"
+    job.write_text(yaml.safe_dump(tiny_job(tmp_path)))
+    code = ("import sys; from fedray.cli import main; rc = main(sys.argv[1:]); "
+            "print('torch' in sys.modules); sys.exit(rc)")
+    for args in (["run", str(job), "client.lr=-1"],
+                 ["run", str(job), f"data.partition={tmp_path / 'nostore'}"]):
+        out = subprocess.run([sys.executable, "-c", code, *args], capture_output=True,
+                             text=True, timeout=60)
+        assert out.returncode == 2 and "fedray: error: " in out.stderr, out.stderr
+        assert out.stdout.strip() == "False", args
+
+
 def test_run_job_end_to_end(tmp_path):
     job = tmp_path / "job.yaml"
     job.write_text(yaml.safe_dump(tiny_job(tmp_path, runtime={"num_cpus": 2})))
