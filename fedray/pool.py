@@ -58,7 +58,8 @@ def launch_workers(count: int, num_cpus: float, num_gpus: float) -> list:
 
     Their processes boot and import torch (1-2 s each) at once; ``create_workers`` later
     gives them the spec. fedray.run launches them next to the driver, which would otherwise
-    import torch first and start its workers only then: a run starts ~1 s sooner."""
+    import torch first and start its workers only then: a short run takes ~1.4 s less on 2
+    cores (docs/performance.md, "Run start-up")."""
     import ray
 
     from fedray.worker import ClientWorker
@@ -77,11 +78,11 @@ def create_workers(spec, count: int, num_cpus: float, num_gpus: float,
     workers = launched if launched is not None else launch_workers(count, num_cpus, num_gpus)
     spec_ref = spec if isinstance(spec, ray.ObjectRef) else ray.put(spec)
     ready, pending = ray.wait([w.configure.remote(spec_ref) for w in workers],
-                              num_returns=count, timeout=ready_timeout_s)
+                              num_returns=len(workers), timeout=ready_timeout_s)
     if pending:
         for w in workers:
             ray.kill(w)
-        raise FedrayError(f"only {len(ready)} of {count} workers started within "
+        raise FedrayError(f"only {len(ready)} of {len(workers)} workers started within "
                           f"{ready_timeout_s:.0f}s: the cluster lacks the resources they reserve")
     ray.get(ready)  # surface a worker's construction error, if any
     return workers
