@@ -13,6 +13,11 @@ rounds of each side are dropped); Ray start-up and pool creation are not counted
     python benchmarks/throughput.py --workload a b        # the issue 2 workloads
     python benchmarks/throughput.py --workload mlp-100 --rounds 6
     python benchmarks/throughput.py --repeat 3            # medians of 3 interleaved runs
+    python benchmarks/throughput.py --flower-python /tmp/flower/bin/python  # and Flower
+
+With ``--flower-python``, Flower's simulation engine runs the same workload too, under the
+Python of a separate environment that has flwr[simulation] and torch (benchmarks/flower_side.py
+says how it is set up); fedray never depends on Flower.
 
 Workloads: 1,000 FEMNIST-shaped clients of 30-90 examples, 1 local epoch, batch 20, and
   logreg-100, logreg-1000: logistic regression, 100 or 1,000 clients per round;
@@ -80,6 +85,21 @@ def raw_loop(clients, model_name: str, k: int, lr: float, rounds: int,
         torch.set_num_threads(before)
 
 
+def train_client(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, lr: float,
+                 seed: int) -> None:
+    """One client's epoch as anyone would write it: torch.optim.SGD over a seeded permutation,
+    in batches of BATCH. The raw loop and the Flower client (flower_side.py) train this way."""
+    model.train()
+    opt = torch.optim.SGD(model.parameters(), lr=lr)
+    torch.manual_seed(seed)
+    perm = torch.randperm(len(y), generator=torch.Generator().manual_seed(seed))
+    for i in range(0, len(y), BATCH):
+        idx = perm[i:i + BATCH]
+        opt.zero_grad()
+        F.cross_entropy(model(x[idx]), y[idx]).backward()
+        opt.step()
+
+
 def _raw_loop(clients, model_name: str, k: int, lr: float, rounds: int) -> tuple[list, dict]:
     torch.manual_seed(derive_seed(SEED, TAG_INIT))
     model = model_factory(model_name)()
@@ -94,16 +114,7 @@ def _raw_loop(clients, model_name: str, k: int, lr: float, rounds: int) -> tuple
         for cid in ids:
             x, y = tensors[int(cid)]
             model.load_state_dict(global_state)
-            model.train()
-            opt = torch.optim.SGD(model.parameters(), lr=lr)
-            seed = client_seed(SEED, r, int(cid))
-            torch.manual_seed(seed)
-            perm = torch.randperm(len(y), generator=torch.Generator().manual_seed(seed))
-            for i in range(0, len(y), BATCH):
-                idx = perm[i:i + BATCH]
-                opt.zero_grad()
-                F.cross_entropy(model(x[idx]), y[idx]).backward()
-                opt.step()
+            train_client(model, x, y, lr, client_seed(SEED, r, int(cid)))
             n = float(len(y))
             for name, t in model.state_dict().items():
                 acc[name] += n * (t - global_state[name])
@@ -136,6 +147,37 @@ def steady_rate(times: list[float], k: int, warmup: int) -> float:
 
 def max_diff(a: dict, b: dict) -> float:
     return max(float((a[n] - b[n]).abs().max()) for n in a)
+
+
+def write_clients(clients, path: str) -> None:
+    """The clients as flower_side.py reads them: x and y of every client concatenated, and
+    the offsets where each client starts (an uncompressed .npz)."""
+    ids = range(POPULATION)
+    sizes = [len(clients[c][1]) for c in ids]
+    np.savez(path, x=np.concatenate([clients[c][0] for c in ids]),
+             y=np.concatenate([clients[c][1] for c in ids]),
+             offsets=np.concatenate([[0], np.cumsum(sizes)]))
+
+
+def flower_run(python: str, name: str, data: str, rounds: int) -> dict:
+    """flower_side.py under ``python`` (an environment with flwr[simulation]), in its own
+    Ray instance: its per-round seconds, updates per round and Flower's version."""
+    import subprocess
+    import tempfile
+
+    script = os.path.join(os.path.dirname(os.path.abspath(__file__)), "flower_side.py")
+    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+    with tempfile.TemporaryDirectory() as tmp:
+        out = os.path.join(tmp, "flower.json")
+        proc = subprocess.run([python, script, "--workload", name, "--data", data,
+                               "--rounds", str(rounds), "--json", out],
+                              capture_output=True, text=True, env=env)
+        if proc.returncode != 0:
+            tail = (proc.stderr.strip() or proc.stdout.strip()).splitlines()[-1:] or [""]
+            raise SystemExit(f"throughput.py: flower_side.py failed under {python} "
+                             f"(exit {proc.returncode}): {tail[0]}")
+        with open(out) as f:
+            return json.load(f)
 
 
 def measure(name: str, clients, args) -> dict:
@@ -173,6 +215,13 @@ def measure(name: str, clients, args) -> dict:
                     args.vectorized_worker_cpus if vectorize == "on" else 1.0)
             rates.setdefault(labels[vectorize], []).append(steady_rate(times, k, warmup))
             row[f"{labels[vectorize]}_workers"] = summary["num_workers"]
+        if args.flower_python:
+            flower = flower_run(args.flower_python, name, args.flower_data, rounds)
+            if set(flower["updates"]) != {k}:
+                raise SystemExit(f"throughput.py: Flower aggregated {flower['updates']} "
+                                 f"updates per round, not {k}")
+            rates.setdefault("flower", []).append(steady_rate(flower["round_s"], k, warmup))
+            row["flower_version"] = flower["flower_version"]
     for threads in thread_counts:
         row[f"raw_{threads}_threads_updates_per_s"] = float(np.median(rates[f"raw_{threads}"]))
     best = max(thread_counts, key=lambda t: row[f"raw_{t}_threads_updates_per_s"])
@@ -183,6 +232,13 @@ def measure(name: str, clients, args) -> dict:
         row[f"{label}_runs"] = rates[label]
         row[f"{label}_ratio"] = row[f"{label}_updates_per_s"] / row["raw_updates_per_s"]
         row[f"{label}_max_weight_diff_vs_raw"] = max_diff(weights[label], weights[f"raw_{best}"])
+
+    if "flower" in rates:
+        row["flower_updates_per_s"] = float(np.median(rates["flower"]))
+        row["flower_runs"] = rates["flower"]
+        row["flower_ratio"] = row["flower_updates_per_s"] / row["raw_updates_per_s"]
+        best_fedray = max(row.get(f"{labels[v]}_updates_per_s", 0.0) for v in sides)
+        row["fedray_vs_flower"] = best_fedray / row["flower_updates_per_s"]
 
     def rate(label: str) -> str:
         runs = row[f"{label}_runs"]
@@ -200,6 +256,10 @@ def measure(name: str, clients, args) -> dict:
                  f"sequential")
     else:
         line += " | vectorized: n/a (the model has dropout)"
+    if "flower_runs" in row:
+        line += (f" | Flower {row['flower_version']} {rate('flower')} = "
+                 f"{row['flower_ratio']:.2f}x raw; fedray's best "
+                 f"{row['fedray_vs_flower']:.1f}x Flower")
     diffs = ", ".join(f"{label} {row[f'{label}_max_weight_diff_vs_raw']:.1e}"
                       for label in ("sequential", "vectorized") if f"{label}_ratio" in row)
     workers = ", ".join(f"{label} {row[f'{label}_workers']}"
@@ -225,6 +285,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--vectorized-worker-cpus", type=float, default=1.0,
                    help="runtime.worker.num_cpus of the vectorized side (default 1; the "
                         "sequential side always uses 1)")
+    p.add_argument("--flower-python", metavar="PYTHON",
+                   help="also time Flower's simulation (flower_side.py) under this Python, "
+                        "of an environment with flwr[simulation] and torch")
     p.add_argument("--json", metavar="FILE", help="also write the results as JSON")
     args = p.parse_args(argv)
     if args.rounds is not None and args.rounds <= args.warmup:
@@ -241,6 +304,12 @@ def main(argv: list[str] | None = None) -> int:
     clients = make_clients()
     print(f"data: {POPULATION} clients, {sum(len(v[1]) for v in clients.values())} examples "
           f"({time.perf_counter() - t0:.1f}s to generate)")
+    if args.flower_python:
+        import tempfile
+
+        flower_dir = tempfile.TemporaryDirectory()
+        args.flower_data = os.path.join(flower_dir.name, "clients.npz")
+        write_clients(clients, args.flower_data)
     t0 = time.perf_counter()
     ray.init(num_cpus=args.num_cpus, include_dashboard=False, logging_level="ERROR")
     print(f"ray start-up: {time.perf_counter() - t0:.1f}s (not counted below)", flush=True)

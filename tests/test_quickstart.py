@@ -5,6 +5,7 @@ import importlib.util
 import json
 import time
 
+import numpy as np
 import pytest
 import torch
 from test_docs import ROOT
@@ -35,7 +36,7 @@ def _benchmark(name: str):
 def test_throughput_benchmark_measures_every_side(ray_cluster, capsys):
     throughput = _benchmark("throughput")  # main() is measure() per workload, in a new Ray
     args = argparse.Namespace(rounds=2, warmup=1, workers=None, vectorized_worker_cpus=1.0,
-                              repeat=1)
+                              repeat=1, flower_python=None)
     row = throughput.measure("b", throughput.make_clients(), args)
     assert "b            (logreg, 100 clients/round" in capsys.readouterr().out
     assert row["vectorized_updates_per_s"] > 0 and row["sequential_updates_per_s"] > 0
@@ -53,7 +54,8 @@ def test_throughput_repeats_interleave_the_sides_and_report_medians(monkeypatch,
     throughput = _benchmark("throughput")
     calls, weights = [], {"w": torch.zeros(2)}
     seconds = {"raw_2": [2.0, 1.0, 4.0], "raw_1": [1.0, 1.0, 1.0],  # per run: seconds a round
-               "off": [0.5, 0.25, 1.0], "on": [0.2, 0.1, 0.4]}
+               "off": [0.5, 0.25, 1.0], "on": [0.2, 0.1, 0.4], "flower": [4.0, 2.0, 5.0]}
+    updates = [100, 100, 100]
 
     def raw_loop(clients, model, k, lr, rounds, threads):
         calls.append(f"raw_{threads}")
@@ -64,26 +66,57 @@ def test_throughput_repeats_interleave_the_sides_and_report_medians(monkeypatch,
         return [seconds[vectorize][calls.count(vectorize) - 1]] * rounds, weights, {
             "num_workers": 2}
 
+    def flower_run(python, name, data, rounds):
+        assert (python, name, data) == ("/flower/bin/python", "b", "clients.npz")
+        calls.append("flower")
+        return {"round_s": [seconds["flower"][calls.count("flower") - 1]] * rounds,
+                "updates": updates, "flower_version": "1.42.0"}
+
     monkeypatch.setattr(throughput, "raw_loop", raw_loop)
     monkeypatch.setattr(throughput, "fedray_run", fedray_run)
+    monkeypatch.setattr(throughput, "flower_run", flower_run)
     monkeypatch.setattr(throughput.torch, "get_num_threads", lambda: 2)
     args = argparse.Namespace(rounds=3, warmup=1, workers=None, vectorized_worker_cpus=1.0,
-                              repeat=3)
+                              repeat=3, flower_python="/flower/bin/python",
+                              flower_data="clients.npz")
     row = throughput.measure("b", {}, args)
-    assert calls == ["raw_2", "raw_1", "off", "on"] * 3  # interleaved, not side by side
+    assert calls == ["raw_2", "raw_1", "off", "on", "flower"] * 3  # interleaved
     # 100 clients a round: the raw loop's medians are 50/s (2 threads) and 100/s (1 thread)
     assert row["raw_threads"] == 1 and row["raw_updates_per_s"] == pytest.approx(100)
     assert row["sequential_runs"] == pytest.approx([200, 400, 100])
     assert row["sequential_updates_per_s"] == pytest.approx(200)
     assert row["vectorized_ratio"] == pytest.approx(5.0)
     assert row["sequential_workers"] == row["vectorized_workers"] == 2
-    assert "median of 3" in capsys.readouterr().out
+    # Flower: a median of 25/s; fedray's best side (vectorized, 500/s) is 20x that
+    assert row["flower_runs"] == pytest.approx([25, 50, 20])
+    assert row["flower_ratio"] == pytest.approx(0.25)
+    assert row["fedray_vs_flower"] == pytest.approx(20.0)
+    out = capsys.readouterr().out
+    assert "median of 3" in out and "Flower 1.42.0" in out and "20.0x Flower" in out
+    updates[1] = 99  # a round that lost an update is an error, not a figure
+    calls.clear()
+    with pytest.raises(SystemExit, match="Flower aggregated"):
+        throughput.measure("b", {}, args)
     with pytest.raises(SystemExit):  # before any Ray starts
         throughput.main(["--repeat", "0"])
     assert "--repeat must be at least 1" in capsys.readouterr().err
 
 
 @pytest.mark.slow
+def test_flower_side_reads_each_client_as_throughput_wrote_it(tmp_path):
+    # the .npz is the contract between throughput.py and flower_side.py (which runs under
+    # Flower's own environment, absent here): client c must come back as exactly client c
+    throughput = _benchmark("throughput")
+    flower_side = _benchmark("flower_side")
+    g = np.random.default_rng(0)
+    clients = {c: (g.random((n, 1, 28, 28), np.float32), g.integers(0, 62, n))
+               for c, n in enumerate(g.integers(1, 4, throughput.POPULATION))}
+    throughput.write_clients(clients, str(tmp_path / "clients.npz"))
+    for c in (0, 1, 517, throughput.POPULATION - 1):
+        x, y = flower_side._client_arrays(str(tmp_path / "clients.npz"), c)
+        assert np.array_equal(x.numpy(), clients[c][0]) and np.array_equal(y.numpy(), clients[c][1])
+
+
 def test_gpu_profile_cases_on_a_declared_gpu(ray_cluster, tmp_path):
     # the session's Ray declares one GPU and this machine has none: the workers get their
     # fractional shares and train on the CPU, which checks placement and bookkeeping only
