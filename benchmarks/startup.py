@@ -10,7 +10,8 @@ and its workers'. fedray.run starts the workers' processes beside the driver's
     python benchmarks/startup.py              # 6 runs of a 3-round job, in one Ray session
     python benchmarks/startup.py --runs 10 --json startup.json
 
-The job: logistic regression on 40 synthetic writers, 8 clients per round, 3 rounds, two
+The job is the test suite's ``tiny_job`` (tests/conftest.py), the run the suite pays for most
+often: logistic regression on 40 synthetic writers, 8 clients per round, 3 rounds, two
 workers of one CPU, clients one after another; its rounds take well under a second.
 """
 
@@ -19,32 +20,26 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import pathlib
 import platform
 import statistics
 import sys
 import tempfile
 import time
 
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
+sys.path[:0] = [ROOT, os.path.join(ROOT, "tests")]
+
+from conftest import tiny_job  # noqa: E402  (the test suite's job: the run it pays most often)
 
 import fedray.api  # noqa: E402  (imported here, so the first run does not pay for it)
 
-JOB = {
-    "name": "startup", "seed": 3, "rounds": 3,
-    "data": {"synthetic": {"num_clients": 40, "min_examples": 10, "max_examples": 30,
-                           "test_writers": 20}},
-    "model": {"name": "logreg"},
-    "client": {"lr": 0.05, "batch_size": 8},
-    "sampling": {"clients_per_round": 8},
-    "runtime": {"worker": {"num_cpus": 1.0, "vectorize": "off"}},
-}
-
 
 def time_runs(runs: int, out_dir: str) -> list[dict]:
-    """``runs`` runs of JOB one after another in the current Ray session, each timed."""
+    """``runs`` runs of tiny_job one after another in the current Ray session, each timed."""
     rows = []
     for i in range(runs):
-        job = {**JOB, "output": {"dir": os.path.join(out_dir, f"run{i}")}}
+        job = tiny_job(pathlib.Path(out_dir) / f"run{i}")
         t0 = time.perf_counter()
         result = fedray.api.run(job)
         wall = time.perf_counter() - t0
