@@ -194,12 +194,12 @@ def run(config: ConfigSource | None = None, model_fn: Callable[[], nn.Module] | 
         metrics: list[dict] = []
         summary: dict = {}
         with contextlib.ExitStack() as stack:
-            callbacks = [progress] if progress is not None else []
-            if cfg.output.mlflow:
-                from fedray.mlflow_tracking import mlflow_run
+            try:  # from here on, the driver and the launched workers end with the run
+                callbacks = [progress] if progress is not None else []
+                if cfg.output.mlflow:
+                    from fedray.mlflow_tracking import mlflow_run
 
-                callbacks.append(stack.enter_context(mlflow_run(cfg, url)))
-            try:
+                    callbacks.append(stack.enter_context(mlflow_run(cfg, url)))
                 ray.get(driver.setup.remote(OmegaConf.to_container(cfg, resolve=True), source,
                                             make_model, num_workers, url, resume is not None,
                                             launched))
