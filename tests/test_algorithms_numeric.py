@@ -49,15 +49,22 @@ def linear_model_fn(w0: np.ndarray = W0):
     return model_fn
 
 
-def run_job(tmp_path, name: str, *, rounds: int, clients=CLIENTS, workers: int = 2,
+def run_job(tmp_path, name: str, *, rounds: int, clients=CLIENTS, workers: int = 1,
             algorithm: dict, server: dict | None = None, lr: float = 0.1, steps: int = 3,
             per_round: int | None = None, client: dict | None = None,
-            test_data=None, extra: dict | None = None) -> tuple[np.ndarray, str]:
+            test_data=None, extra: dict | None = None,
+            vectorize: str = "off") -> tuple[np.ndarray, str]:
+    """One run, its final weights and run directory. By default one worker training its
+    clients one after another: a second worker process, or a vectorized worker's first
+    step (it imports torch._dynamo), would add 1-1.5 s to runs of well under a second of
+    training. The worker count and vectorizing are varied where they are the subject:
+    test_one_vs_three_workers here, tests/test_vectorized.py and tests/test_runtime.py."""
     job = {"name": name, "seed": SEED, "rounds": rounds, "model": {"loss": "mse"},
            "algorithm": algorithm, "server": server or {},
            "client": {"lr": lr, "batch_size": 64, "local_steps": steps, **(client or {})},
            "sampling": {"clients_per_round": per_round or len(clients)},
-           "runtime": {"num_workers": workers, "worker": {"num_cpus": 0.5}},
+           "runtime": {"num_workers": workers,
+                       "worker": {"num_cpus": 0.5, "vectorize": vectorize}},
            "eval": {"central": test_data is not None},
            "output": {"dir": str(tmp_path / name)}, **(extra or {})}
     res = fedray.run(job, model_fn=linear_model_fn(), client_data=clients, test_data=test_data)
@@ -280,7 +287,8 @@ def test_expalpha_by_hand_and_its_limits(ray_cluster, tmp_path):
 # -- partial sums: the worker count never changes the update --------------------------------
 
 # FedAvg's partial sums across 1, 2 and 4 workers: tests/test_runtime.py; here the
-# aggregators that carry more than a weighted sum (client state, extra sums, log-scales)
+# aggregators that carry more than a weighted sum (client state, extra sums, log-scales),
+# one sequential worker against three vectorized ones (auto: this linear model vectorizes)
 @pytest.mark.parametrize("algorithm", [
     {"name": "scaffold"}, {"name": "elastic_fedprox"}, {"name": "expalpha"}])
 def test_one_vs_three_workers(ray_cluster, tmp_path, algorithm):
@@ -288,7 +296,7 @@ def test_one_vs_three_workers(ray_cluster, tmp_path, algorithm):
     one, _ = run_job(tmp_path, "w1", rounds=3, clients=clients, workers=1,
                      algorithm=algorithm, per_round=6)
     three, _ = run_job(tmp_path, "w3", rounds=3, clients=clients, workers=3,
-                       algorithm=algorithm, per_round=6)
+                       algorithm=algorithm, per_round=6, vectorize="auto")
     assert np.abs(one - W0).max() > 1e-3  # the model moved
     np.testing.assert_allclose(one, three, rtol=0, atol=1e-6)
 
