@@ -98,7 +98,9 @@ def test_uniform_aggregator_end_to_end(ray_cluster, tmp_path):
 def test_fedavgm_with_zero_momentum_equals_fedavg(ray_cluster, tmp_path):
     clients = blobs(8, seed=5)
     base = {"rounds": 3, "sampling": {"clients_per_round": 4},
-            "client": {"lr": 0.3, "batch_size": 4}, "eval": {"central": False}}
+            "client": {"lr": 0.3, "batch_size": 4}, "eval": {"central": False},
+            # one sequential worker: the presets, not the runtime, are compared here
+            "runtime": {"num_workers": 1, "worker": {"vectorize": "off"}}}
 
     model_fn, _, _ = fixed_linear()
 
