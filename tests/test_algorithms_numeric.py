@@ -295,8 +295,9 @@ def test_one_vs_three_workers(ray_cluster, tmp_path, algorithm):
     clients = make_clients(9, seed=5)
     one, _ = run_job(tmp_path, "w1", rounds=3, clients=clients, workers=1,
                      algorithm=algorithm, per_round=6)
-    three, _ = run_job(tmp_path, "w3", rounds=3, clients=clients, workers=3,
-                       algorithm=algorithm, per_round=6, vectorize="auto")
+    three, three_dir = run_job(tmp_path, "w3", rounds=3, clients=clients, workers=3,
+                               algorithm=algorithm, per_round=6, vectorize="auto")
+    assert json.loads(pathlib.Path(three_dir, "summary.json").read_text())["vectorized"]
     assert np.abs(one - W0).max() > 1e-3  # the model moved
     np.testing.assert_allclose(one, three, rtol=0, atol=1e-6)
 

@@ -91,7 +91,7 @@ def test_quadratics_through_the_runtime(quad, ray_cluster, tmp_path):
             model_fn=quad.linear_factory(), client_data=quad.make_clients(G),
             test_data=quad.gap_set(),
             overrides=["rounds=25", "client.lr=0.3", f"algorithm.name={method}",
-                       "runtime.worker.vectorize=off",  # no 1.5 s torch._dynamo import a run
+                       "runtime.worker.vectorize=off",  # each run: no 1.5 s torch._dynamo import
                        f"output.dir={tmp_path / f'{method}-{G}'}"])
     gaps = {k: [m["test_loss"] for m in r.metrics] for k, r in runs.items()}
     assert gaps["scaffold", 10][-1] < 1e-6 * gaps["scaffold", 10][0]
