@@ -1,5 +1,8 @@
 """Vectorized client work equals sequential client work, client by client (<= 1e-5)."""
 
+import subprocess
+import sys
+
 import pytest
 import torch
 from torch import nn
@@ -10,6 +13,7 @@ from fedray.replica import FlatModel
 from fedray.vectorized import (
     group_size,
     group_sizes,
+    linear_chain,
     unsupported_reason,
     vectorize_plan,
     vmap_local_sgd,
@@ -50,14 +54,20 @@ CASES = {
     "scaffold": {"scaffold": True},
 }
 MODELS = {"logreg": (1, 6, 6), "mlp": (1, 6, 6), "leaf_cnn": (1, 8, 8)}
+# (model, closed_form): logistic regression and the MLP take their gradients in closed form
+# (chain_sgd_step) unless told not to; both ways must equal sequential training. The CNN has
+# only torch.func's.
+PATHS = [("logreg", True), ("logreg", False), ("mlp", True), ("mlp", False),
+         ("leaf_cnn", False)]
 
 
 @pytest.mark.parametrize("case", CASES)
-@pytest.mark.parametrize("name", MODELS)
-def test_each_client_gets_its_sequential_update(name, case):
+@pytest.mark.parametrize(("name", "closed_form"), PATHS)
+def test_each_client_gets_its_sequential_update(name, closed_form, case):
     shape, classes = MODELS[name], 5
     torch.manual_seed(1)
     model = FlatModel(build_model(name, shape, classes))
+    assert (linear_chain(model.module, "cross_entropy") is not None) == (name != "leaf_cnn")
     w0 = model.flat.clone()
     sizes = [13, 3, 0, 9, 25]  # a client smaller than a batch, one without examples
     data = _clients(shape, classes, sizes)
@@ -71,7 +81,7 @@ def test_each_client_gets_its_sequential_update(name, case):
         kw["corrections"] = 1e-3 * torch.randn(len(sizes), model.num_params,
                                                generator=torch.Generator().manual_seed(3))
     expected, results = _sequential(model, w0, data, lrs, seeds, **kw)
-    got = vmap_local_sgd(model, w0, data, lrs=lrs, seeds=seeds, **kw)
+    got = vmap_local_sgd(model, w0, data, lrs=lrs, seeds=seeds, closed_form=closed_form, **kw)
     deltas = torch.stack([got.delta(i) for i in range(len(sizes))])
     assert deltas.shape == expected.shape
     assert torch.allclose(deltas, expected, atol=1e-5, rtol=0), (
@@ -94,6 +104,64 @@ def test_per_client_batch_sizes_and_regression_loss():
         res = local_sgd(model, w0, x, y, lr=0.05, batch_size=b, seed=seeds[i],
                         delta_out=torch.empty_like(w0), **kw)
         assert torch.allclose(got.delta(i), res.delta, atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize("model", [
+    nn.Sequential(nn.Linear(4, 6, bias=False), nn.ReLU(), nn.Linear(6, 2)),  # no Flatten, a
+    # Linear without bias
+    nn.Sequential(nn.Linear(4, 2)),  # on [n, 3, 4] inputs: applied to the last axis, so not
+    # a chain there (torch.func's way)
+])
+def test_regression_chains_with_and_without_flatten(model):
+    torch.manual_seed(2)
+    flat = FlatModel(model)
+    w0 = flat.flat.clone()
+    shape = (4,) if len(model) == 3 else (3, 4)
+    g = torch.Generator().manual_seed(5)
+    data = [(torch.randn((n, *shape), generator=g), torch.randn((n, *shape[:-1], 2), generator=g))
+            for n in (9, 5, 14)]
+    kw = {"batch_size": 4, "local_epochs": 2, "local_steps": None, "loss": "mse"}
+    got = vmap_local_sgd(flat, w0, data, lrs=[0.05] * 3, seeds=[1, 2, 3], **kw)
+    for i, (x, y) in enumerate(data):
+        res = local_sgd(flat, w0, x, y, lr=0.05, seed=i + 1, delta_out=torch.empty_like(w0),
+                        **kw)
+        assert torch.allclose(got.delta(i), res.delta, atol=1e-5, rtol=0)
+        assert res.delta.abs().max() > 1e-3
+
+
+def test_only_linear_relu_chains_take_the_closed_form():
+    chain = linear_chain(build_model("mlp", (1, 28, 28), 62), "cross_entropy")
+    assert chain is not None and chain.flatten and chain.layers == ((0, 1), (2, 3))
+    assert linear_chain(build_model("logreg", (1, 28, 28), 62), "mse").layers == ((0, 1),)
+    no_bias = linear_chain(nn.Sequential(nn.Linear(3, 4, bias=False), nn.ReLU(),
+                                         nn.Linear(4, 2)), "cross_entropy")
+    assert no_bias is not None and not no_bias.flatten and no_bias.layers == ((0, None), (1, 2))
+    for other in (build_model("leaf_cnn", (1, 8, 8), 5),
+                  nn.Sequential(nn.Linear(3, 4), nn.Tanh(), nn.Linear(4, 2)),
+                  nn.Sequential(nn.Linear(3, 4), nn.ReLU()),  # does not end in a Linear
+                  nn.Sequential(nn.Flatten(2), nn.Linear(3, 2)),
+                  nn.Sequential(nn.Flatten(), nn.Flatten(), nn.Linear(3, 2)),
+                  nn.Sequential()):
+        assert linear_chain(other, "cross_entropy") is None, other
+    assert linear_chain(build_model("logreg", (1, 28, 28), 62), "bce") is None
+
+
+def test_closed_form_steps_do_not_import_torch_dynamo():
+    """torch.func's first grad call imports torch._dynamo (1-2 s per worker process); a
+    logistic regression or MLP worker never pays it."""
+    code = ("import sys, torch\n"
+            "from fedray.models import build_model\n"
+            "from fedray.replica import FlatModel\n"
+            "from fedray.vectorized import vmap_local_sgd\n"
+            "m = FlatModel(build_model('mlp', (1, 6, 6), 5))\n"
+            "data = [(torch.randn(n, 1, 6, 6), torch.randint(0, 5, (n,))) for n in (5, 9)]\n"
+            "vmap_local_sgd(m, m.flat, data, lrs=[0.1, 0.1], seeds=[0, 1], batch_size=4,\n"
+            "               local_epochs=1, local_steps=None, closed_form={cf})\n"
+            "print('torch._dynamo' in sys.modules)\n")
+    for closed_form, imported in ((True, "False"), (False, "True")):
+        out = subprocess.run([sys.executable, "-c", code.format(cf=closed_form)],
+                             capture_output=True, text=True, check=True).stdout
+        assert out.strip() == imported
 
 
 def test_models_that_cannot_be_vectorized_say_why():
