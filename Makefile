@@ -24,8 +24,9 @@ test: venv  ## the whole test suite (about 12 minutes on 2 cores)
 lint: venv
 	$(BIN)/ruff check .
 
-bench: venv  ## fedray vs a plain PyTorch loop, 1,000 vs 100,000 clients, a run's start-up
+bench: venv  ## fedray vs a plain PyTorch loop, the vectorized step, 1,000 vs 100,000 clients, a run's start-up
 	$(BIN)/python benchmarks/throughput.py
+	$(BIN)/python benchmarks/vectorized_step.py
 	$(BIN)/python benchmarks/scale.py
 	$(BIN)/python benchmarks/startup.py
 
