@@ -149,8 +149,8 @@ _CLOSED_FORM_LOSSES = ("cross_entropy", "mse")
 
 
 def linear_chain(module: nn.Module, loss: str) -> LinearChain | None:
-    """The model's LinearChain when ``chain_sgd_step`` can train it: the
-    layers above, trained with cross-entropy or mse; else None.
+    """The model's LinearChain when ``chain_sgd_step`` can train it (the layers above, no
+    weights shared between them, trained with cross-entropy or mse); else None.
 
     Why a second way to the same step: for these models the gradients are a few batched
     matrix products per layer, and written out they skip torch.func's per-op wrapping and
@@ -169,10 +169,14 @@ def linear_chain(module: nn.Module, loss: str) -> LinearChain | None:
     for k, layer in enumerate(children):
         if not isinstance(layer, nn.ReLU if k % 2 else nn.Linear):
             return None
+    linears = children[::2]
+    tensors = [p for lin in linears for p in (lin.weight, lin.bias) if p is not None]
+    if len({id(p) for p in tensors}) != len(tensors):  # a layer used twice, or tied weights:
+        return None  # their gradients would have to be summed before the update
     position = {id(p): k for k, p in enumerate(module.parameters())}
     layers = tuple((position[id(lin.weight)],
                     None if lin.bias is None else position[id(lin.bias)])
-                   for lin in children[::2])
+                   for lin in linears)
     return LinearChain(flatten=flatten, layers=layers)
 
 

@@ -136,11 +136,13 @@ def test_only_linear_relu_chains_take_the_closed_form():
     no_bias = linear_chain(nn.Sequential(nn.Linear(3, 4, bias=False), nn.ReLU(),
                                          nn.Linear(4, 2)), "cross_entropy")
     assert no_bias is not None and not no_bias.flatten and no_bias.layers == ((0, None), (1, 2))
+    shared = nn.Linear(3, 3)
     for other in (build_model("leaf_cnn", (1, 8, 8), 5),
                   nn.Sequential(nn.Linear(3, 4), nn.Tanh(), nn.Linear(4, 2)),
                   nn.Sequential(nn.Linear(3, 4), nn.ReLU()),  # does not end in a Linear
                   nn.Sequential(nn.Flatten(2), nn.Linear(3, 2)),
                   nn.Sequential(nn.Flatten(), nn.Flatten(), nn.Linear(3, 2)),
+                  nn.Sequential(shared, nn.ReLU(), shared),  # one layer used twice
                   nn.Sequential()):
         assert linear_chain(other, "cross_entropy") is None, other
     assert linear_chain(build_model("logreg", (1, 28, 28), 62), "bce") is None
