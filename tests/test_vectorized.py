@@ -121,12 +121,12 @@ def test_regression_chains_with_and_without_flatten(model):
     data = [(torch.randn((n, *shape), generator=g), torch.randn((n, *shape[:-1], 2), generator=g))
             for n in (9, 5, 14)]
     kw = {"batch_size": 4, "local_epochs": 2, "local_steps": None, "loss": "mse"}
-    got = vmap_local_sgd(flat, w0, data, lrs=[0.05] * 3, seeds=[1, 2, 3], **kw)
-    for i, (x, y) in enumerate(data):
-        res = local_sgd(flat, w0, x, y, lr=0.05, seed=i + 1, delta_out=torch.empty_like(w0),
-                        **kw)
-        assert torch.allclose(got.delta(i), res.delta, atol=1e-5, rtol=0)
-        assert res.delta.abs().max() > 1e-3
+    lrs, seeds = [0.05] * 3, [1, 2, 3]
+    expected, _ = _sequential(flat, w0, data, lrs, seeds, **kw)
+    got = vmap_local_sgd(flat, w0, data, lrs=lrs, seeds=seeds, **kw)
+    deltas = torch.stack([got.delta(i) for i in range(len(data))])
+    assert torch.allclose(deltas, expected, atol=1e-5, rtol=0)
+    assert expected.abs().max() > 1e-3
 
 
 def test_only_linear_relu_chains_take_the_closed_form():
@@ -136,6 +136,11 @@ def test_only_linear_relu_chains_take_the_closed_form():
     no_bias = linear_chain(nn.Sequential(nn.Linear(3, 4, bias=False), nn.ReLU(),
                                          nn.Linear(4, 2)), "cross_entropy")
     assert no_bias is not None and not no_bias.flatten and no_bias.layers == ((0, None), (1, 2))
+
+    class Doubled(nn.Sequential):  # the layers of a chain, but another forward
+        def forward(self, x):
+            return 2 * super().forward(x)
+
     shared = nn.Linear(3, 3)
     for other in (build_model("leaf_cnn", (1, 8, 8), 5),
                   nn.Sequential(nn.Linear(3, 4), nn.Tanh(), nn.Linear(4, 2)),
@@ -143,6 +148,7 @@ def test_only_linear_relu_chains_take_the_closed_form():
                   nn.Sequential(nn.Flatten(2), nn.Linear(3, 2)),
                   nn.Sequential(nn.Flatten(), nn.Flatten(), nn.Linear(3, 2)),
                   nn.Sequential(shared, nn.ReLU(), shared),  # one layer used twice
+                  Doubled(nn.Linear(3, 2)),
                   nn.Sequential()):
         assert linear_chain(other, "cross_entropy") is None, other
     assert linear_chain(build_model("logreg", (1, 28, 28), 62), "bce") is None
