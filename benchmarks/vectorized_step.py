@@ -1,11 +1,11 @@
 """A worker's vectorized step, in-process: the closed-form step of Linear/ReLU chains
 (fedray.vectorized.chain_sgd_step) against torch.func's vmap(grad(...)) on the same groups.
 
-No Ray, one thread, as a worker of one CPU runs: each side trains the same clients (30-90
-FEMNIST-shaped synthetic examples each, 1 local epoch, batch 20) in groups of the size a
-worker would use, from the same weights with the same batch orders. The sides alternate,
-``--repeat`` times, and the medians are printed with the largest difference between the two
-sides' updates (float rounding only: both are the same local SGD).
+No Ray, one thread, as a worker of one CPU runs: each side trains the same clients
+(synthetic FEMNIST writers of 30-90 examples, fedray.data.synthetic; 1 local epoch, batch 20)
+in groups of the size a worker would use, from the same weights with the same batch orders.
+The sides alternate, ``--repeat`` times, and the medians are printed with the largest
+difference between the two sides' updates (float rounding only: both are the same local SGD).
 
     python benchmarks/vectorized_step.py                  # logreg and mlp, 200 clients
     python benchmarks/vectorized_step.py --model mlp --group 25 --repeat 9 --json step.json
@@ -25,19 +25,18 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 
 import torch  # noqa: E402
 
+from fedray.data.synthetic import SyntheticFEMNIST  # noqa: E402
 from fedray.models import build_model  # noqa: E402
 from fedray.replica import FlatModel  # noqa: E402
 from fedray.runtime import keep_freed_memory  # noqa: E402
 from fedray.vectorized import group_size, linear_chain, vmap_local_sgd  # noqa: E402
 
-SHAPE, CLASSES = (1, 28, 28), 62
+SHAPE, CLASSES = SyntheticFEMNIST.input_shape, SyntheticFEMNIST.num_classes
 
 
-def make_clients(count: int, seed: int = 0) -> list[tuple[torch.Tensor, torch.Tensor]]:
-    g = torch.Generator().manual_seed(seed)
-    sizes = torch.randint(30, 91, (count,), generator=g).tolist()
-    return [(torch.randn((n, *SHAPE), generator=g), torch.randint(0, CLASSES, (n,), generator=g))
-            for n in sizes]
+def make_clients(count: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    src = SyntheticFEMNIST(num_clients=count, min_examples=30, max_examples=90)
+    return [tuple(torch.from_numpy(a) for a in src.client(cid)) for cid in range(count)]
 
 
 def train(model: FlatModel, w0: torch.Tensor, clients, group: int,
