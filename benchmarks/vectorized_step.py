@@ -2,13 +2,18 @@
 (fedray.vectorized.chain_sgd_step) against torch.func's vmap(grad(...)) on the same groups.
 
 No Ray, one thread, as a worker of one CPU runs: each side trains the same clients
-(synthetic FEMNIST writers of 30-90 examples, fedray.data.synthetic; 1 local epoch, batch 20)
-in groups of the size a worker would use, from the same weights with the same batch orders.
-The sides alternate, ``--repeat`` times, and the medians are printed with the largest
-difference between the two sides' updates (float rounding only: both are the same local SGD).
+(synthetic FEMNIST writers of 30-90 examples, fedray.data.synthetic; batch 20, 1 local epoch
+or ``--epochs``) in groups of the size a worker would use, from the same weights with the
+same batch orders. The sides are the closed form with the first layer's weights stacked per
+client (``stacks``) and, for single-layer chains (logistic regression), kept as sums over the
+examples (``sums``, fedray.vectorized.FirstLayerSums), and torch.func. They alternate,
+``--repeat`` times, and the medians are printed with the side the workers' automatic choice
+takes and the largest difference between the sides' updates (float rounding only: all are
+the same local SGD).
 
     python benchmarks/vectorized_step.py                  # logreg and mlp, 200 clients
-    python benchmarks/vectorized_step.py --model mlp --group 25 --repeat 9 --json step.json
+    python benchmarks/vectorized_step.py --model logreg --epochs 5
+    python benchmarks/vectorized_step.py --model mlp --group 5 9 25 50 --json step.json
 """
 
 from __future__ import annotations
@@ -29,9 +34,17 @@ from fedray.data.synthetic import SyntheticFEMNIST  # noqa: E402
 from fedray.models import build_model  # noqa: E402
 from fedray.replica import FlatModel  # noqa: E402
 from fedray.runtime import keep_freed_memory  # noqa: E402
-from fedray.vectorized import group_size, linear_chain, vmap_local_sgd  # noqa: E402
+from fedray.vectorized import (  # noqa: E402
+    group_size,
+    group_sizes,
+    linear_chain,
+    vmap_local_sgd,
+)
 
 SHAPE, CLASSES = SyntheticFEMNIST.input_shape, SyntheticFEMNIST.num_classes
+# the learning rates of benchmarks/throughput.py: 0.05 is past the stable step size of
+# logistic regression on these inputs, where SGD amplifies rounding differences
+LR, BATCH = {"logreg": 0.01, "mlp": 0.05}, 20
 
 
 def make_clients(count: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
@@ -39,41 +52,60 @@ def make_clients(count: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
     return [tuple(torch.from_numpy(a) for a in src.client(cid)) for cid in range(count)]
 
 
-def train(model: FlatModel, w0: torch.Tensor, clients, group: int,
-          closed_form: bool) -> list[torch.Tensor]:
-    """Every client's delta, trained in consecutive groups of ``group``."""
-    deltas = []
-    for s in range(0, len(clients), group):
-        part = clients[s:s + group]
-        res = vmap_local_sgd(model, w0, part, lrs=[0.05] * len(part), batch_size=20,
-                             local_epochs=1, local_steps=None,
-                             seeds=list(range(s, s + len(part))), closed_form=closed_form)
+# the ways a LinearChain's group can be stepped (vmap_local_sgd's options)
+SIDES = {"stacks": {"defer_first": False}, "sums": {"defer_first": True},
+         "torch.func": {"closed_form": False}}
+
+
+def train(model: FlatModel, w0: torch.Tensor, clients, group: int, epochs: int, lr: float,
+          **options) -> list[torch.Tensor]:
+    """Every client's delta, trained in consecutive groups of about ``group``, cut as a
+    worker cuts its clients (fedray.vectorized.group_sizes)."""
+    deltas, s = [], 0
+    for size in group_sizes(len(clients), group):
+        part = clients[s:s + size]
+        res = vmap_local_sgd(model, w0, part, lrs=[lr] * len(part), batch_size=BATCH,
+                             local_epochs=epochs, local_steps=None,
+                             seeds=list(range(s, s + len(part))), **options)
         deltas.extend(res.delta(i) for i in range(len(part)))
+        s += size
     return deltas
 
 
-def measure(name: str, clients, group: int | None, repeat: int) -> dict:
+def measure(name: str, clients, group: int | None, repeat: int, epochs: int = 1) -> dict:
     torch.manual_seed(0)
     model = FlatModel(build_model(name, SHAPE, CLASSES))
-    assert linear_chain(model.module, "cross_entropy") is not None  # else both sides match
+    chain = linear_chain(model.module, "cross_entropy")
+    assert chain is not None  # else every side is torch.func
+    # FirstLayerSums for a chain with a ReLU is not what workers use (it can flip a unit
+    # at 0; fedray.vectorized), so it is timed only for single-layer chains
+    sides = [s for s in SIDES if s != "sums" or len(chain.layers) == 1]
     w0 = model.flat.clone()
     group = group or group_size(model.num_params)
-    closed = train(model, w0, clients, group, True)  # also the warm-up of both sides
-    func = train(model, w0, clients, group, False)
-    diff = max(float((a - b).abs().max()) for a, b in zip(closed, func, strict=True))
-    times: dict[bool, list[float]] = {True: [], False: []}
+    lr = LR[name]
+    deltas = {s: train(model, w0, clients, group, epochs, lr, **SIDES[s])  # and warm-up
+              for s in sides}
+    diff = max(float((a - b).abs().max()) for s in sides[1:]
+               for a, b in zip(deltas[sides[0]], deltas[s], strict=True))
+    times: dict[str, list[float]] = {s: [] for s in sides}
     for _ in range(repeat):
-        for side in (True, False):
+        for s in sides:
             t0 = time.perf_counter()
-            train(model, w0, clients, group, side)
-            times[side].append(time.perf_counter() - t0)
-    rate = {side: len(clients) / statistics.median(ts) for side, ts in times.items()}
-    row = {"model": name, "group": group, "clients": len(clients), "repeat": repeat,
-           "closed_form_per_s": rate[True], "torch_func_per_s": rate[False],
-           "speedup": rate[True] / rate[False], "max_abs_diff": diff}
-    print(f"{name:7s} groups of {group:3d}: closed form {rate[True]:7.1f}/s | vmap(grad) "
-          f"{rate[False]:7.1f}/s | {row['speedup']:.2f}x | max |delta diff| {diff:.1e}",
-          flush=True)
+            train(model, w0, clients, group, epochs, lr, **SIDES[s])
+            times[s].append(time.perf_counter() - t0)
+    rate = {s: len(clients) / statistics.median(ts) for s, ts in times.items()}
+    auto = vmap_local_sgd(model, w0, clients[:group], lrs=[lr] * len(clients[:group]),
+                          batch_size=BATCH, local_epochs=epochs, local_steps=None,
+                          seeds=list(range(len(clients[:group])))).path  # workers' choice
+    row = {"model": name, "group": group, "clients": len(clients), "epochs": epochs, "lr": lr,
+           "repeat": repeat, "auto": auto, "closed_form_per_s": rate[auto],
+           "torch_func_per_s": rate["torch.func"],
+           "speedup": rate[auto] / rate["torch.func"], "max_abs_diff": diff}
+    row.update({f"{s.replace('.', '_')}_per_s": r for s, r in rate.items()})
+    rates = " | ".join(f"{s} {r:7.1f}/s" for s, r in rate.items())
+    print(f"{name:7s} groups of {group:3d}, {epochs} epoch{'s' if epochs > 1 else ''}: "
+          f"{rates} | closed form ({auto}) / torch.func {row['speedup']:.2f}x | "
+          f"max |delta diff| {diff:.1e}", flush=True)
     return row
 
 
@@ -82,20 +114,23 @@ def main(argv: list[str] | None = None) -> list[dict]:
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", nargs="+", default=["logreg", "mlp"], choices=["logreg", "mlp"])
     ap.add_argument("--clients", type=int, default=200, help="clients per side (default 200)")
-    ap.add_argument("--group", type=int, default=None,
-                    help="clients per group (default: the worker's, fedray.vectorized.group_size)")
+    ap.add_argument("--group", type=int, nargs="+", default=[None],
+                    help="clients per group, one or more sizes (default: the worker's, "
+                         "fedray.vectorized.group_size)")
+    ap.add_argument("--epochs", type=int, default=1, help="local epochs (default 1)")
     ap.add_argument("--repeat", type=int, default=7,
                     help="timed passes per side, alternating (default 7)")
     ap.add_argument("--json", metavar="FILE", help="also write the results as JSON")
     args = ap.parse_args(argv)
-    if args.clients < 1 or args.repeat < 1 or (args.group is not None and args.group < 1):
-        ap.error("--clients, --repeat and --group must be at least 1")
+    if min(args.clients, args.repeat, args.epochs, *(g or 1 for g in args.group)) < 1:
+        ap.error("--clients, --repeat, --epochs and --group must be at least 1")
     torch.set_num_threads(1)
     keep_freed_memory()  # as a worker does (runtime.keep_freed_memory)
     print(f"machine: {platform.machine()}, {os.cpu_count()} CPUs, torch {torch.__version__}, "
           f"1 thread", flush=True)
     clients = make_clients(args.clients)
-    rows = [measure(name, clients, args.group, args.repeat) for name in args.model]
+    rows = [measure(name, clients, group, args.repeat, args.epochs)
+            for name in args.model for group in args.group]
     if args.json:
         with open(args.json, "w") as f:
             json.dump(rows, f, indent=1)

@@ -61,11 +61,13 @@ def unsupported_reason(module: nn.Module) -> str | None:
 _CONV = (nn.Conv1d, nn.Conv2d, nn.Conv3d, nn.ConvTranspose1d, nn.ConvTranspose2d,
          nn.ConvTranspose3d)
 # A group's stacked weights stay within this many bytes. On the CPU larger groups are bound
-# by memory bandwidth (each step streams every client's weights several times); the
-# measured optimum was ~100 logistic regressions (19 MB) and ~25 MLPs (17 MB). A GPU wants
+# by memory bandwidth (each step streams every client's weights several times): a worker's
+# 50 clients trained fastest in groups of 6-10 MLPs (4-7 MB) and of 17-25 logistic
+# regressions (3-5 MB), 5-15% faster than in groups of 25 and 50 (docs/performance.md,
+# "Group size"). A GPU wants
 # large batched kernels, and has the memory: 512 MiB is 20 LEAF CNNs (26 MB each) with their
 # gradients and activations in about 2 GiB, so 8 workers still share a GPU comfortably.
-GROUP_BYTES = {"cpu": 16 * 2**20, "gpu": 512 * 2**20}
+GROUP_BYTES = {"cpu": 6 * 2**20, "gpu": 512 * 2**20}
 MAX_GROUP = 128
 
 
@@ -118,6 +120,8 @@ class GroupResult:
     loss_sums: list[float]  # per client: sum over steps of (mean batch loss * batch size)
     examples_seen: list[int]
     steps: list[int]
+    path: str = "torch.func"  # the step taken: "torch.func"; chain_sgd_step with the first
+    # layer's weights stacked ("stacks") or as FirstLayerSums ("sums")
 
     def delta(self, i: int) -> torch.Tensor:
         """Client i's y - x (a view)."""
@@ -186,10 +190,113 @@ def linear_chain(module: nn.Module, loss: str) -> LinearChain | None:
     return LinearChain(flatten=flatten, layers=layers)
 
 
-def chain_sgd_step(chain: LinearChain, loss: str, ws: list[torch.Tensor], xb: torch.Tensor,
+class FirstLayerSums:
+    """A group's first-layer weights W_i = W + D_i, with W the global weight, kept as sums
+    over each client's examples instead of as a [G, out, in] stack.
+
+    Why: a Linear layer's gradient is (output gradient)^T (input), and the first layer's
+    inputs are the client's own examples. So after t steps D_i = E_i^T X_i - beta_i C_i,
+    where X_i [n_i, in] are client i's examples, E_i [n_i, out] sums -lr times the output
+    gradient each example received (times (1 - lr mu) per later step: FedProx), and C_i is
+    SCAFFOLD's correction. The layer's outputs at step t are then x W^T (one product over
+    every example of the group, against the one shared W) plus (x X_i^T) E_i, read from
+    the Gram matrix X_i X_i^T, computed once; the delta is one product per client at the
+    end. With a stack, every step's forward reads each client's weights and every step's
+    update (a rank-batch product) reads and writes them, in small products; here the
+    products are large, each example goes through W once, and each client's weights are
+    written once.
+
+    ``xs``: the group's examples, flattened, back to back in training order; ``plan``:
+    [G, steps, width] indices into it; ``starts``/``sizes``: each client's span there (one
+    per client, in training order); ``lr``: [G]; ``corr``: [G, out, in] or None."""
+
+    def __init__(self, weight: torch.Tensor, xs: torch.Tensor, plan: torch.Tensor,
+                 starts: list[int], sizes: list[int], lr: torch.Tensor, prox_mu: float,
+                 corr: torch.Tensor | None):
+        g, span, out = len(sizes), max(sizes), weight.shape[0]
+        self.xs, self.starts, self.sizes = xs, starts, sizes
+        self.base = xs @ weight.T  # [N, out]: every example through the global weight
+        self.gram = xs.new_zeros((g, span, span))
+        # x C_i^T of each example, and beta_i: how much of -C_i the weights hold so far
+        self.corr, self.corr_out = corr, None if corr is None else xs.new_zeros((g, span, out))
+        for i, n in enumerate(sizes):
+            x = xs[starts[i]:starts[i] + n]
+            self.gram[i, :n, :n] = x @ x.T
+            if corr is not None:
+                self.corr_out[i, :n] = x @ corr[i].T
+        self.local = plan - torch.tensor(starts, device=plan.device)[:, None, None]
+        self.plan = plan
+        self.e = xs.new_zeros((g, span, out))
+        self.lr = lr
+        self.decay = (1.0 - lr * prox_mu) if prox_mu else None
+        self.beta = lr.new_zeros(g)
+        self.t = 0
+
+    def at(self, t: int) -> None:
+        self.t = t
+
+    def _rows(self, a: int, src: torch.Tensor) -> torch.Tensor:
+        """Rows of ``src`` [G, span, k] for the first ``a`` clients' batches at this step."""
+        loc = self.local[:a, self.t]
+        return src[:a].gather(1, loc.unsqueeze(-1).expand(-1, -1, src.shape[-1]))
+
+    def outputs(self, a: int) -> torch.Tensor:
+        """The first ``a`` clients' batches through their current first-layer weights
+        (without the bias): [a, width, out]."""
+        out = self.base[self.plan[:a, self.t]]
+        if self.t:
+            out.baddbmm_(self._rows(a, self.gram), self.e[:a])
+            if self.corr_out is not None:
+                out.sub_(self._rows(a, self.corr_out) * self.beta[:a, None, None])
+        return out
+
+    def absorb(self, a: int, grad_lr: torch.Tensor) -> None:
+        """The step's update for the first ``a`` clients: ``grad_lr`` [a, width, out] is lr
+        times the gradient of the loss at the layer's outputs (0 on padding)."""
+        e = self.e[:a]
+        if self.decay is not None:  # y - x shrinks by (1 - lr mu) per step (FedProx)
+            e.mul_(self.decay[:a, None, None])
+            self.beta[:a].mul_(self.decay[:a])
+        if self.corr is not None:
+            self.beta[:a].add_(self.lr[:a])
+        loc = self.local[:a, self.t]
+        e.scatter_add_(1, loc.unsqueeze(-1).expand(-1, -1, e.shape[-1]), grad_lr.neg())
+
+    def delta(self, out: torch.Tensor) -> None:
+        """Every client's D_i into ``out`` [G, out, in] (each out[i] contiguous)."""
+        for i, n in enumerate(self.sizes):
+            if n:
+                torch.mm(self.e[i, :n].T, self.xs[self.starts[i]:self.starts[i] + n],
+                         out=out[i])
+            else:
+                out[i].zero_()
+        if self.corr is not None:
+            out.sub_(self.corr * self.beta[:, None, None])
+
+
+# How much more a stacked first layer's flop costs than FirstLayerSums' (small batched
+# products against large ones): measured break-even for logistic regression (out = 62) on
+# clients of 30-90 examples, 1 epoch of batches of 20, 1 CPU thread.
+STACK_COST = 1.2
+
+
+def defer_first_layer(sizes: list[int], seen: list[int], out_features: int) -> bool:
+    """Whether a group keeps its first layer as FirstLayerSums rather than stacked: when
+    its products, sum_i (2 n_i out + n_i^2) in (each example through W, the Gram matrix and
+    the delta), cost less than a stack's 2 seen_i out in per client (a forward and an
+    update per example of every batch, padding included) at STACK_COST times the price.
+    It pays for several passes over small clients (logistic regression on clients of 30-90
+    examples: 1.46x per group with 2 local epochs, 2.2x with 5; the same with 1 epoch) and
+    for wider layers (the MLP's 200 units, 1 epoch: 1.26x), not for clients much larger
+    than the layer's output, whose Gram matrix grows as n^2 (docs/performance.md)."""
+    sums = sum(n * (2 * out_features + n) for n in sizes)
+    return sums <= STACK_COST * 2 * out_features * sum(seen)
+
+
+def chain_sgd_step(chain: LinearChain, loss: str, ws: list[torch.Tensor], xb: torch.Tensor | None,
                    yb: torch.Tensor, m: torch.Tensor, lr: torch.Tensor,
-                   extra_grad: Callable[[int, torch.Tensor], torch.Tensor | None]
-                   ) -> torch.Tensor:
+                   extra_grad: Callable[[int, torch.Tensor], torch.Tensor | None],
+                   first: FirstLayerSums | None = None) -> torch.Tensor:
     """One local SGD step of a group of LinearChain models, in place, by hand: the gradient
     of each client's masked mean batch loss (what ``vmap(grad(client_loss))`` gives), plus
     ``extra_grad(k, w)`` (FedProx, SCAFFOLD), times the client's lr, taken from its weights.
@@ -199,14 +306,23 @@ def chain_sgd_step(chain: LinearChain, loss: str, ws: list[torch.Tensor], xb: to
     ``yb``: [a, B] labels (mse: [a, B, ...] targets); ``m``: [a, B], 1 for a real example and
     0 for padding; ``lr``: [a]. A weight's gradient goes straight into the weight (one
     baddbmm, lr folded into the small output gradient) instead of being materialized and
-    then added: for the MLP's first layer (25 clients) that took 2.0 ms instead of 4.5."""
+    then added: for the MLP's first layer (25 clients) that took 2.0 ms instead of 4.5.
+
+    ``first`` (set at this step): the first layer's weight is not in ``ws`` but kept as
+    sums over the clients' examples (``FirstLayerSums``), which give its outputs and take
+    its update; ``xb`` is then not read."""
     a, b = m.shape
-    h = xb.reshape(a, b, -1)
+    h = None if first is not None else xb.reshape(a, b, -1)
     inputs = []
     for k, (wi, bi) in enumerate(chain.layers):
         if k:
             h = torch.relu(h)
         inputs.append(h)
+        if k == 0 and first is not None:
+            h = first.outputs(a)
+            if bi is not None:
+                h += ws[bi][:, None]
+            continue
         w_t = ws[wi].transpose(1, 2)
         h = torch.bmm(h, w_t) if bi is None else torch.baddbmm(ws[bi].unsqueeze(1), h, w_t)
     share = m / m.sum(1, keepdim=True)  # each example's weight in its client's mean loss
@@ -224,12 +340,16 @@ def chain_sgd_step(chain: LinearChain, loss: str, ws: list[torch.Tensor], xb: to
     for k in range(len(chain.layers) - 1, -1, -1):
         wi, bi = chain.layers[k]
         x = inputs[k]
-        w = ws[wi]
+        deferred = k == 0 and first is not None
         # what the step needs of the weights before it changes them
-        extras = [(j, extra_grad(j, ws[j])) for j in (wi, bi) if j is not None]
-        d_in = torch.bmm(d, w).mul_(x > 0) if k else None  # back through w and the ReLU
+        extras = [(j, extra_grad(j, ws[j])) for j in ((bi,) if deferred else (wi, bi))
+                  if j is not None]
+        d_in = torch.bmm(d, ws[wi]).mul_(x > 0) if k else None  # back through w and the ReLU
         d_lr = d * rate
-        w.baddbmm_(d_lr.transpose(1, 2), x, alpha=-1.0)
+        if deferred:
+            first.absorb(a, d_lr)
+        else:
+            ws[wi].baddbmm_(d_lr.transpose(1, 2), x, alpha=-1.0)
         if bi is not None:
             ws[bi].sub_(d_lr.sum(1))
         for j, e in extras:
@@ -245,7 +365,7 @@ def vmap_local_sgd(model: FlatModel, global_weights: torch.Tensor,
                    seeds: list[int], prox_mu: float = 0.0, full_batch: bool = False,
                    loss: str = "cross_entropy",
                    corrections: torch.Tensor | None = None,
-                   closed_form: bool = True) -> GroupResult:
+                   closed_form: bool = True, defer_first: bool | None = None) -> GroupResult:
     """Local SGD of every client in ``data`` from ``global_weights``, batched.
 
     Per client i: its (x, y), lr ``lrs[i]``, batch size (one for all, or one each), batch
@@ -259,7 +379,10 @@ def vmap_local_sgd(model: FlatModel, global_weights: torch.Tensor,
     whichever clients share its group.
 
     A LinearChain model (``linear_chain``) takes its steps from ``chain_sgd_step`` unless
-    ``closed_form`` is False; every other model, from torch.func's ``vmap(grad(...))``."""
+    ``closed_form`` is False; every other model, from torch.func's ``vmap(grad(...))``.
+    ``defer_first``: keep the chain's first layer as ``FirstLayerSums`` (True) or stacked
+    (False); None decides by ``defer_first_layer``, and only for single-layer chains (see
+    below). ``GroupResult.path`` says which step was taken."""
     reason = unsupported_reason(model.module)
     if reason is not None:
         raise ValueError(f"cannot train this model vectorized: {reason}")
@@ -283,9 +406,10 @@ def vmap_local_sgd(model: FlatModel, global_weights: torch.Tensor,
     # so a step's batches are one gather
     plan = np.zeros((g, max(1, horizon), width), dtype=np.int64)
     mask = np.zeros((g, max(1, horizon), width), dtype=np.float32)
+    starts = np.zeros(g, dtype=np.int64)
     start = 0
     for row, i in enumerate(order):
-        plan[row] = start
+        plan[row] = starts[row] = start
         if steps[i]:
             lengths = np.fromiter((len(idx) for idx in schedules[i]), np.int64, steps[i])
             at = np.repeat(np.arange(steps[i]), lengths)  # (step, column) of each index
@@ -301,19 +425,38 @@ def vmap_local_sgd(model: FlatModel, global_weights: torch.Tensor,
     mask = torch.from_numpy(mask).to(device, non_blocking=True)
     active = [sum(1 for i in order if steps[i] > t) for t in range(horizon)]
 
+    chain = linear_chain(module, loss) if closed_form else None
+    if chain is not None and not chain.flatten and xs.dim() != 2:
+        chain = None  # a Linear applied to the last axis of multi-axis inputs
+    lr = torch.tensor([lrs[i] for i in order], dtype=torch.float32, device=device)
+    if defer_first is None and chain is not None:
+        out_features = list(module.parameters())[chain.layers[0][0]].shape[0]
+        # not before a ReLU: there, rounding differences the size of float32's can flip a
+        # unit whose input is within them of 0 (measured: 2 of 1,000 MLP clients off by
+        # 1.2e-4 from sequential training; 0 with the stack, whose products round as
+        # sequential training's do)
+        defer_first = len(chain.layers) == 1 and defer_first_layer(
+            sizes, [width * k for k in steps], out_features)
+    defer = chain.layers[0][0] if defer_first and chain is not None and horizon else None
+
     names = [n for n, _ in module.named_parameters()]
     anchor = global_weights[: model.num_params].to(device)
     # one contiguous [G, *shape] stack per parameter: a batched product can then write a
     # weight in place (a strided view of one [G, P] tensor made it copy)
     params, anchors, corr, offset = [], [], [], 0
     c = None if corrections is None else corrections[order].to(device)
-    for _, p in module.named_parameters():
+    for k, (_, p) in enumerate(module.named_parameters()):
         span = slice(offset, offset + p.numel())
         anchors.append(anchor[span].view(p.shape))
-        params.append(anchors[-1].expand(g, *p.shape).clone())
+        params.append(None if k == defer else anchors[-1].expand(g, *p.shape).clone())
         if c is not None:
             corr.append(c[:, span].view(g, *p.shape))
         offset += p.numel()
+    first = None
+    if defer is not None:
+        first = FirstLayerSums(anchors[defer], xs.reshape(len(xs), -1), plan[:, :horizon],
+                               starts.tolist(), [sizes[i] for i in order], lr, prox_mu,
+                               corr[defer] if c is not None else None)
 
     def extra_grad(k: int, w: torch.Tensor) -> torch.Tensor | None:
         """SCAFFOLD's correction and FedProx's mu (w - x) for parameter k of the first
@@ -330,20 +473,20 @@ def vmap_local_sgd(model: FlatModel, global_weights: torch.Tensor,
         mean = (criterion(out, yb, reduction="none") * m).sum() / m.sum()
         return mean, mean.detach()
 
-    chain = linear_chain(module, loss) if closed_form else None
-    if chain is not None and not chain.flatten and xs.dim() != 2:
-        chain = None  # a Linear applied to the last axis of multi-axis inputs
     step_fn = None if chain is not None else vmap(grad(client_loss, has_aux=True))
-    lr = torch.tensor([lrs[i] for i in order], dtype=torch.float32, device=device)
     step_losses = torch.zeros((g, max(1, horizon)), dtype=torch.float32, device=device)
     for t in range(horizon):
         a = active[t]
         index = plan[:a, t]
-        ws = [p[:a] for p in params]
         if chain is not None:
-            step_losses[:a, t] = chain_sgd_step(chain, loss, ws, xs[index], ys[index],
-                                                mask[:a, t], lr[:a], extra_grad)
+            ws = [None if p is None else p[:a] for p in params]
+            if first is not None:
+                first.at(t)
+            xb = xs[index] if first is None else None
+            step_losses[:a, t] = chain_sgd_step(chain, loss, ws, xb, ys[index],
+                                                mask[:a, t], lr[:a], extra_grad, first)
             continue
+        ws = [p[:a] for p in params]
         grads, step_losses[:a, t] = step_fn(tuple(ws), xs[index], ys[index], mask[:a, t])
         with torch.no_grad():
             for k, (w, gr) in enumerate(zip(ws, grads, strict=True)):
@@ -352,11 +495,21 @@ def vmap_local_sgd(model: FlatModel, global_weights: torch.Tensor,
                     gr += e
                 _sgd_(w, lr[:a], gr)
     loss_sums = (step_losses.double().cpu().numpy() * counts).sum(1)
-    weights = torch.cat([p.view(g, -1) for p in params], 1).sub_(anchor)
+    weights = torch.empty((g, model.num_params), device=device)
+    offset = 0
+    for p, w0 in zip(params, anchors, strict=True):
+        out = weights[:, offset:offset + w0.numel()].view(g, *w0.shape)
+        if p is None:
+            first.delta(out)
+        else:
+            torch.sub(p, w0, out=out)
+        offset += w0.numel()
     row_of = [0] * g
     for row, i in enumerate(order):
         row_of[i] = row
     seen = [int(counts[row_of[i]].sum()) for i in range(g)]
     return GroupResult(deltas=weights, rows=row_of, num_examples=sizes,
                        loss_sums=[float(loss_sums[row_of[i]]) for i in range(g)],
-                       examples_seen=seen, steps=steps)
+                       examples_seen=seen, steps=steps,
+                       path="torch.func" if chain is None else
+                       "stacks" if first is None else "sums")

@@ -11,6 +11,7 @@ from fedray.client_update import local_sgd
 from fedray.models import build_model
 from fedray.replica import FlatModel
 from fedray.vectorized import (
+    defer_first_layer,
     group_size,
     group_sizes,
     linear_chain,
@@ -54,16 +55,20 @@ CASES = {
     "scaffold": {"scaffold": True},
 }
 MODELS = {"logreg": (1, 6, 6), "mlp": (1, 6, 6), "leaf_cnn": (1, 8, 8)}
-# (model, closed_form): logistic regression and the MLP take their gradients in closed form
-# (chain_sgd_step) unless told not to; both ways must equal sequential training. The CNN has
-# only torch.func's.
-PATHS = [("logreg", True), ("logreg", False), ("mlp", True), ("mlp", False),
-         ("leaf_cnn", False)]
+# (model, path): logistic regression and the MLP take their gradients in closed form
+# (chain_sgd_step), with the first layer's weights as sums over the examples
+# (FirstLayerSums) or stacked, unless told to use torch.func; every way must equal
+# sequential training. The CNN has only torch.func's.
+PATH_OPTIONS = {"sums": {"defer_first": True}, "stacks": {"defer_first": False},
+                "torch.func": {"closed_form": False}}
+PATHS = [("logreg", "sums"), ("logreg", "stacks"), ("logreg", "torch.func"),
+         ("mlp", "sums"), ("mlp", "stacks"), ("mlp", "torch.func"),
+         ("leaf_cnn", "torch.func")]
 
 
 @pytest.mark.parametrize("case", CASES)
-@pytest.mark.parametrize(("name", "closed_form"), PATHS)
-def test_each_client_gets_its_sequential_update(name, closed_form, case):
+@pytest.mark.parametrize(("name", "path"), PATHS)
+def test_each_client_gets_its_sequential_update(name, path, case):
     shape, classes = MODELS[name], 5
     torch.manual_seed(1)
     model = FlatModel(build_model(name, shape, classes))
@@ -81,7 +86,8 @@ def test_each_client_gets_its_sequential_update(name, closed_form, case):
         kw["corrections"] = 1e-3 * torch.randn(len(sizes), model.num_params,
                                                generator=torch.Generator().manual_seed(3))
     expected, results = _sequential(model, w0, data, lrs, seeds, **kw)
-    got = vmap_local_sgd(model, w0, data, lrs=lrs, seeds=seeds, closed_form=closed_form, **kw)
+    got = vmap_local_sgd(model, w0, data, lrs=lrs, seeds=seeds, **PATH_OPTIONS[path], **kw)
+    assert got.path == path
     deltas = torch.stack([got.delta(i) for i in range(len(sizes))])
     assert deltas.shape == expected.shape
     assert torch.allclose(deltas, expected, atol=1e-5, rtol=0), (
@@ -200,8 +206,28 @@ def test_vectorize_plan_follows_the_mode_and_says_why_not():
         vectorize_plan(dropout, "on", gpu=True)
 
 
+def test_first_layer_as_sums_only_where_it_pays_and_no_relu_follows():
+    """FirstLayerSums pays for several passes over small clients, not for one pass (its Gram
+    matrix costs what the stack saves) nor for clients much larger than the layer's output.
+    Before a ReLU it is never chosen: its rounding can flip a unit sitting at 0."""
+    sizes = [30, 45, 60, 75, 90]
+    one_pass = [20 * -(-n // 20) for n in sizes]
+    assert not defer_first_layer(sizes, one_pass, 62)  # logistic regression, 1 epoch
+    assert defer_first_layer(sizes, [2 * s for s in one_pass], 62)  # 2 epochs
+    assert defer_first_layer(sizes, one_pass, 200)  # a wider layer
+    assert not defer_first_layer([2000], [2000], 200)  # a large client
+    kw = {"lrs": [0.01] * 4, "seeds": [0, 1, 2, 3], "batch_size": 4, "local_steps": None}
+    for name, epochs, path in (("logreg", 3, "sums"), ("logreg", 1, "stacks"),
+                               ("mlp", 3, "stacks")):
+        model = FlatModel(build_model(name, (1, 6, 6), 5))
+        data = _clients((1, 6, 6), 5, [9, 7, 12, 5])
+        got = vmap_local_sgd(model, model.flat, data, local_epochs=epochs, **kw)
+        assert got.path == path, (name, epochs)
+
+
 def test_group_size_bounds_the_stacked_weights():
-    assert group_size(48_670) == 86  # logistic regression on FEMNIST: 86 x 195 KB
+    assert group_size(48_670) == 32  # logistic regression on FEMNIST: 32 x 195 KB
+    assert group_size(169_462) == 9  # the MLP: 9 x 678 KB
     assert group_size(6_603_710) == 1  # the LEAF CNN: 26 MB, one at a time on the CPU
     assert group_size(6_603_710, gpu=True) == 20
     assert group_size(10) == 128
