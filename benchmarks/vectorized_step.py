@@ -6,8 +6,8 @@ No Ray, one thread, as a worker of one CPU runs: each side trains the same clien
 or ``--epochs``) in groups of the size a worker would use, from the same weights with the
 same batch orders. The sides are the closed form with the first layer's weights stacked per
 client (``stacks``) and, for single-layer chains (logistic regression), kept as sums over the
-examples (``sums``, fedray.vectorized.FirstLayerSums), and torch.func. They alternate,
-``--repeat`` times, and the medians are printed with the side the workers' automatic choice
+examples (``sums``, fedray.vectorized.FirstLayerSums), and torch.func. They (and the group
+sizes, given several ``--group``) alternate, ``--repeat`` times, and the medians are printed with the side the workers' automatic choice
 takes and the largest difference between the sides' updates (float rounding only: all are
 the same local SGD).
 
@@ -72,7 +72,10 @@ def train(model: FlatModel, w0: torch.Tensor, clients, group: int, epochs: int, 
     return deltas
 
 
-def measure(name: str, clients, group: int | None, repeat: int, epochs: int = 1) -> dict:
+def measure(name: str, clients, groups: list[int | None], repeat: int,
+            epochs: int = 1) -> list[dict]:
+    """One row per group size; every (group size, side) pair is timed once per repeat, all
+    pairs in turn, so that a slow spell of the machine lands on all of them alike."""
     torch.manual_seed(0)
     model = FlatModel(build_model(name, SHAPE, CLASSES))
     chain = linear_chain(model.module, "cross_entropy")
@@ -81,32 +84,36 @@ def measure(name: str, clients, group: int | None, repeat: int, epochs: int = 1)
     # at 0; fedray.vectorized), so it is timed only for single-layer chains
     sides = [s for s in SIDES if s != "sums" or len(chain.layers) == 1]
     w0 = model.flat.clone()
-    group = group or group_size(model.num_params)
     lr = LR[name]
-    deltas = {s: train(model, w0, clients, group, epochs, lr, **SIDES[s])  # and warm-up
-              for s in sides}
-    diff = max(float((a - b).abs().max()) for s in sides[1:]
-               for a, b in zip(deltas[sides[0]], deltas[s], strict=True))
-    times: dict[str, list[float]] = {s: [] for s in sides}
+    groups = [g or group_size(model.num_params) for g in groups]
+    pairs = [(g, s) for g in groups for s in sides]
+    deltas = {p: train(model, w0, clients, p[0], epochs, lr, **SIDES[p[1]])  # and warm-up
+              for p in pairs}
+    times: dict[tuple[int, str], list[float]] = {p: [] for p in pairs}
     for _ in range(repeat):
-        for s in sides:
+        for p in pairs:
             t0 = time.perf_counter()
-            train(model, w0, clients, group, epochs, lr, **SIDES[s])
-            times[s].append(time.perf_counter() - t0)
-    rate = {s: len(clients) / statistics.median(ts) for s, ts in times.items()}
-    auto = vmap_local_sgd(model, w0, clients[:group], lrs=[lr] * len(clients[:group]),
-                          batch_size=BATCH, local_epochs=epochs, local_steps=None,
-                          seeds=list(range(len(clients[:group])))).path  # workers' choice
-    row = {"model": name, "group": group, "clients": len(clients), "epochs": epochs, "lr": lr,
-           "repeat": repeat, "auto": auto, "closed_form_per_s": rate[auto],
-           "torch_func_per_s": rate["torch.func"],
-           "speedup": rate[auto] / rate["torch.func"], "max_abs_diff": diff}
-    row.update({f"{s.replace('.', '_')}_per_s": r for s, r in rate.items()})
-    rates = " | ".join(f"{s} {r:7.1f}/s" for s, r in rate.items())
-    print(f"{name:7s} groups of {group:3d}, {epochs} epoch{'s' if epochs > 1 else ''}: "
-          f"{rates} | closed form ({auto}) / torch.func {row['speedup']:.2f}x | "
-          f"max |delta diff| {diff:.1e}", flush=True)
-    return row
+            train(model, w0, clients, p[0], epochs, lr, **SIDES[p[1]])
+            times[p].append(time.perf_counter() - t0)
+    rows = []
+    for group in groups:
+        rate = {s: len(clients) / statistics.median(times[group, s]) for s in sides}
+        diff = max(float((a - b).abs().max()) for s in sides[1:]
+                   for a, b in zip(deltas[group, sides[0]], deltas[group, s], strict=True))
+        auto = vmap_local_sgd(model, w0, clients[:group], lrs=[lr] * len(clients[:group]),
+                              batch_size=BATCH, local_epochs=epochs, local_steps=None,
+                              seeds=list(range(len(clients[:group])))).path  # workers' way
+        row = {"model": name, "group": group, "clients": len(clients), "epochs": epochs,
+               "lr": lr, "repeat": repeat, "auto": auto, "closed_form_per_s": rate[auto],
+               "torch_func_per_s": rate["torch.func"],
+               "speedup": rate[auto] / rate["torch.func"], "max_abs_diff": diff}
+        row.update({f"{s.replace('.', '_')}_per_s": r for s, r in rate.items()})
+        rates = " | ".join(f"{s} {r:7.1f}/s" for s, r in rate.items())
+        print(f"{name:7s} groups of {group:3d}, {epochs} epoch{'s' if epochs > 1 else ''}: "
+              f"{rates} | closed form ({auto}) / torch.func {row['speedup']:.2f}x | "
+              f"max |delta diff| {diff:.1e}", flush=True)
+        rows.append(row)
+    return rows
 
 
 def main(argv: list[str] | None = None) -> list[dict]:
@@ -129,8 +136,8 @@ def main(argv: list[str] | None = None) -> list[dict]:
     print(f"machine: {platform.machine()}, {os.cpu_count()} CPUs, torch {torch.__version__}, "
           f"1 thread", flush=True)
     clients = make_clients(args.clients)
-    rows = [measure(name, clients, group, args.repeat, args.epochs)
-            for name in args.model for group in args.group]
+    rows = [row for name in args.model
+            for row in measure(name, clients, args.group, args.repeat, args.epochs)]
     if args.json:
         with open(args.json, "w") as f:
             json.dump(rows, f, indent=1)

@@ -52,13 +52,16 @@ def test_throughput_benchmark_measures_every_side(ray_cluster, capsys):
 
 def test_vectorized_step_benchmark_times_both_steps_on_the_same_groups(capsys):
     step = _benchmark("vectorized_step")
-    row = step.measure("mlp", step.make_clients(6), group=4, repeat=1)
+    row, = step.measure("mlp", step.make_clients(6), groups=[4], repeat=1)
     assert "mlp     groups of   4, 1 epoch: stacks" in capsys.readouterr().out
     assert row["auto"] == "stacks" and "sums_per_s" not in row  # a ReLU chain: stacked
     assert row["closed_form_per_s"] == row["stacks_per_s"] > 0 and row["torch_func_per_s"] > 0
     assert row["speedup"] == pytest.approx(row["closed_form_per_s"] / row["torch_func_per_s"])
     assert row["max_abs_diff"] < 1e-5  # the same local SGD, rounded differently
-    row = step.measure("logreg", step.make_clients(6), group=3, repeat=1, epochs=3)
+    small, large = step.measure("logreg", step.make_clients(6), groups=[2, 3], repeat=1,
+                                epochs=3)
+    assert (small["group"], large["group"]) == (2, 3)
+    row = large
     assert row["auto"] == "sums"  # one layer, three passes over small clients
     assert row["closed_form_per_s"] == row["sums_per_s"] > 0 and row["stacks_per_s"] > 0
     assert row["max_abs_diff"] < 1e-5
