@@ -7,13 +7,17 @@ or ``--epochs``) in groups of the size a worker would use, from the same weights
 same batch orders. The sides are the closed form with the first layer's weights stacked per
 client (``stacks``) and, for single-layer chains (logistic regression), kept as sums over the
 examples (``sums``, fedray.vectorized.FirstLayerSums), and torch.func. They (and the group
-sizes, given several ``--group``) alternate, ``--repeat`` times, and the medians are printed with the side the workers' automatic choice
-takes and the largest difference between the sides' updates (float rounding only: all are
-the same local SGD).
+sizes, given several ``--group``) alternate, ``--repeat`` times, and the medians are printed
+with the side the workers' automatic choice takes and the largest difference between the
+sides' updates (float rounding only: all are the same local SGD).
 
     python benchmarks/vectorized_step.py                  # logreg and mlp, 200 clients
     python benchmarks/vectorized_step.py --model logreg --epochs 5
     python benchmarks/vectorized_step.py --model mlp --group 5 9 25 50 --json step.json
+    python benchmarks/vectorized_step.py --against-sequential --clients 1000
+
+``--against-sequential`` times nothing: it compares each side's updates with sequential
+training's, client by client, and counts the clients that differ by more than 1e-5.
 """
 
 from __future__ import annotations
@@ -30,6 +34,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 
 import torch  # noqa: E402
 
+from fedray.client_update import local_sgd  # noqa: E402
 from fedray.data.synthetic import SyntheticFEMNIST  # noqa: E402
 from fedray.models import build_model  # noqa: E402
 from fedray.replica import FlatModel  # noqa: E402
@@ -116,6 +121,34 @@ def measure(name: str, clients, groups: list[int | None], repeat: int,
     return rows
 
 
+def against_sequential(name: str, clients, group: int | None, epochs: int = 1,
+                       tol: float = 1e-5) -> dict:
+    """Every side's updates against sequential training's (client_update.local_sgd), client
+    by client: the largest difference, and how many clients differ by more than ``tol``.
+    FirstLayerSums is checked for every chain here, also where workers never use it (before
+    a ReLU), to show why they don't."""
+    torch.manual_seed(0)
+    model = FlatModel(build_model(name, SHAPE, CLASSES))
+    w0, lr = model.flat.clone(), LR[name]
+    group = group or group_size(model.num_params)
+    expected = [local_sgd(model, w0, x, y, lr=lr, batch_size=BATCH, local_epochs=epochs,
+                          local_steps=None, seed=i, delta_out=torch.empty_like(w0)).delta.clone()
+                for i, (x, y) in enumerate(clients)]
+    row: dict = {"model": name, "group": group, "clients": len(clients), "epochs": epochs,
+                 "lr": lr, "tol": tol}
+    for side, options in SIDES.items():
+        diffs = [float((got - want).abs().max()) for got, want in zip(
+            train(model, w0, clients, group, epochs, lr, **options), expected, strict=True)]
+        key = side.replace(".", "_")
+        row[f"{key}_max_diff"] = max(diffs)
+        row[f"{key}_above_tol"] = sum(d > tol for d in diffs)
+    print(f"{name:7s} against sequential training, {len(clients)} clients, groups of {group}, "
+          f"{epochs} epoch{'s' if epochs > 1 else ''}: " + " | ".join(
+              f"{side} max {row[f'{k}_max_diff']:.1e}, {row[f'{k}_above_tol']} above {tol:g}"
+              for side, k in ((s, s.replace(".", "_")) for s in SIDES)), flush=True)
+    return row
+
+
 def main(argv: list[str] | None = None) -> list[dict]:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -127,6 +160,9 @@ def main(argv: list[str] | None = None) -> list[dict]:
     ap.add_argument("--epochs", type=int, default=1, help="local epochs (default 1)")
     ap.add_argument("--repeat", type=int, default=7,
                     help="timed passes per side, alternating (default 7)")
+    ap.add_argument("--against-sequential", action="store_true",
+                    help="instead of timing, compare every side's updates with sequential "
+                         "training's, client by client")
     ap.add_argument("--json", metavar="FILE", help="also write the results as JSON")
     args = ap.parse_args(argv)
     if min(args.clients, args.repeat, args.epochs, *(g or 1 for g in args.group)) < 1:
@@ -136,8 +172,12 @@ def main(argv: list[str] | None = None) -> list[dict]:
     print(f"machine: {platform.machine()}, {os.cpu_count()} CPUs, torch {torch.__version__}, "
           f"1 thread", flush=True)
     clients = make_clients(args.clients)
-    rows = [row for name in args.model
-            for row in measure(name, clients, args.group, args.repeat, args.epochs)]
+    if args.against_sequential:
+        rows = [against_sequential(name, clients, group, args.epochs)
+                for name in args.model for group in args.group]
+    else:
+        rows = [row for name in args.model
+                for row in measure(name, clients, args.group, args.repeat, args.epochs)]
     if args.json:
         with open(args.json, "w") as f:
             json.dump(rows, f, indent=1)

@@ -286,9 +286,9 @@ def defer_first_layer(sizes: list[int], seen: list[int], out_features: int) -> b
     the delta), cost less than a stack's 2 seen_i out in per client (a forward and an
     update per example of every batch, padding included) at STACK_COST times the price.
     It pays for several passes over small clients (logistic regression on clients of 30-90
-    examples: 1.46x per group with 2 local epochs, 2.2x with 5; the same with 1 epoch) and
-    for wider layers (the MLP's 200 units, 1 epoch: 1.26x), not for clients much larger
-    than the layer's output, whose Gram matrix grows as n^2 (docs/performance.md)."""
+    examples: 1.4-1.5x per group with 2 local epochs, 2.2-2.7x with 5; even with 1) and for
+    wider layers, not for clients much larger than the layer's output, whose Gram matrix
+    grows as n^2 (docs/performance.md)."""
     sums = sum(n * (2 * out_features + n) for n in sizes)
     return sums <= STACK_COST * 2 * out_features * sum(seen)
 
@@ -432,9 +432,9 @@ def vmap_local_sgd(model: FlatModel, global_weights: torch.Tensor,
     if defer_first is None and chain is not None:
         out_features = list(module.parameters())[chain.layers[0][0]].shape[0]
         # not before a ReLU: there, rounding differences the size of float32's can flip a
-        # unit whose input is within them of 0 (measured: 2 of 1,000 MLP clients off by
-        # 1.2e-4 from sequential training; 0 with the stack, whose products round as
-        # sequential training's do)
+        # unit whose input is within them of 0 (benchmarks/vectorized_step.py
+        # --against-sequential: 1 of 1,000 MLP clients 1.9e-3 off sequential training after
+        # 5 epochs; none with the stack, whose products round as sequential training's do)
         defer_first = len(chain.layers) == 1 and defer_first_layer(
             sizes, [width * k for k in steps], out_features)
     defer = chain.layers[0][0] if defer_first and chain is not None and horizon else None

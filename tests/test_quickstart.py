@@ -65,6 +65,9 @@ def test_vectorized_step_benchmark_times_both_steps_on_the_same_groups(capsys):
     assert row["auto"] == "sums"  # one layer, three passes over small clients
     assert row["closed_form_per_s"] == row["sums_per_s"] > 0 and row["stacks_per_s"] > 0
     assert row["max_abs_diff"] < 1e-5
+    check = step.against_sequential("mlp", step.make_clients(5), group=2)
+    assert check["stacks_above_tol"] == 0 and check["stacks_max_diff"] < 1e-5
+    assert set(check) >= {"sums_max_diff", "torch_func_max_diff", "torch_func_above_tol"}
     with pytest.raises(SystemExit):
         step.main(["--clients", "0"])
     assert "--clients, --repeat, --epochs and --group must be at least 1" in \

@@ -245,12 +245,14 @@ def test_group_sizes_split_a_round_evenly_without_a_small_tail():
         assert sum(sizes) == n and max(sizes) - min(sizes) <= 1 and max(sizes) <= 7 * 1.5
 
 
-def test_a_client_trains_the_same_in_any_group():
+@pytest.mark.parametrize(("name", "path"), [("mlp", "stacks"), ("logreg", "sums"),
+                                            ("mlp", "sums"), ("logreg", "torch.func")])
+def test_a_client_trains_the_same_in_any_group(name, path):
     torch.manual_seed(0)
-    model = FlatModel(build_model("mlp", (1, 6, 6), 5))
+    model = FlatModel(build_model(name, (1, 6, 6), 5))
     data = _clients((1, 6, 6), 5, [13, 3, 9, 25, 7, 11])
     w0 = model.flat.clone()
-    kw = {"batch_size": 4, "local_epochs": 2, "local_steps": None}
+    kw = {"batch_size": 4, "local_epochs": 2, "local_steps": None, **PATH_OPTIONS[path]}
     everyone = vmap_local_sgd(model, w0, data, lrs=[0.1] * 6, seeds=list(range(6)), **kw)
     some = vmap_local_sgd(model, w0, [data[i] for i in (4, 1, 2)], lrs=[0.1] * 3,
                           seeds=[4, 1, 2], **kw)
