@@ -72,8 +72,24 @@ def _rounds(worker, weights):
 
 
 @pytest.mark.parametrize("case", CASES)
-@pytest.mark.parametrize("model", ["mlp", "logreg"])
-def test_vectorized_worker_equals_sequential(tmp_path, case, model):
+@pytest.mark.parametrize("model", ["mlp", "logreg", "logreg-sums"])
+def test_vectorized_worker_equals_sequential(tmp_path, monkeypatch, case, model):
+    """``logreg-sums``: the groups keep the first layer as sums over the examples
+    (fedray.vectorized.FirstLayerSums) whatever it costs, so that every aggregator meets
+    that way of stepping too."""
+    steps: list[str] = []  # the vectorized groups' GroupResult.path, with logreg-sums
+    forced = model == "logreg-sums"
+    if forced:
+        import fedray.vectorized
+        import fedray.worker
+
+        def sums(*args, **kwargs):
+            group = fedray.vectorized.vmap_local_sgd(*args, defer_first=True, **kwargs)
+            steps.append(group.path)
+            return group
+
+        monkeypatch.setattr(fedray.worker, "vmap_local_sgd", sums)
+        model = "logreg"
     client, aggregator, extra = CASES[case]
     seq = _worker(tmp_path, case, model, client, aggregator, extra, False)
     vec = _worker(tmp_path, case, model, client, aggregator, extra, True)
@@ -92,6 +108,8 @@ def test_vectorized_worker_equals_sequential(tmp_path, case, model):
         for key in ("clients", "examples", "examples_seen", "dropped", "updates", "stored"):
             assert b[key] == a[key], key
         assert b["loss_sum"] == pytest.approx(a["loss_sum"], rel=1e-5)
+    if forced:
+        assert steps and set(steps) == {"sums"}
     if case == "guard":
         assert 0 < a["dropped"] < a["clients"]
     if aggregator == "scaffold":
