@@ -230,28 +230,24 @@ class FirstLayerSums:
         self.lr = lr
         self.decay = (1.0 - lr * prox_mu) if prox_mu else None
         self.beta = lr.new_zeros(g)
-        self.t = 0
 
-    def at(self, t: int) -> None:
-        self.t = t
-
-    def _rows(self, a: int, src: torch.Tensor) -> torch.Tensor:
-        """Rows of ``src`` [G, span, k] for the first ``a`` clients' batches at this step."""
-        loc = self.local[:a, self.t]
+    def _rows(self, a: int, t: int, src: torch.Tensor) -> torch.Tensor:
+        """Rows of ``src`` [G, span, k] for the first ``a`` clients' batches of step t."""
+        loc = self.local[:a, t]
         return src[:a].gather(1, loc.unsqueeze(-1).expand(-1, -1, src.shape[-1]))
 
-    def outputs(self, a: int) -> torch.Tensor:
-        """The first ``a`` clients' batches through their current first-layer weights
-        (without the bias): [a, width, out]."""
-        out = self.base[self.plan[:a, self.t]]
-        if self.t:
-            out.baddbmm_(self._rows(a, self.gram), self.e[:a])
+    def outputs(self, a: int, t: int) -> torch.Tensor:
+        """The first ``a`` clients' batches of step t through their current first-layer
+        weights (without the bias): [a, width, out]."""
+        out = self.base[self.plan[:a, t]]
+        if t:
+            out.baddbmm_(self._rows(a, t, self.gram), self.e[:a])
             if self.corr_out is not None:
-                out.sub_(self._rows(a, self.corr_out) * self.beta[:a, None, None])
+                out.sub_(self._rows(a, t, self.corr_out) * self.beta[:a, None, None])
         return out
 
-    def absorb(self, a: int, grad_lr: torch.Tensor) -> None:
-        """The step's update for the first ``a`` clients: ``grad_lr`` [a, width, out] is lr
+    def absorb(self, a: int, t: int, grad_lr: torch.Tensor) -> None:
+        """Step t's update for the first ``a`` clients: ``grad_lr`` [a, width, out] is lr
         times the gradient of the loss at the layer's outputs (0 on padding)."""
         e = self.e[:a]
         if self.decay is not None:  # y - x shrinks by (1 - lr mu) per step (FedProx)
@@ -259,7 +255,7 @@ class FirstLayerSums:
             self.beta[:a].mul_(self.decay[:a])
         if self.corr is not None:
             self.beta[:a].add_(self.lr[:a])
-        loc = self.local[:a, self.t]
+        loc = self.local[:a, t]
         e.scatter_add_(1, loc.unsqueeze(-1).expand(-1, -1, e.shape[-1]), grad_lr.neg())
 
     def delta(self, out: torch.Tensor) -> None:
@@ -296,7 +292,7 @@ def defer_first_layer(sizes: list[int], seen: list[int], out_features: int) -> b
 def chain_sgd_step(chain: LinearChain, loss: str, ws: list[torch.Tensor], xb: torch.Tensor | None,
                    yb: torch.Tensor, m: torch.Tensor, lr: torch.Tensor,
                    extra_grad: Callable[[int, torch.Tensor], torch.Tensor | None],
-                   first: FirstLayerSums | None = None) -> torch.Tensor:
+                   first: FirstLayerSums | None = None, t: int = 0) -> torch.Tensor:
     """One local SGD step of a group of LinearChain models, in place, by hand: the gradient
     of each client's masked mean batch loss (what ``vmap(grad(client_loss))`` gives), plus
     ``extra_grad(k, w)`` (FedProx, SCAFFOLD), times the client's lr, taken from its weights.
@@ -308,9 +304,9 @@ def chain_sgd_step(chain: LinearChain, loss: str, ws: list[torch.Tensor], xb: to
     baddbmm, lr folded into the small output gradient) instead of being materialized and
     then added: for the MLP's first layer (25 clients) that took 2.0 ms instead of 4.5.
 
-    ``first`` (set at this step): the first layer's weight is not in ``ws`` but kept as
-    sums over the clients' examples (``FirstLayerSums``), which give its outputs and take
-    its update; ``xb`` is then not read."""
+    ``first``: the first layer's weight is not in ``ws`` but kept as sums over the clients'
+    examples (``FirstLayerSums``), which give its outputs at step ``t`` and take its update;
+    ``xb`` is then not read."""
     a, b = m.shape
     h = None if first is not None else xb.reshape(a, b, -1)
     inputs = []
@@ -319,7 +315,7 @@ def chain_sgd_step(chain: LinearChain, loss: str, ws: list[torch.Tensor], xb: to
             h = torch.relu(h)
         inputs.append(h)
         if k == 0 and first is not None:
-            h = first.outputs(a)
+            h = first.outputs(a, t)
             if bi is not None:
                 h += ws[bi][:, None]
             continue
@@ -347,7 +343,7 @@ def chain_sgd_step(chain: LinearChain, loss: str, ws: list[torch.Tensor], xb: to
         d_in = torch.bmm(d, ws[wi]).mul_(x > 0) if k else None  # back through w and the ReLU
         d_lr = d * rate
         if deferred:
-            first.absorb(a, d_lr)
+            first.absorb(a, t, d_lr)
         else:
             ws[wi].baddbmm_(d_lr.transpose(1, 2), x, alpha=-1.0)
         if bi is not None:
@@ -480,11 +476,9 @@ def vmap_local_sgd(model: FlatModel, global_weights: torch.Tensor,
         index = plan[:a, t]
         if chain is not None:
             ws = [None if p is None else p[:a] for p in params]
-            if first is not None:
-                first.at(t)
             xb = xs[index] if first is None else None
             step_losses[:a, t] = chain_sgd_step(chain, loss, ws, xb, ys[index],
-                                                mask[:a, t], lr[:a], extra_grad, first)
+                                                mask[:a, t], lr[:a], extra_grad, first, t)
             continue
         ws = [p[:a] for p in params]
         grads, step_losses[:a, t] = step_fn(tuple(ws), xs[index], ys[index], mask[:a, t])
