@@ -155,6 +155,17 @@ class WorkerPool:
             yield result
 
     def info(self) -> list[dict]:
+        """Each slot's worker (process, device, node); a worker whose process is gone is
+        reported as such instead of failing the caller: the run summary asks after the
+        last round, and a worker lost then (a preempted node) has no work left to redo."""
         import ray
 
-        return ray.get([w.info.remote() for w in self.workers])
+        failure = _failure_types()
+        refs = [w.info.remote() for w in self.workers]
+        out = []
+        for ref in refs:
+            try:
+                out.append(ray.get(ref))
+            except failure as exc:
+                out.append({"dead": True, "error": type(exc).__name__})
+        return out

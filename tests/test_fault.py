@@ -160,6 +160,25 @@ def test_pool_gives_a_dead_slot_to_a_survivor_when_no_worker_can_start(monkeypat
     assert p.workers == ["a", "b", "a"]
 
 
+def test_pool_info_reports_a_worker_lost_after_the_last_round(ray_cluster):
+    """The summary asks every worker where it ran; one that died after the last round (the
+    soak test's killer can land there) is reported dead, not raised as the run's failure."""
+    from fedray import pool
+
+    @ray_cluster.remote(num_cpus=0)
+    class Worker:
+        def info(self) -> dict:
+            return {"pid": os.getpid()}
+
+    alive, dead = Worker.remote(), Worker.remote()
+    ray_cluster.get(dead.info.remote())
+    ray_cluster.kill(dead)
+    p = pool.WorkerPool.__new__(pool.WorkerPool)
+    p.workers = [alive, dead]
+    got = p.info()
+    assert "pid" in got[0] and got[1] == {"dead": True, "error": "ActorDiedError"}
+
+
 def test_soak_script_counts_kills_reruns_and_lost_updates(tmp_path):
     """benchmarks/soak.py, short: it must kill workers and find every update aggregated."""
     import json
