@@ -4,6 +4,7 @@ import numpy as np
 import pytest
 import torch
 from conftest import blobs, fixed_linear, softmax_grad
+from tolerance import ULPS_PER_STEP, f32_atol
 from torch import nn
 
 import fedray
@@ -57,7 +58,9 @@ def test_fedprox_two_full_batch_steps_match_numpy():
         gw, gb = softmax_grad(w, b, x.astype(np.float64), y)
         w, b = w - lr * (gw + mu * (w - w0)), b - lr * (gb + mu * (b - b0))
     expected = np.concatenate([(w - w0).ravel(), b - b0])
-    np.testing.assert_allclose(res.delta.numpy(), expected, atol=1e-6)
+    # float32 against float64, two steps: ulps of the weights' size (the delta is y - x)
+    np.testing.assert_allclose(res.delta.numpy(), expected, rtol=0,
+                               atol=f32_atol(w0, b0, w, b, ulps=ULPS_PER_STEP * 3))
     plain = local_sgd(m, start, torch.from_numpy(x), torch.from_numpy(y), lr=lr, batch_size=9,
                       local_epochs=1, local_steps=2, seed=1, delta_out=torch.empty_like(start))
     assert not torch.allclose(plain.delta, res.delta)  # the proximal term matters
@@ -75,8 +78,9 @@ def test_fedsgd_is_one_full_batch_step():
                     full_batch=True)
     gw, gb = softmax_grad(w0, b0, x.astype(np.float64), y)
     assert res.steps == 1 and res.examples_seen == 23
+    # float32 against float64, one step: ulps of the weights' size (the delta is y - x)
     np.testing.assert_allclose(res.delta.numpy(), np.concatenate([-0.2 * gw.ravel(), -0.2 * gb]),
-                               atol=1e-6)
+                               rtol=0, atol=f32_atol(w0, b0, ulps=ULPS_PER_STEP * 2))
 
 
 def test_uniform_aggregator_end_to_end(ray_cluster, tmp_path):
@@ -88,10 +92,15 @@ def test_uniform_aggregator_end_to_end(ray_cluster, tmp_path):
            "sampling": {"clients_per_round": 5}, "output": {"dir": str(tmp_path / "r")}}
     res = fedray.run(job, model_fn=model_fn, client_data=clients)
     grads = [softmax_grad(w0, b0, x.astype(np.float64), y) for x, y in clients.values()]
+    # float32 (vectorized workers, by default) against float64: one step, then the float64
+    # mean rounded to float32 once; ulps of the weights' size
+    atol = f32_atol(w0, b0, ulps=ULPS_PER_STEP * 2)
     np.testing.assert_allclose(res.weights["weight"].numpy(),
-                               w0 - 0.4 * np.mean([g[0] for g in grads], axis=0), atol=1e-6)
+                               w0 - 0.4 * np.mean([g[0] for g in grads], axis=0), rtol=0,
+                               atol=atol)
     np.testing.assert_allclose(res.weights["bias"].numpy(),
-                               b0 - 0.4 * np.mean([g[1] for g in grads], axis=0), atol=1e-6)
+                               b0 - 0.4 * np.mean([g[1] for g in grads], axis=0), rtol=0,
+                               atol=atol)
     assert res.summary["algorithm"]["aggregator"] == "uniform"
 
 

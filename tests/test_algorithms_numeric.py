@@ -4,12 +4,14 @@ re-implementation of the paper's formulas written out here, or a closed form."""
 
 from __future__ import annotations
 
+import functools
 import json
 import pathlib
 
 import numpy as np
 import pytest
 import torch
+from tolerance import ULPS_PER_STEP, f32_atol, merge_ulps
 from torch import nn
 
 import fedray
@@ -105,7 +107,11 @@ def fedavg_delta(x, steps, lr, mu=0.0, weights=None):
     return sum(w * d for w, d in zip(n, deltas, strict=True)) / n.sum()
 
 
-ATOL = 2e-5  # float32 runtime vs float64 reference
+def ref_atol(expected: np.ndarray, rounds: int, steps: int = 3) -> float:
+    """The float32 runtime against the float64 reference above: every local step of every
+    round rounds differently on the two sides (tolerance.ULPS_PER_STEP), and each round's
+    float32 weights once more; ulps of the weights' size (the reference's)."""
+    return f32_atol(expected, ulps=ULPS_PER_STEP * (steps + 1) * rounds)
 
 
 # -- FedAvg, FedProx, server optimizers ---------------------------------------------------
@@ -116,7 +122,7 @@ def test_fedavg_and_fedprox(ray_cluster, tmp_path):
         x = x + fedavg_delta(x, 3, 0.1)
     got, run_dir = run_job(tmp_path, "fedavg", rounds=4, algorithm={"name": "fedavg"},
                            test_data=CLIENTS[0])
-    np.testing.assert_allclose(got, x, atol=ATOL)
+    np.testing.assert_allclose(got, x, atol=ref_atol(x, rounds=4))
     last = read_metrics(run_dir)[-1]  # regression: a test loss (the same f_0), no accuracy
     assert last["test_loss"] == pytest.approx(risk(0, x), rel=1e-4)
     assert "test_accuracy" not in last
@@ -126,7 +132,7 @@ def test_fedavg_and_fedprox(ray_cluster, tmp_path):
         x = x + fedavg_delta(x, 3, 0.1, mu=0.5)
     got, _ = run_job(tmp_path, "fedprox", rounds=3,
                      algorithm={"name": "fedprox", "prox_mu": 0.5})
-    np.testing.assert_allclose(got, x, atol=ATOL)
+    np.testing.assert_allclose(got, x, atol=ref_atol(x, rounds=3))
 
 
 def test_steps_per_epoch_one_is_full_batch(ray_cluster, tmp_path):
@@ -137,7 +143,7 @@ def test_steps_per_epoch_one_is_full_batch(ray_cluster, tmp_path):
         x = x + fedavg_delta(x, 3, 0.1)
     got, _ = run_job(tmp_path, "spe", rounds=2, algorithm={"name": "fedavg"}, steps=None,
                      client={"batch_size": 2, "steps_per_epoch": 1, "local_epochs": 3})
-    np.testing.assert_allclose(got, x, atol=ATOL)
+    np.testing.assert_allclose(got, x, atol=ref_atol(x, rounds=2))
 
 
 def test_server_momentum(ray_cluster, tmp_path):
@@ -151,7 +157,7 @@ def test_server_momentum(ray_cluster, tmp_path):
             x = x + eta * (d + beta * m if name == "fednesterov" else m)
         got, _ = run_job(tmp_path, name, rounds=3, algorithm={"name": name},
                          server={"momentum": beta, "lr": eta}, lr=0.05)
-        np.testing.assert_allclose(got, x, atol=ATOL)
+        np.testing.assert_allclose(got, x, atol=ref_atol(x, rounds=3))
 
 
 @pytest.mark.parametrize("name", ["fedadam", "fedyogi", "fedadagrad"])
@@ -170,7 +176,7 @@ def test_adaptive_server_two_steps(ray_cluster, tmp_path, name):
         x = x + eta * m / (np.sqrt(v) + tau)
     got, _ = run_job(tmp_path, name, rounds=2, algorithm={"name": name},
                      server={"lr": eta, "beta1": b1, "beta2": b2, "tau": tau})
-    np.testing.assert_allclose(got, x, atol=ATOL)
+    np.testing.assert_allclose(got, x, atol=ref_atol(x, rounds=2))
 
 
 # -- SCAFFOLD -----------------------------------------------------------------------------
@@ -197,7 +203,8 @@ def scaffold_numpy(rounds, steps, lr, option, server_lr=1.0, clients=CLIENTS,
 def test_scaffold_matches_numpy(ray_cluster, tmp_path, option):
     got, run_dir = run_job(tmp_path, f"scaffold{option}", rounds=4, lr=0.05,
                            algorithm={"name": "scaffold", "scaffold_option": option})
-    np.testing.assert_allclose(got, scaffold_numpy(4, 3, 0.05, option), atol=ATOL)
+    expected = scaffold_numpy(4, 3, 0.05, option)
+    np.testing.assert_allclose(got, expected, atol=ref_atol(expected, rounds=4))
     assert ClientStateStore(f"{run_dir}/client_state").clients() == [0, 1, 2]
 
 
@@ -206,9 +213,11 @@ def test_scaffold_with_zero_control_variates_is_fedavg(ray_cluster, tmp_path):
     scaf, _ = run_job(tmp_path, "s", rounds=1, algorithm={"name": "scaffold"})
     avg, _ = run_job(tmp_path, "a", rounds=1,
                      algorithm={"name": "fedavg", "aggregator": "uniform"})
-    np.testing.assert_allclose(scaf, avg, atol=1e-7)
-    np.testing.assert_allclose(avg, W0 + fedavg_delta(W0, 3, 0.1, weights=np.ones(3)),
-                               atol=ATOL)
+    # bit for bit: the same kernels on the same data, SCAFFOLD's gradients plus a correction
+    # c - c_i of exact zeros (g + 0 == g in any rounding), summed with weight 1 in the same order
+    np.testing.assert_array_equal(scaf, avg)
+    expected = W0 + fedavg_delta(W0, 3, 0.1, weights=np.ones(3))
+    np.testing.assert_allclose(avg, expected, atol=ref_atol(expected, rounds=1))
 
 
 def test_scaffold_reaches_the_global_optimum_where_fedavg_drifts(ray_cluster, tmp_path):
@@ -253,7 +262,7 @@ def test_elastic_by_hand(ray_cluster, tmp_path):
                      algorithm={"name": "elastic_fedavgm", "elastic_tau": tau,
                                 "elastic_mu": mu, "elastic_holdout": share},
                      server={"momentum": beta})
-    np.testing.assert_allclose(got, x, atol=ATOL)
+    np.testing.assert_allclose(got, x, atol=ref_atol(x, rounds=2))
 
 
 # -- Exp-alpha ----------------------------------------------------------------------------
@@ -271,35 +280,52 @@ def expalpha_numpy(rounds, alpha):
 
 
 def test_expalpha_by_hand_and_its_limits(ray_cluster, tmp_path):
+    # exp(score / alpha) amplifies a risk's rounding by 1 / alpha, but these clients' scores
+    # differ by tens (risks of about 10, alpha = 0.2): the softmax puts all the weight on one
+    # client, whose rho moves far less than an ulp, so the steps' rounding is all there is
+    expected = expalpha_numpy(2, 0.2)
     got, _ = run_job(tmp_path, "exp", rounds=2, algorithm={"name": "expalpha", "alpha": 0.2})
-    np.testing.assert_allclose(got, expalpha_numpy(2, 0.2), atol=ATOL)
-    # alpha -> infinity: uniform weights
+    np.testing.assert_allclose(got, expected, atol=ref_atol(expected, rounds=2))
+    # alpha -> infinity: uniform weights. The clients train alike; the weights rho_k differ
+    # from 1 by ~1e-11, far below float32's resolution, but the float64 mean they weight is
+    # another computation than the uniform one: a last bit may flip in a round
     big, _ = run_job(tmp_path, "big", rounds=2, algorithm={"name": "expalpha", "alpha": 1e12})
     uni, _ = run_job(tmp_path, "uni", rounds=2,
                      algorithm={"name": "fedavg", "aggregator": "uniform"})
-    np.testing.assert_allclose(big, uni, atol=1e-6)
+    np.testing.assert_allclose(big, uni, rtol=0, atol=f32_atol(uni, ulps=merge_ulps(2)))
     # a tiny alpha: scores of order 1e4 do not overflow; the weight goes to one client
+    expected = expalpha_numpy(2, 1e-4)
     tiny, _ = run_job(tmp_path, "tiny", rounds=2, algorithm={"name": "expalpha", "alpha": 1e-4})
     assert np.isfinite(tiny).all()
-    np.testing.assert_allclose(tiny, expalpha_numpy(2, 1e-4), atol=ATOL)
+    np.testing.assert_allclose(tiny, expected, atol=ref_atol(expected, rounds=2))
 
 
 # -- partial sums: the worker count never changes the update --------------------------------
 
 # FedAvg's partial sums across 1, 2 and 4 workers: tests/test_runtime.py; here the
-# aggregators that carry more than a weighted sum (client state, extra sums, log-scales),
-# one sequential worker against three vectorized ones (auto: this linear model vectorizes)
+# aggregators that carry more than a weighted sum (client state, extra sums, log-scales)
 @pytest.mark.parametrize("algorithm", [
     {"name": "scaffold"}, {"name": "elastic_fedprox"}, {"name": "expalpha"}])
 def test_one_vs_three_workers(ray_cluster, tmp_path, algorithm):
     clients = make_clients(9, seed=5)
-    one, _ = run_job(tmp_path, "w1", rounds=3, clients=clients, workers=1,
-                     algorithm=algorithm, per_round=6)
-    three, three_dir = run_job(tmp_path, "w3", rounds=3, clients=clients, workers=3,
-                               algorithm=algorithm, per_round=6, vectorize="auto")
-    assert json.loads(pathlib.Path(three_dir, "summary.json").read_text())["vectorized"]
+    rounds, steps = 3, 3
+    run = functools.partial(run_job, tmp_path, rounds=rounds, steps=steps, clients=clients,
+                            algorithm=algorithm, per_round=6)
+    one, _ = run("w1", workers=1)
+    three, _ = run("w3", workers=3)
     assert np.abs(one - W0).max() > 1e-3  # the model moved
-    np.testing.assert_allclose(one, three, rtol=0, atol=1e-6)
+    # the worker count: both sequential, so every client's float32 arithmetic is the same;
+    # only the driver's float64 merge of the workers' partial sums is grouped otherwise
+    np.testing.assert_allclose(three, one, rtol=0, atol=f32_atol(one, ulps=merge_ulps(rounds)))
+
+    # vectorized workers (auto: this linear model vectorizes) at another worker count: the
+    # batched products round otherwise than sequential training's, at every local step of
+    # every round. Two clients (lr * lambda_max 2.5 and 3.0) diverge, and the weights (up to
+    # 60) grow with the rounding errors: relative to the weights these add up, step by step
+    vec, vec_dir = run("v3", workers=3, vectorize="auto")
+    assert json.loads(pathlib.Path(vec_dir, "summary.json").read_text())["vectorized"]
+    np.testing.assert_allclose(vec, one, rtol=0,
+                               atol=f32_atol(one, ulps=ULPS_PER_STEP * (steps + 1) * rounds))
 
 
 def test_scaffold_state_only_for_participants(ray_cluster, tmp_path):
@@ -321,12 +347,15 @@ def test_guard_drops_a_nonfinite_client(ray_cluster, tmp_path):
     poisoned = {**CLIENTS, 3: (x, np.where(np.arange(len(y)) == 0, np.nan, y).astype(np.float32))}
     for name in ("fedavg", "scaffold"):
         w, run_dir = run_job(tmp_path, name, rounds=3, clients=poisoned, algorithm={"name": name})
-        if name == "fedavg":
+        if name == "fedavg":  # the same clients' float32 updates, summed in another order
             expected, _ = run_job(tmp_path, "without", rounds=3, algorithm={"name": name})
+            atol = f32_atol(expected, ulps=merge_ulps(3))
         else:
             expected = scaffold_numpy(3, 3, 0.1, option=2, population=4)
+            atol = ref_atol(expected, rounds=3)
             assert ClientStateStore(f"{run_dir}/client_state").clients() == [0, 1, 2]
-        assert np.isfinite(w).all() and np.allclose(w, expected, atol=ATOL)
+        assert np.isfinite(w).all()
+        np.testing.assert_allclose(w, expected, rtol=0, atol=atol)
         assert [m["dropped_updates"] for m in read_metrics(run_dir)] == [1, 1, 1]
         assert all(np.isfinite(m["train_loss"]) for m in read_metrics(run_dir))
         summary = json.loads(pathlib.Path(run_dir, "summary.json").read_text())
@@ -354,7 +383,9 @@ def test_dropout_and_over_selection_through_the_runtime(ray_cluster, tmp_path):
     extra = {"sampling": {"clients_per_round": 4, "dropout": 0.3, "over_selection": 0.5}}
     runs = [run_job(tmp_path, f"drop{n}", rounds=4, clients=clients, workers=n,
                     algorithm={"name": "fedavg"}, extra=extra) for n in (1, 3)]
-    np.testing.assert_allclose(runs[0][0], runs[1][0], atol=1e-6)
+    # both sequential: the same float32 client updates, merged in float64 in another grouping
+    np.testing.assert_allclose(runs[1][0], runs[0][0], rtol=0,
+                               atol=f32_atol(runs[0][0], ulps=merge_ulps(4)))
     metrics = read_metrics(runs[0][1])
     assert all(m["clients"] + m["dropped_out"] + m["late"] == 6 for m in metrics)
     assert all(m["clients"] <= 4 for m in metrics)

@@ -173,6 +173,15 @@ def test_pool_info_reports_a_worker_lost_after_the_last_round(ray_cluster):
     alive, dead = Worker.remote(), Worker.remote()
     ray_cluster.get(dead.info.remote())
     ray_cluster.kill(dead)
+    # ray.kill returns before the actor is gone (it answered once more under load): wait
+    deadline = time.monotonic() + 30
+    while True:
+        try:
+            ray_cluster.get(dead.info.remote(), timeout=10)
+        except ray_cluster.exceptions.RayActorError:
+            break
+        assert time.monotonic() < deadline, "the killed actor still answers"
+        time.sleep(0.1)
     p = pool.WorkerPool.__new__(pool.WorkerPool)
     p.workers = [alive, dead]
     got = p.info()
