@@ -20,8 +20,8 @@ from typing import TYPE_CHECKING, Any
 from omegaconf import DictConfig, OmegaConf
 
 from fedray.config import ConfigSource, load_config, validate
-from fedray.errors import FedrayError
-from fedray.run_dir import RunDir, absolute_url
+from fedray.errors import FedrayError, key_error
+from fedray.storage import RunClaim, absolute_url, filesystem, storage_failure
 
 if TYPE_CHECKING:  # torch is imported where a run starts: a bad config fails without it
     import torch
@@ -50,7 +50,9 @@ def prepare(config: ConfigSource | None, overrides: list[str] | tuple = (),
             "model": {"name": "custom" if model_fn is not None else cfg.model.name}})
         OmegaConf.set_readonly(cfg, True)
     if client_data is None and cfg.data.partition == "memory":
-        raise FedrayError("data.partition is 'memory' but no client_data was given to fedray.run")
+        raise key_error("data.partition", "'memory' means the client_data given to fedray.run, "
+                        "and none was given", "memory")
+    filesystem(absolute_url(cfg.output.dir), "output.dir", durable=True)
     has_client_test = client_data is None
     train_counts = None  # synthetic writers have at least data.synthetic.min_examples >= 1
     if client_data is not None:
@@ -62,6 +64,7 @@ def prepare(config: ConfigSource | None, overrides: list[str] | tuple = (),
         from fedray.store import read_manifest
 
         url = absolute_url(cfg.data.partition)
+        filesystem(url, "data.partition", durable=True)  # workers read it, not this process
         manifest = read_manifest(url)
         population, has_client_test = manifest["num_clients"], "test" in manifest["clients"]
         train_counts = manifest["clients"]["train"]["count"]
@@ -72,16 +75,16 @@ def prepare(config: ConfigSource | None, overrides: list[str] | tuple = (),
         # nothing), but one forced into every round is a mistake
         empty = [a for a in cfg.sampling.always if train_counts[a] == 0]
         if empty:
-            raise FedrayError(f"config key 'sampling.always': client {empty[0]} has no training "
-                              f"examples, so it can never contribute, got "
-                              f"{list(cfg.sampling.always)}")
+            raise key_error("sampling.always", f"client {empty[0]} has no training examples, "
+                            "so it can never contribute", list(cfg.sampling.always))
     if cfg.output.mlflow:
         from fedray.mlflow_tracking import require_mlflow
 
         require_mlflow()
     if cfg.eval.federated_clients and not has_client_test:
-        raise FedrayError("eval.federated_clients: this data has no per-client test split; set "
-                          "it to 0 (and pass test_data for in-memory client_data)")
+        raise key_error("eval.federated_clients", "this data has no per-client test split; set "
+                        "it to 0 (and pass test_data for in-memory client_data)",
+                        cfg.eval.federated_clients)
     return cfg
 
 
@@ -109,6 +112,22 @@ def prepare_resume(run_dir: str, config: ConfigSource | None = None,
     OmegaConf.set_readonly(cfg, True)
     check_same_config(url, saved, cfg, allow_changes)
     return cfg, url
+
+
+def _resume_hint(url: str, exc: OSError) -> FedrayError:
+    """A write that failed mid-run, as one line that says what is safe: checkpoints are
+    replaced atomically, so the last one is whole whatever the failed write was."""
+    from fedray.checkpoint import read_checkpoint
+
+    try:
+        ckpt = read_checkpoint(url)
+        where = (f"its checkpoint after round {ckpt.round} is intact" if ckpt is not None
+                 else "it has no checkpoint yet (a resume starts from round 1)")
+    except (FedrayError, OSError):
+        where = "its checkpoint could not be read back"
+    reason = exc.strerror or type(exc).__name__
+    return key_error("output.dir", f"writing the run failed: {reason}; {where}; when the "
+                     f"storage is fixed, continue with: fedray run --resume {url}")
 
 
 def _unwrap_remote_error(exc: BaseException) -> BaseException:
@@ -158,7 +177,52 @@ def run(config: ConfigSource | None = None, model_fn: Callable[[], nn.Module] | 
     to MLflow too). resume: a run directory to
     continue from its last checkpoint (``config`` then defaults to its config.yaml and must
     not differ from it, except keys listed in ``allow_changes``: docs/fault_tolerance.md).
+
+    The run holds its directory for its whole length (fedray.storage.RunClaim); a new run
+    that fails before its first round leaves nothing behind, and one whose writes fail later
+    (a full disk) says which checkpoint is intact.
     """
+    if resume is not None:
+        cfg, url = prepare_resume(resume, config, overrides, allow_changes, client_data,
+                                  model_fn, test_data)
+    else:
+        cfg = prepare(config, overrides, client_data, model_fn, test_data)
+        url = absolute_url(cfg.output.dir)
+    manifest = None
+    if client_data is None and cfg.data.partition != "synthetic":
+        from fedray.store import read_manifest, verify_store
+
+        manifest = read_manifest(cfg.data.partition)  # read once, for checks and the source
+        if cfg.data.verify:
+            verify_store(cfg.data.partition, manifest)  # a corrupt shard fails now, not later
+    claim = RunClaim(url)  # no other run writes here while this one does
+    claim.acquire(new=resume is None)
+    metrics: list[dict] = []
+    try:
+        result = _run_claimed(cfg, url, model_fn, client_data, test_data, manifest, progress,
+                              resume, metrics)
+    except BaseException as exc:
+        storage = storage_failure(exc)
+        if resume is None and not metrics:  # nothing worth keeping: the same command can
+            claim.discard()  # run again, and finds the directory as it was
+            if storage is not None:
+                raise key_error("output.dir", f"writing the run failed: "
+                                f"{storage.strerror or type(storage).__name__}; nothing "
+                                f"was kept in {url}") from None
+        elif storage is not None:
+            raise _resume_hint(url, storage) from None
+        raise
+    finally:
+        claim.release()
+    return result
+
+
+def _run_claimed(cfg: DictConfig, url: str, model_fn: Callable | None,
+                 client_data: Mapping | None, test_data: tuple | None, manifest: dict | None,
+                 progress: Callable[[dict], None] | None, resume: str | None,
+                 metrics: list[dict]) -> RunResult:
+    """The run, once its directory is claimed: Ray, the driver and its workers, every round
+    (appended to ``metrics`` as they arrive)."""
     import ray
 
     from fedray.data.source import build_source
@@ -167,20 +231,6 @@ def run(config: ConfigSource | None = None, model_fn: Callable[[], nn.Module] | 
     from fedray.pool import launch_workers, pool_size
     from fedray.runtime import ray_session
 
-    if resume is not None:
-        cfg, url = prepare_resume(resume, config, overrides, allow_changes, client_data,
-                                  model_fn, test_data)
-    else:
-        cfg = prepare(config, overrides, client_data, model_fn, test_data)
-        url = absolute_url(cfg.output.dir)
-        RunDir(url).check_new()
-    manifest = None
-    if client_data is None and cfg.data.partition != "synthetic":
-        from fedray.store import read_manifest, verify_store
-
-        manifest = read_manifest(cfg.data.partition)  # read once, for checks and the source
-        if cfg.data.verify:
-            verify_store(cfg.data.partition, manifest)  # a corrupt shard fails now, not later
     with ray_session(cfg):
         source = build_source(cfg, client_data, test_data, manifest)
         make_model = model_fn or functools.partial(
@@ -191,7 +241,6 @@ def run(config: ConfigSource | None = None, model_fn: Callable[[], nn.Module] | 
         driver = driver_cls.remote()
         w = cfg.runtime.worker  # its workers start beside it; it configures them in setup()
         launched = launch_workers(num_workers, w.num_cpus, w.num_gpus)
-        metrics: list[dict] = []
         summary: dict = {}
         with contextlib.ExitStack() as stack:
             try:  # from here on, the driver and the launched workers end with the run
@@ -200,9 +249,11 @@ def run(config: ConfigSource | None = None, model_fn: Callable[[], nn.Module] | 
                     from fedray.mlflow_tracking import mlflow_run
 
                     callbacks.append(stack.enter_context(mlflow_run(cfg, url)))
-                ray.get(driver.setup.remote(OmegaConf.to_container(cfg, resolve=True), source,
-                                            make_model, num_workers, url, resume is not None,
-                                            launched))
+                notes = ray.get(driver.setup.remote(
+                    OmegaConf.to_container(cfg, resolve=True), source, make_model, num_workers,
+                    url, resume is not None, launched))
+                for note in notes:
+                    _note(note)
                 for ref in driver.run.remote():
                     item = ray.get(ref)
                     if "summary" in item:
@@ -218,3 +269,12 @@ def run(config: ConfigSource | None = None, model_fn: Callable[[], nn.Module] | 
                 for actor in (driver, *launched):  # replacement workers go with the driver
                     ray.kill(actor)
     return RunResult(weights=weights, metrics=metrics, summary=summary, run_dir=url, config=cfg)
+
+
+def _note(text: str) -> None:
+    """A line the driver has for the user (why clients train one after another, say),
+    printed here rather than in the driver's process, where Ray would prefix it with the
+    actor's name and pid."""
+    import sys
+
+    print(f"fedray: {text}", file=sys.stderr, flush=True)

@@ -33,7 +33,7 @@ import numpy as np
 from omegaconf import DictConfig, OmegaConf
 
 from fedray.config import FedrayConfig, flat_keys
-from fedray.errors import FedrayError
+from fedray.errors import FedrayError, yaml_problem
 from fedray.redact import MASK, mask_tree
 
 if TYPE_CHECKING:  # `fedray run --resume` compares configs, and fails there, without torch
@@ -115,7 +115,16 @@ def saved_config(run_dir: str) -> DictConfig:
     except FileNotFoundError:
         raise FedrayError(f"--resume {run_dir}: not a fedray run directory (no "
                           f"{CONFIG_FILE})") from None
-    return OmegaConf.create(text)
+    except UnicodeDecodeError:
+        raise FedrayError(f"--resume {run_dir}: its {CONFIG_FILE} is not text") from None
+    try:
+        cfg = OmegaConf.create(text)
+    except Exception as exc:  # yaml's and omegaconf's own errors: where, in one line
+        raise FedrayError(f"--resume {run_dir}: its {CONFIG_FILE} is not valid YAML: "
+                          f"{yaml_problem(exc)}") from None
+    if not isinstance(cfg, DictConfig):
+        raise FedrayError(f"--resume {run_dir}: its {CONFIG_FILE} is not a mapping of keys")
+    return cfg
 
 
 def _safe(key: str) -> bool:

@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
+import signal
 import sys
+from collections.abc import Iterator
 
 from fedray import __version__
 from fedray.errors import FedrayError
@@ -115,8 +118,8 @@ def _parser() -> argparse.ArgumentParser:
     part.add_argument("recipe", metavar="RECIPE.yaml", nargs="?", help="partition recipe")
     part.add_argument("overrides", nargs="*", metavar="key=value", help="recipe overrides")
     part.add_argument("--describe", metavar="URL", help="describe an existing store instead")
-    part.add_argument("--plot", metavar="PNG", help="with --describe: where to write the label "
-                      "distribution plot (default: <store name>-labels.png here)")
+    part.add_argument("--plot", metavar="PNG", help="with --describe: also write the label "
+                      "distribution plot to this file (default: no plot)")
     part.add_argument("--quiet", action="store_true", help="no progress lines")
     rep = _command(sub, "report", "tables and plots over runs and seeds", REPORT_HELP)
     rep.add_argument("runs", nargs="+", metavar="RUN_DIR", help="run directories (fsspec URLs)")
@@ -213,7 +216,9 @@ def _job_verb(args: argparse.Namespace) -> int:
 
 def _report(args: argparse.Namespace) -> int:
     from fedray.report import build_report
+    from fedray.storage import filesystem
 
+    filesystem(args.out, "--out", durable=True, what=None)  # a report this process forgets
     table = build_report(args.runs, args.out, metric=args.metric, group_by=args.group_by,
                          target=args.target, title=args.title)
     print(table)
@@ -228,11 +233,12 @@ def _partition(args: argparse.Namespace) -> int:
     if args.describe:
         if args.recipe:
             raise FedrayError("give either RECIPE.yaml or --describe URL, not both")
-        name = args.describe.rstrip("/").rsplit("/", 1)[-1] or "store"
-        print(describe(args.describe, plot=args.plot or f"{name}-labels.png"), flush=True)
+        print(describe(args.describe, plot=args.plot), flush=True)
         return 0
     if not args.recipe:
         raise FedrayError("fedray partition needs RECIPE.yaml (or --describe URL)")
+    if args.plot:
+        raise FedrayError("--plot goes with --describe URL")
     log = (lambda s: None) if args.quiet else (lambda s: print(s, file=sys.stderr, flush=True))
     out, manifest = recipe.build(args.recipe, args.overrides, log=log)
     train = sum(manifest["clients"]["train"]["count"])
@@ -272,8 +278,64 @@ def _run(args: argparse.Namespace) -> int:
     return 0
 
 
+# the positional list a verb's words after its options still belong to
+_TRAILING = {"run": "overrides", "partition": "overrides", "sweep": "overrides",
+             "submit": "overrides", "report": "runs"}
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """Options and positional words in any order: argparse ends a verb's positional list at
+    its first option, so ``fedray run JOB --quiet rounds=2`` would refuse ``rounds=2``. The
+    words it leaves over join the verb's list (key=value overrides, or report's runs);
+    anything else left over, such as a misspelt option, is still refused."""
+    parser = _parser()
+    args, extra = parser.parse_known_args(argv)
+    options = [w for w in extra if w.startswith("-")]
+    trailing = _TRAILING.get(args.command)
+    if options or (extra and not trailing):
+        parser.error(f"unrecognized arguments: {' '.join(options or extra)}")
+    if extra:
+        setattr(args, trailing, [*getattr(args, trailing), *extra])
+    return args
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM, raised like Ctrl-C's KeyboardInterrupt so that the same ``finally`` blocks
+    stop Ray and remove temporary files; the command then exits 143 (128 + SIGTERM)."""
+
+
+@contextlib.contextmanager
+def _stop_signals() -> Iterator[None]:
+    """Ctrl-C and SIGTERM stop a command in order: the first unwinds it (Ray shut down, a
+    new run's directory removed, temporary files gone); a second one while that is under
+    way exits at once with the same status, and fedray.reaper ends what Ray left running.
+    Without this, SIGTERM met Ray's handler (a C++ stack dump, then abort) and a second
+    Ctrl-C could land inside Ray's shutdown and end the process with status 1."""
+    stopping: list[int] = []
+
+    def handler(signum: int, frame: object) -> None:
+        if stopping:
+            word = "interrupted" if stopping[0] == signal.SIGINT else "terminated"
+            print(f"fedray: {word}", file=sys.stderr, flush=True)
+            os._exit(128 + stopping[0])
+        stopping.append(signum)
+        raise KeyboardInterrupt if signum == signal.SIGINT else Terminated
+
+    old = {sig: signal.signal(sig, handler) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for sig, previous in old.items():
+            signal.signal(sig, previous)
+
+
 def main(argv: list[str] | None = None) -> int:
-    args = _parser().parse_args(argv)
+    with _stop_signals():  # also while an error or "interrupted" is printed
+        return _main(argv)
+
+
+def _main(argv: list[str] | None) -> int:
+    args = parse_args(argv)
     debug = getattr(args, "debug", False) or bool(os.environ.get("FEDRAY_DEBUG"))
     try:
         commands = {"run": _run, "partition": _partition, "report": _report, "sweep": _sweep,
@@ -285,10 +347,23 @@ def main(argv: list[str] | None = None) -> int:
             raise
         print(f"fedray: error: {mask(str(exc))}", file=sys.stderr)
         return 2
+    except Terminated:
+        print("fedray: terminated", file=sys.stderr)
+        return 128 + signal.SIGTERM
     except KeyboardInterrupt:
         print("fedray: interrupted", file=sys.stderr)
         return 130
 
 
+def entry() -> None:
+    """The ``fedray`` console script. Once the command has ended, its exit status is
+    decided: a further Ctrl-C or SIGTERM during the interpreter's own exit (which resets
+    Python's handlers to the default, killing the process with the signal) is ignored."""
+    code = main()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, signal.SIG_IGN)
+    sys.exit(code)
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    entry()

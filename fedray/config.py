@@ -7,16 +7,24 @@ starts, with one line naming the key. The key names are a public contract (docs/
 
 from __future__ import annotations
 
+import dataclasses
+import math
 import os
 import time
+import typing
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig, ListConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from fedray.errors import ConfigError
+from fedray.errors import ConfigError, key_error, yaml_problem
+
+# The synthetic population keeps one example count per client in every process that reads
+# it (the driver and each worker): 80 MB at this bound, generated in about a second. Larger
+# populations belong in a partition store, whose manifest holds the counts.
+MAX_SYNTHETIC_CLIENTS = 10_000_000
 
 
 @dataclass
@@ -179,7 +187,7 @@ def _one_line(exc: OmegaConfBaseException, schema: type, what: str) -> str:
         where = f" under '{parent}'" if parent else ""
         return f"unknown {what} key '{key}'" + (f" (allowed{where}: {allowed})" if allowed else "")
     if key:
-        return f"{what} key '{key}': {msg}"
+        return str(key_error(str(key), msg, what=what))
     return msg
 
 
@@ -191,16 +199,35 @@ def _user_config(source: Any, schema: type, kind: str) -> DictConfig:
     if isinstance(source, dict):
         return OmegaConf.create(source)
     path = Path(source)
+    if path.is_dir():
+        raise ConfigError(f"{kind} file {path} is a directory; give a YAML file in it")
     if not path.is_file():
         raise ConfigError(f"{kind} file not found: {path}")
     try:
         loaded = OmegaConf.load(path)
-    except Exception as exc:  # yaml.YAMLError and friends: show the first line only
-        first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-        raise ConfigError(f"cannot parse {kind} file {path}: {first}") from None
+    except Exception as exc:  # yaml.YAMLError and friends: what and where, in one line
+        raise ConfigError(f"cannot parse {kind} file {path}: {yaml_problem(exc)}") from None
     if not isinstance(loaded, DictConfig):
         raise ConfigError(f"{kind} file {path} must hold a mapping of keys")
+    if not loaded:  # an empty file (or only comments) would silently run every default
+        raise ConfigError(f"{kind} file {path} is empty: it sets no keys")
     return loaded
+
+
+def _check_sections(schema: type, tree: Any, what: str, prefix: str = "") -> None:
+    """A value where the schema has a section of keys (``client=5``) named by its key;
+    omegaconf's own message names only the section's class."""
+    if not isinstance(tree, dict | DictConfig):
+        return
+    hints = typing.get_type_hints(schema)
+    for f in dataclasses.fields(schema):
+        if f.name not in tree or not dataclasses.is_dataclass(hints.get(f.name)):
+            continue
+        sub, key = tree[f.name], f"{prefix}{f.name}"
+        if not isinstance(sub, dict | DictConfig):
+            allowed = ", ".join(x.name for x in dataclasses.fields(hints[f.name]))
+            raise key_error(key, f"must be a section of keys ({allowed})", sub, what=what)
+        _check_sections(hints[f.name], sub, what, f"{key}.")
 
 
 def load_structured(schema: type, source: Any, overrides: list[str] | tuple = (), *,
@@ -216,9 +243,13 @@ def load_structured(schema: type, source: Any, overrides: list[str] | tuple = ()
     try:
         cfg = OmegaConf.structured(schema)
         if source is not None:
-            cfg = OmegaConf.merge(cfg, _user_config(source, schema, kind))
+            user = _user_config(source, schema, kind)
+            _check_sections(schema, user, what)
+            cfg = OmegaConf.merge(cfg, user)
         if overrides:
-            cfg = OmegaConf.merge(cfg, OmegaConf.from_dotlist(list(overrides)))
+            dotlist = OmegaConf.from_dotlist(list(overrides))
+            _check_sections(schema, dotlist, what)
+            cfg = OmegaConf.merge(cfg, dotlist)
     except OmegaConfBaseException as exc:
         raise ConfigError(_one_line(exc, schema, what)) from None
     return cfg
@@ -254,7 +285,21 @@ def flat_keys(tree: Any, prefix: str = "") -> dict[str, Any]:
 
 def _require(ok: bool, key: str, rule: str, value: Any) -> None:
     if not ok:
-        raise ConfigError(f"config key '{key}': {rule}, got {value!r}")
+        raise key_error(key, rule, value)
+
+
+def check_finite(cfg: Any, what: str = "config", prefix: str = "") -> None:
+    """Every float-valued key is a finite number: an infinite learning rate or proximal
+    weight passes every ``> 0`` check and then drops each update as non-finite, so a run
+    would end "successfully" without training. One walk over the whole tree, for every key
+    present and future."""
+    items = cfg.items() if isinstance(cfg, dict | DictConfig) else enumerate(cfg)
+    for k, v in items:
+        key = f"{prefix}{k}"
+        if isinstance(v, dict | DictConfig | list | ListConfig):
+            check_finite(v, what, f"{key}.")
+        elif isinstance(v, float) and not math.isfinite(v):
+            raise key_error(key, "must be a finite number", v, what=what)
 
 
 def validate(cfg: DictConfig, population: int, *, custom_model: bool = False) -> None:
@@ -262,6 +307,7 @@ def validate(cfg: DictConfig, population: int, *, custom_model: bool = False) ->
     from fedray.algorithms import AGGREGATORS, ALGORITHMS, CLIENT_UPDATES, SERVER_OPTS, resolve
 
     r = _require
+    check_finite(cfg)
     r(cfg.seed >= 0, "seed", "must be >= 0", cfg.seed)
     r(cfg.rounds >= 1, "rounds", "must be >= 1", cfg.rounds)
     r(bool(cfg.name) and "/" not in cfg.name, "name", "must be a non-empty name without '/'",
@@ -271,7 +317,9 @@ def validate(cfg: DictConfig, population: int, *, custom_model: bool = False) ->
     r(cfg.data.open_shards >= 1, "data.open_shards", "must be >= 1", cfg.data.open_shards)
     syn = cfg.data.synthetic
     if cfg.data.partition == "synthetic":
-        r(syn.num_clients >= 1, "data.synthetic.num_clients", "must be >= 1", syn.num_clients)
+        r(1 <= syn.num_clients <= MAX_SYNTHETIC_CLIENTS, "data.synthetic.num_clients",
+          f"must be in 1..{MAX_SYNTHETIC_CLIENTS:,} (each process holds the synthetic "
+          "population's example counts; build a partition store for more)", syn.num_clients)
         r(syn.min_examples >= 1, "data.synthetic.min_examples", "must be >= 1", syn.min_examples)
         r(syn.max_examples >= syn.min_examples, "data.synthetic.max_examples",
           f"must be >= data.synthetic.min_examples ({syn.min_examples})", syn.max_examples)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from fedray.errors import FedrayError
 from fedray.store import read_manifest, verify_store
 
 
@@ -25,7 +26,9 @@ def _stats(counts: np.ndarray) -> str:
 
 
 def describe(url: str, plot: str | None = None, verify: bool = True) -> str:
-    """A short report on the store at ``url``; writes the label-distribution PNG to ``plot``."""
+    """A short report on the store at ``url``, after checking its manifest's structure and
+    (``verify``) every shard against it; writes the label-distribution PNG to ``plot`` if
+    given (never otherwise: describing a store changes nothing)."""
     m = read_manifest(url)
     if verify:
         verify_store(url, m)
@@ -55,7 +58,11 @@ def describe(url: str, plot: str | None = None, verify: bool = True) -> str:
         if info:
             lines.append(f"partitioner info: {info}")
     if plot:
-        _plot(train_hist, m, plot)
+        try:
+            _plot(train_hist, m, plot)
+        except OSError as exc:
+            raise FedrayError(f"--plot {plot}: cannot write it: "
+                              f"{exc.strerror or type(exc).__name__}") from None
         lines.append(f"plot:         {plot}")
     return "\n".join(lines)
 

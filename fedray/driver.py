@@ -35,9 +35,10 @@ from fedray.assignment import assign_balanced
 from fedray.checkpoint import CHECKPOINT_FILE, Checkpoint, encode, read_checkpoint
 from fedray.client_state import ClientStateStore
 from fedray.data.source import ClientSource
-from fedray.errors import FedrayError
+from fedray.errors import FedrayError, key_error
 from fedray.evaluation import merge_sums
 from fedray.losses import correct_fn
+from fedray.models import fit_problem
 from fedray.pool import WorkerPool
 from fedray.replica import FlatModel
 from fedray.run_dir import CLIENT_STATE_DIR, SERVER_STATE_FILE, WEIGHTS_FILE, RunDir
@@ -47,6 +48,15 @@ from fedray.seeding import TAG_INIT, derive_seed
 from fedray.server_optimizer import build_server_optimizer
 from fedray.vectorized import vectorize_plan
 from fedray.worker import WorkerSpec
+
+
+def _data_name(cfg: Any, source: ClientSource) -> str:
+    """The data a run trains on, as an error message names it."""
+    if cfg.data.partition == "memory":
+        return "client_data"
+    if cfg.data.partition == "synthetic":
+        return "the synthetic population"
+    return f"the store {cfg.data.partition}"
 
 
 def is_eval_round(r: int, every: int, rounds: int) -> bool:
@@ -65,22 +75,32 @@ class Driver:
 
     def setup(self, cfg: dict, source: ClientSource, make_model: Callable[[], nn.Module],
               num_workers: int, run_dir: str, resume: bool = False,
-              launched: list | None = None) -> None:
+              launched: list | None = None) -> list[str]:
         """Build the global model and the worker pool, and open the run directory (resuming
         from its checkpoint when ``resume``). The pool configures the ``launched`` workers
         (fedray.run starts them beside this actor: pool.launch_workers), or starts its own.
+        Returns the notes the user should see (fedray.run prints them).
 
         Not in __init__: an exception there kills the actor with an opaque error, while one
         raised here reaches fedray.run as the FedrayError it is."""
         self.cfg = OmegaConf.create(cfg)
         c = self.cfg
         self.source = source
+        self.notes: list[str] = []
         torch.manual_seed(derive_seed(c.seed, TAG_INIT))
+        # fedray.run(model_fn=...) names its model "custom"
+        where = ("model_fn: the model" if c.model.name == "custom" else
+                 f"config key 'model.name': the {c.model.name} model")
+        data = _data_name(c, source)
         try:
             self.template = FlatModel(make_model())
         except (ValueError, RuntimeError) as exc:
-            raise FedrayError(f"model.name={c.model.name}: cannot build it for inputs of shape "
+            raise FedrayError(f"{where} cannot be built for the inputs of {data}, of shape "
                               f"{tuple(source.input_shape)}: {exc}") from None
+        problem = fit_problem(self.template.module, tuple(source.input_shape),
+                              source.num_classes, c.model.loss, data)
+        if problem is not None:  # before any round, and before the run directory is written
+            raise FedrayError(f"{where} {problem}")
         self.weights = self.template.flat.clone()
         self.parts = resolve(c.algorithm)
         sv = c.server
@@ -132,6 +152,7 @@ class Driver:
                                                     c.eval.federated_clients)
                              if c.eval.federated_clients else None)
         self.run_dir.create(OmegaConf.to_yaml(self.cfg, resolve=True))
+        return self.notes
 
     def _vectorize_plan(self) -> bool:
         """runtime.worker.vectorize resolved for this model, once for every worker; auto's
@@ -142,7 +163,7 @@ class Driver:
         except ValueError as exc:
             raise FedrayError(str(exc)) from None
         if why_not is not None:
-            print(why_not, flush=True)
+            self.notes.append(why_not)
         self.vectorized = on
         return on
 
@@ -153,8 +174,8 @@ class Driver:
         where = self.run_dir.url_of(CHECKPOINT_FILE)
         if ckpt is not None:
             if ckpt.round > c.rounds:
-                raise FedrayError(f"rounds={c.rounds}: the run's checkpoint is already after "
-                                  f"round {ckpt.round}")
+                raise key_error("rounds", f"the run's checkpoint is already after round "
+                                f"{ckpt.round}", c.rounds)
             if ckpt.weights.numel() != self.weights.numel():
                 raise FedrayError(f"checkpoint {where} holds {ckpt.weights.numel()} weights; "
                                   f"the model has {self.weights.numel()}")

@@ -1,9 +1,17 @@
-"""One exception type for every problem a user can fix.
+"""One exception type for every problem a user can fix, and the one format it names a key in.
 
 The CLI prints a FedrayError as a single line and exits non-zero; anything else is a bug
 and keeps its traceback. Keeping the distinction in one place means every module can raise
-a user-facing error without knowing how it will be shown.
+a user-facing error without knowing how it will be shown. ``key_error`` is the only way a
+message names a bad key of a job, a recipe or a sweep (``config key 'client.lr': must be
+> 0, got -1.0``), so a user meets one format whichever module found the mistake.
 """
+
+from __future__ import annotations
+
+from typing import Any
+
+_UNSET: Any = object()
 
 
 def one_line(exc: BaseException) -> str:
@@ -19,3 +27,29 @@ class FedrayError(Exception):
 
 class ConfigError(FedrayError):
     """An invalid configuration, detected before Ray starts."""
+
+
+def key_error(key: str, problem: str, value: Any = _UNSET, *,
+              what: str = "config") -> ConfigError:
+    """``{what} key 'KEY': PROBLEM[, got VALUE]``: what is wrong with one key's value.
+
+    ``what`` names the kind of file the key belongs to (config, recipe, sweep)."""
+    got = "" if value is _UNSET else f", got {value!r}"
+    return ConfigError(f"{what} key '{key}': {problem}{got}")
+
+
+def yaml_problem(exc: BaseException) -> str:
+    """A YAML error as one line that keeps what PyYAML says is wrong and where (line and
+    column, 1-based), e.g. ``found duplicate key 'a' (line 2, column 1)``; PyYAML's own
+    message spreads that over several lines whose first says only what it was parsing."""
+    problem = getattr(exc, "problem", None)
+    mark = getattr(exc, "problem_mark", None) or getattr(exc, "context_mark", None)
+    if problem is None:
+        return one_line(exc)
+    text = " ".join(str(problem).split())
+    context = getattr(exc, "context", None)
+    if context and "duplicate" not in text:
+        text = f"{' '.join(str(context).split())}: {text}"
+    if mark is not None:
+        text += f" (line {mark.line + 1}, column {mark.column + 1})"
+    return text

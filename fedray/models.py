@@ -176,3 +176,35 @@ MODELS: dict[str, ModelFactory] = {
 
 def build_model(name: str, input_shape: tuple[int, ...], num_classes: int) -> nn.Module:
     return MODELS[name](tuple(input_shape), num_classes)
+
+
+def fit_problem(module: nn.Module, input_shape: tuple[int, ...], num_classes: int,
+                loss: str, data: str = "the data") -> str | None:
+    """Why ``module`` cannot train on data of ``input_shape`` with labels in
+    ``0..num_classes-1`` under ``loss``, or None when it can.
+
+    One forward pass on a single zero example, in eval mode and without gradients (no
+    dropout mask or batch-norm statistic changes), finds a wrong input width or too few
+    outputs before the first round, where otherwise a worker fails mid-round with a raw
+    shape or index error that names neither the model nor the data."""
+    was_training = module.training
+    module.eval()
+    try:
+        with torch.no_grad():
+            param = next(module.parameters(), None)
+            device = param.device if param is not None else torch.device("cpu")
+            out = module(torch.zeros((1, *input_shape), device=device))
+    except (RuntimeError, ValueError, IndexError, TypeError) as exc:
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        return f"cannot run on the inputs of {data}, of shape {tuple(input_shape)}: {first}"
+    finally:
+        module.train(was_training)
+    if not isinstance(out, torch.Tensor) or out.dim() < 1 or len(out) != 1:
+        return "must return one output row per example"
+    width = out[0].numel()
+    if loss == "cross_entropy" and (out.dim() != 2 or width < num_classes):
+        return (f"outputs {width} logits per example, but {data} has {num_classes} "
+                f"classes (labels 0..{num_classes - 1})")
+    if loss == "bce" and width != 1:
+        return f"outputs {width} values per example; model.loss=bce needs one logit"
+    return None

@@ -25,7 +25,7 @@ import numpy as np
 
 from fedray.data.dataset import Dataset, Split
 from fedray.data.partition import Partition
-from fedray.errors import FedrayError
+from fedray.errors import FedrayError, key_error
 from fedray.seeding import rng
 
 # Stream tags: fixed forever, changing one changes every partition that uses it.
@@ -106,7 +106,7 @@ def canonical_order(split: Split) -> np.ndarray:
 
 
 def _bad(key: str, rule: str, value: object) -> FedrayError:
-    return FedrayError(f"partitioner.{key}: {rule}, got {value!r}")
+    return key_error(f"partitioner.{key}", rule, value, what="recipe")
 
 
 def _int(key: str, value: object, low: int) -> int:
@@ -178,7 +178,7 @@ _RULES: dict[str, Callable[[str, object], object]] = {
 
 def _seed(seed: object) -> int:
     if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
-        raise FedrayError(f"seed: must be a non-negative integer, got {seed!r}")
+        raise key_error("seed", "must be a whole number >= 0", seed, what="recipe")
     return int(seed)
 
 
@@ -544,8 +544,8 @@ def dirichlet(dataset: Dataset, seed: int, num_clients: int, alpha: float, sigma
         raise _bad("sigma", "must be >= 0", sigma)
     m = _int("min_examples", min_examples, 0)
     if m * k > n:
-        raise FedrayError(f"partitioner.min_examples: cannot give every client min_examples={m} "
-                          f"examples: {k} clients x {m} > {n} train examples")
+        raise _bad("min_examples", f"cannot give every client {m} examples: {k} clients x {m} "
+                   f"> {n} train examples", m)
     order = canonical_order(dataset.train)
     y = np.asarray(dataset.train.y, dtype=np.int64)[order]
     parts, attempts, moved = _dirichlet_positions(y, k, a, s, m, rng(seed, TAG_DIRICHLET))
@@ -772,14 +772,16 @@ def check_params(name: str, seed: int, params: dict) -> None:
     a second rather than after loading CIFAR-100.
     """
     if name not in PARTITIONERS:
-        raise FedrayError(f"unknown partitioner {name!r} (known: {', '.join(PARTITIONERS)})")
+        raise key_error("partitioner.name", f"must be one of: {', '.join(PARTITIONERS)}", name,
+                        what="recipe")
     for key in params:
         if key not in PARAMS[name]:
             takes = ", ".join(sorted(PARAMS[name])) or "no parameters"
-            raise FedrayError(f"partitioner.{key} is not used by {name!r} (it takes: {takes})")
+            raise key_error(f"partitioner.{key}", f"is not used by {name!r} (it takes: {takes})",
+                            what="recipe")
     missing = sorted(_REQUIRED[name] - params.keys())
     if missing:
-        raise FedrayError(f"partitioner.{missing[0]} is required by {name!r}")
+        raise key_error(f"partitioner.{missing[0]}", f"is required by {name!r}", what="recipe")
     _seed(seed)
     for key, value in params.items():
         if key in _RULES and value is not None:

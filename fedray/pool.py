@@ -14,7 +14,7 @@ from typing import Any
 
 from omegaconf import DictConfig
 
-from fedray.errors import FedrayError
+from fedray.errors import FedrayError, key_error
 
 
 def pool_size(cfg: DictConfig, resources: dict[str, float]) -> int:
@@ -23,8 +23,8 @@ def pool_size(cfg: DictConfig, resources: dict[str, float]) -> int:
     gpus = float(resources.get("GPU", 0.0))
     eps = 1e-9
     if w.num_gpus > 0 and gpus + eps < w.num_gpus:
-        raise FedrayError(f"runtime.worker.num_gpus={w.num_gpus}: the Ray cluster has "
-                          f"{gpus:g} GPUs")
+        raise key_error("runtime.worker.num_gpus", f"the Ray cluster has {gpus:g} GPUs",
+                        w.num_gpus)
     fit = math.floor(cpus / w.num_cpus + eps)
     if w.num_gpus > 0:
         fit = min(fit, math.floor(gpus / w.num_gpus + eps))
@@ -34,12 +34,12 @@ def pool_size(cfg: DictConfig, resources: dict[str, float]) -> int:
             need = f"{requested * w.num_cpus:g} CPUs"
             if w.num_gpus > 0:
                 need += f" and {requested * w.num_gpus:g} GPUs"
-            raise FedrayError(f"runtime.num_workers={requested} needs {need}; the Ray cluster "
-                              f"has {cpus:g} CPUs and {gpus:g} GPUs")
+            raise key_error("runtime.num_workers", f"{requested} workers need {need}; the Ray "
+                            f"cluster has {cpus:g} CPUs and {gpus:g} GPUs", requested)
         return requested
     if fit < 1:
-        raise FedrayError(f"runtime.worker.num_cpus={w.num_cpus:g}: the Ray cluster has only "
-                          f"{cpus:g} CPUs, not enough for one worker")
+        raise key_error("runtime.worker.num_cpus", f"the Ray cluster has only {cpus:g} CPUs, "
+                        "not enough for one worker", w.num_cpus)
     return max(1, min(fit, cfg.sampling.clients_per_round))
 
 

@@ -19,10 +19,10 @@ from omegaconf import DictConfig, OmegaConf
 
 from fedray.config import load_structured
 from fedray.data.dataset import Dataset
-from fedray.errors import ConfigError
+from fedray.errors import ConfigError, key_error
 from fedray.redact import mask_tree
-from fedray.run_dir import absolute_url
 from fedray.seeding import TAG_TEST_HOLDOUT, rng
+from fedray.storage import absolute_url, check_writable, filesystem, storage_failure
 
 
 @dataclass
@@ -125,7 +125,9 @@ def build(recipe: Any, overrides: list[str] | tuple = (),
 
     cfg = load_recipe(recipe, overrides)
     out = absolute_url(cfg.out)
+    fs, path = filesystem(out, "out", durable=True, what="recipe")
     check_new_store(out)  # before reading any data
+    check_writable(fs, path, out, "out", what="recipe")
     t0 = time.perf_counter()
     log(f"reading {cfg.source.name} from {cfg.source.path or '(generated)'}")
     dataset = load_dataset(cfg.source)
@@ -140,7 +142,15 @@ def build(recipe: Any, overrides: list[str] | tuple = (),
         f"({time.perf_counter() - t1:.1f}s)")
     t2 = time.perf_counter()
     recipe_doc = mask_tree(OmegaConf.to_container(cfg, resolve=True))
-    manifest = write_store(out, dataset, part, recipe=recipe_doc, shard_mb=cfg.shard_mb, log=log)
+    try:
+        manifest = write_store(out, dataset, part, recipe=recipe_doc, shard_mb=cfg.shard_mb,
+                               log=log)
+    except OSError as exc:  # write_store removed its temporary copy: nothing is left
+        failure = storage_failure(exc)
+        if failure is None:
+            raise
+        raise key_error("out", f"writing the store failed: {failure.strerror}; nothing was "
+                        f"left at {out}", what="recipe") from None
     log(f"wrote {len(manifest['shards'])} shards to {out} ({time.perf_counter() - t2:.1f}s; "
         f"{time.perf_counter() - t0:.1f}s in all)")
     return out, manifest

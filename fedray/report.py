@@ -19,11 +19,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-import fsspec
 import numpy as np
 import yaml
 
 from fedray.errors import FedrayError
+from fedray.storage import check_writable, filesystem
 
 CONFIG_FILE = "config.yaml"
 METRICS_FILE = "metrics.jsonl"
@@ -75,7 +75,7 @@ def load_run(url: str) -> Run:
     Only these two files are read: a run that is still going, or one that crashed before its
     summary, can still be reported (its final round shows it).
     """
-    fs, path = fsspec.core.url_to_fs(url)
+    fs, path = filesystem(url, "run directory", what=None)
     if not fs.exists(path):
         raise FedrayError(f"run directory {url} does not exist")
     if not fs.isdir(path):
@@ -227,7 +227,45 @@ def group_runs(runs: Sequence[Run], metric: str, group_by: list[str] | None,
             best_round=best_round,
             rounds_to_target=None if target is None else rounds_to_target(values, target, lower))
         groups.setdefault(label, Group(label=label, keys=keys)).results.append(result)
+    for group in groups.values():
+        check_repetitions(group, group_by)
     return list(groups.values())
+
+
+# config keys in which the runs of one method may differ: the repetition itself (seed), what
+# a run is called and where it wrote, how long it ran (the final round is reported) and how
+# it was run, evaluated or checkpointed -- none changes the method being compared
+REPEAT_KEYS = ("seed", "name", "rounds", "output.", "runtime.", "checkpoint.", "eval.every",
+               "eval.batch_size", "data.verify", "data.open_shards")
+
+
+def _repeat_key(key: str) -> bool:
+    return any(key == k or (k.endswith(".") and key.startswith(k)) for k in REPEAT_KEYS)
+
+
+def check_repetitions(group: Group, group_by: list[str] | None) -> None:
+    """Refuse a group whose runs are not repetitions of one method: averaging runs with
+    different learning rates as if they were seeds of one would report a method nobody ran.
+    Names the first keys that differ and the runs that differ in them."""
+    from fedray.config import flat_keys
+
+    if len(group.results) < 2:
+        return
+    flat = [flat_keys(r.run.config) for r in group.results]
+    keys = sorted({k for f in flat for k in f if not _repeat_key(k)
+                   and any(g.get(k) != flat[0].get(k) for g in flat)})
+    if not keys:
+        return
+    k = keys[0]
+    other = next(i for i, g in enumerate(flat) if g.get(k) != flat[0].get(k))
+    runs = group.results
+    more = f" (and {', '.join(keys[1:4])}{', ...' if len(keys) > 4 else ''})" if len(keys) > 1 \
+        else ""
+    by = ",".join([*(group_by or ["name"]), *keys[:3]])
+    raise FedrayError(f"the runs grouped as {group.label!r} are not repetitions of one method: "
+                      f"they differ in {k}{more} ({runs[0].run.url}: {flat[0].get(k)!r}, "
+                      f"{runs[other].run.url}: {flat[other].get(k)!r}); group them apart, "
+                      f"e.g. --group-by {by}")
 
 
 def curve(group: Group) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
@@ -359,12 +397,13 @@ def build_report(run_urls: Sequence[str], out: str, *, metric: str = "test_accur
     """
     if not run_urls:
         raise FedrayError("no run directories given")
-    fs, out_path = fsspec.core.url_to_fs(out)
+    fs, out_path = filesystem(out, "--out", what=None)
     report_path = _join(out, REPORT_FILE)
     if fs.exists(out_path) and not fs.isdir(out_path):
         raise FedrayError(f"--out {out} exists and is not a directory")
     if fs.exists(_join(out_path, REPORT_FILE)):
         raise FedrayError(f"{report_path} already exists; choose a new --out or remove it")
+    check_writable(fs, out_path, out, "--out", what=None)  # before any run is read
     seen: set[str] = set()
     for url in run_urls:
         if url.rstrip("/") in seen:

@@ -12,14 +12,13 @@ half-written summary or weights file. Only safe formats: YAML, JSON, safetensors
 from __future__ import annotations
 
 import json
-import os
 import uuid
 from typing import TYPE_CHECKING
 
 import fsspec
 
-from fedray.errors import FedrayError
 from fedray.redact import mask
+from fedray.storage import absolute_url, filesystem, is_local
 from fedray.tensorboard import EVENTS_FILE, events_from_lines, file_header, scalar_events
 
 if TYPE_CHECKING:  # checking a run directory's path needs no torch (fedray run's errors)
@@ -30,47 +29,21 @@ SERVER_STATE_FILE = "server_state.safetensors"
 CLIENT_STATE_DIR = "client_state"
 
 
-def absolute_url(url: str) -> str:
-    """Make a local relative path absolute, so that every process means the same place."""
-    if "://" in url:
-        return url
-    return os.path.abspath(os.path.expanduser(url))
+__all__ = ["RunDir", "absolute_url", "load_tensors", "load_weights", "read_metrics"]
 
 
 class RunDir:
     def __init__(self, url: str, tensorboard: bool = False):
         self.url = url
         self.tensorboard = tensorboard  # metrics also as TensorBoard events
-        self.fs, self.path = fsspec.core.url_to_fs(url)
-        protocols = (self.fs.protocol,) if isinstance(self.fs.protocol, str) else self.fs.protocol
-        self._local = "file" in protocols  # local files: appendable, with real directories
+        self.fs, self.path = filesystem(url, "output.dir")
+        self._local = is_local(self.fs)  # local files: appendable, with real directories
         # the lines of metrics.jsonl: a checkpoint embeds them, and object stores, which
         # cannot append, get the whole file rewritten
         self.metrics_lines: list[str] = []
 
     def _p(self, name: str) -> str:
         return f"{self.path.rstrip('/')}/{name}"
-
-    def check_new(self) -> None:
-        """Refuse to write into a directory that already holds files (e.g. an earlier run),
-        or one that cannot be created: both are found before Ray starts, not after."""
-        if self.fs.exists(self.path):
-            if not self.fs.isdir(self.path):
-                raise FedrayError(f"output.dir {self.url} exists and is not a directory")
-            if self.fs.ls(self.path):
-                raise FedrayError(f"output.dir {self.url} already holds files; choose a new "
-                                  "output.dir or remove it")
-            return
-        if not self._local:
-            return  # object stores have no directories to be in the way
-        parent = os.path.dirname(os.path.normpath(self.path))
-        while parent and not os.path.exists(parent):
-            parent = os.path.dirname(parent)
-        if parent and not os.path.isdir(parent):
-            raise FedrayError(f"output.dir {self.url} cannot be created: {parent} is a file")
-        if parent and not os.access(parent, os.W_OK | os.X_OK):
-            raise FedrayError(f"output.dir {self.url} cannot be created: {parent} is not "
-                              "writable")
 
     def create(self, config_yaml: str) -> None:
         """Make the directory and write config.yaml, with credentials masked."""
@@ -79,9 +52,17 @@ class RunDir:
 
     def write_bytes(self, name: str, data: bytes) -> None:
         tmp = self._p(f".{name}.{uuid.uuid4().hex}.tmp")
-        with self.fs.open(tmp, "wb") as f:
-            f.write(data)
-        self.fs.mv(tmp, self._p(name))
+        try:
+            with self.fs.open(tmp, "wb") as f:
+                f.write(data)
+            self.fs.mv(tmp, self._p(name))
+        except BaseException:  # a full disk, say: no half-written temporary stays behind
+            try:
+                if self.fs.exists(tmp):
+                    self.fs.rm(tmp)
+            except OSError:
+                pass
+            raise
 
     def write_text(self, name: str, text: str) -> None:
         self.write_bytes(name, text.encode())

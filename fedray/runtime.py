@@ -7,6 +7,13 @@ one, which is how fractional placement is tested), without a dashboard or job se
 ``runtime.dashboard`` asks for them, and then listening on ``runtime.dashboard_host``
 (loopback by default). A Ray that was already initialised by the
 caller is reused and left running.
+
+What Ray does to the calling process beyond that is undone or bounded here: ``ray.init``
+replaces the process's SIGTERM handler with one that dumps a C++ stack and aborts, so the
+caller's handlers are put back (the CLI's turns SIGTERM into an orderly stop); Ray's
+coloured ``(Driver pid=...)`` prefixes are plain text unless both output streams are
+terminals; and a private instance gets a reaper (fedray.reaper), so its processes end with
+the process that started them, even after ``kill -9``.
 """
 
 from __future__ import annotations
@@ -14,12 +21,15 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import signal
 import socket
+import sys
+import threading
 from collections.abc import Iterator
 
 from omegaconf import DictConfig
 
-from fedray.errors import FedrayError
+from fedray.errors import key_error
 
 
 def probe(address: str, timeout_s: float = 5.0) -> None:
@@ -29,13 +39,35 @@ def probe(address: str, timeout_s: float = 5.0) -> None:
         return
     host, _, port = address.removeprefix("ray://").rpartition(":")
     if not host or not port.isdigit():
-        raise FedrayError(f"runtime.address: {address!r} is not host:port, ray://host:port "
-                          "or auto")
+        raise key_error("runtime.address", "must be host:port, ray://host:port or auto",
+                        address)
     try:
         socket.create_connection((host, int(port)), timeout=timeout_s).close()
     except OSError as exc:
         reason = exc.strerror or type(exc).__name__
-        raise FedrayError(f"runtime.address: cannot reach Ray at {address}: {reason}") from None
+        raise key_error("runtime.address", f"cannot reach Ray at {address}: {reason}") from None
+
+
+def _signal_handlers() -> dict[int, object]:
+    """The process's SIGINT and SIGTERM handlers, where this thread may set them."""
+    if threading.current_thread() is not threading.main_thread():
+        return {}
+    return {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
+
+
+def _restore(handlers: dict[int, object]) -> None:
+    for sig, handler in handlers.items():
+        if handler is not None:  # None: set outside Python, nothing to put back
+            signal.signal(sig, handler)
+
+
+def _plain_log_prefixes() -> None:
+    """Ray colours the prefix of lines its actors print; escape codes belong on a terminal,
+    not in a redirected log (RAY_COLOR_PREFIX=0 is Ray's switch; NO_COLOR the convention)."""
+    ttys = all(getattr(stream, "isatty", lambda: False)() for stream in (sys.stdout,
+                                                                           sys.stderr))
+    if not ttys or os.environ.get("NO_COLOR"):
+        os.environ.setdefault("RAY_COLOR_PREFIX", "0")
 
 
 @contextlib.contextmanager
@@ -46,6 +78,7 @@ def ray_session(cfg: DictConfig) -> Iterator[None]:
     if ray.is_initialized():
         yield
         return
+    _plain_log_prefixes()
     kwargs: dict = {"logging_level": logging.ERROR, "include_dashboard": False}
     address = cfg.runtime.address
     if address:
@@ -55,16 +88,37 @@ def ray_session(cfg: DictConfig) -> Iterator[None]:
         kwargs.update(address="local", num_cpus=cfg.runtime.num_cpus,
                       num_gpus=cfg.runtime.num_gpus, include_dashboard=cfg.runtime.dashboard,
                       dashboard_host=cfg.runtime.dashboard_host)
+    reaper = None
+    if kwargs.get("address") == "local":  # before init: what init starts is ours to end
+        from fedray import reaper as reapers
+
+        reaper = reapers.start(os.path.dirname(ray.__file__))
+    handlers = _signal_handlers()
     try:
-        ray.init(**kwargs)
-    except (ConnectionError, TimeoutError, RuntimeError) as exc:
-        where = address or os.environ.get("RAY_ADDRESS") or "a local Ray"
-        raise FedrayError(f"runtime.address: cannot start or reach Ray at {where}: "
-                          f"{str(exc).splitlines()[0]}") from None
+        try:
+            ray.init(**kwargs)
+        finally:
+            _restore(handlers)
+    except BaseException as exc:
+        with contextlib.suppress(Exception):
+            ray.shutdown()  # whatever init had started
+        if reaper is not None:
+            reaper.stop()
+        if isinstance(exc, SystemExit) and exc.code == signal.SIGTERM and handlers:
+            # Ray's own SIGTERM handler, in place while ray.init runs, exits with the
+            # signal's number: the signal goes to the caller's handler instead
+            os.kill(os.getpid(), signal.SIGTERM)
+        if isinstance(exc, ConnectionError | TimeoutError | RuntimeError):
+            where = address or os.environ.get("RAY_ADDRESS") or "a local Ray"
+            raise key_error("runtime.address", f"cannot start or reach Ray at {where}: "
+                            f"{str(exc).splitlines()[0]}") from None
+        raise
     try:
         yield
     finally:
         ray.shutdown()
+        if reaper is not None:
+            reaper.stop()
 
 
 def private_mb() -> float:

@@ -18,19 +18,20 @@ import math
 
 import torch
 
-from fedray.errors import FedrayError
+from fedray.errors import key_error
 
 StateDict = dict[str, torch.Tensor | float | int]
 
 
 def _check(key: str, value: float, ok: bool, rule: str) -> None:
     if not ok:
-        raise FedrayError(f"server.{key}: {rule}, got {value!r}")
+        raise key_error(f"server.{key}", rule, value)
 
 
 def _positive(key: str, value: float) -> float:
     ok = isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
-    _check(key, value, ok and value > 0, "must be a finite number > 0")
+    _check(key, value, ok, "must be a finite number")
+    _check(key, value, value > 0, "must be > 0")
     return float(value)
 
 
@@ -78,14 +79,15 @@ class ServerOptimizer:
         """Restore a `state_dict()` exactly (copies it), so a resumed run is bit-identical."""
         tensors = {k for k in state if k != "step"}
         if not all(isinstance(state[k], torch.Tensor) for k in tensors):
-            raise FedrayError(f"algorithm.server_opt={self.name}: saved optimizer buffers must be "
-                              "tensors")
+            raise key_error("algorithm.server_opt", "the saved optimizer buffers must be tensors",
+                            self.name)
         if "step" not in state or tensors not in (set(), set(self.buffers)):
-            raise FedrayError(f"algorithm.server_opt={self.name}: saved optimizer state has keys "
-                              f"{sorted(state)}, expected step and {list(self.buffers)}")
+            raise key_error("algorithm.server_opt", f"the saved optimizer state has keys "
+                            f"{sorted(state)}, expected step and {list(self.buffers)}", self.name)
         sizes = {state[k].numel() for k in tensors}
         if len(sizes) > 1:
-            raise FedrayError(f"algorithm.server_opt={self.name}: saved buffers differ in size")
+            raise key_error("algorithm.server_opt", "the saved optimizer buffers differ in size",
+                            self.name)
         self.steps = int(state["step"])
         self.state = {k: state[k].detach().to(torch.float64).clone() for k in self.buffers
                       if k in tensors}
@@ -93,8 +95,8 @@ class ServerOptimizer:
     def _check_size(self, n: int) -> None:
         for v in self.state.values():
             if v.numel() != n:
-                raise FedrayError(f"algorithm.server_opt={self.name}: state is for {v.numel()} "
-                                  f"parameters but the model has {n}")
+                raise key_error("algorithm.server_opt", f"its state is for {v.numel()} "
+                                f"parameters but the model has {n}", self.name)
 
     def _initial(self, key: str, delta: torch.Tensor) -> torch.Tensor:
         return torch.zeros_like(delta)
@@ -233,8 +235,8 @@ def build_server_optimizer(name: str, lr: float, momentum: float = 0.9, beta1: f
 
     Values it does not use are not checked, so e.g. `server.tau` may stay unset for SGD."""
     if not isinstance(name, str) or name not in SERVER_OPTIMIZERS:
-        raise FedrayError(f"algorithm.server_opt: unknown optimizer {name!r}, choose one of "
-                          f"{', '.join(SERVER_OPTIMIZERS)}")
+        raise key_error("algorithm.server_opt", f"must be one of: {', '.join(SERVER_OPTIMIZERS)}",
+                        name)
     lr = _positive("lr", lr)
     if name == "sgd":
         return ServerSGD(lr)

@@ -34,7 +34,8 @@ import pyarrow as pa
 from fedray import __version__
 from fedray.data.dataset import Dataset, Split
 from fedray.data.partition import Partition
-from fedray.errors import FedrayError
+from fedray.errors import FedrayError, key_error
+from fedray.storage import filesystem
 
 MANIFEST = "manifest.json"
 FORMAT = "fedray-partition-store"
@@ -128,9 +129,10 @@ class _SplitWriter:
 
 def check_new_store(url: str) -> None:
     """Stores are immutable: refuse a target that already holds anything."""
-    fs, path = fsspec.core.url_to_fs(url)
+    fs, path = filesystem(url, "out", what="recipe")
     if fs.exists(path) and (not fs.isdir(path) or fs.ls(path)):
-        raise FedrayError(f"out: {url} already exists; choose a new location or remove it")
+        raise key_error("out", f"{url} already exists; choose a new location or remove it",
+                        what="recipe")
 
 
 def write_store(url: str, dataset: Dataset, partition: Partition, *, recipe: dict,
@@ -182,30 +184,109 @@ def write_store(url: str, dataset: Dataset, partition: Partition, *, recipe: dic
 
 
 def read_manifest(url: str) -> dict:
-    try:
-        fs, path = fsspec.core.url_to_fs(url)
-    except (ImportError, ValueError) as exc:  # e.g. s3:// without s3fs installed
-        raise FedrayError(f"data.partition: cannot open {url}: {exc}") from None
+    """The store's manifest, checked for structure (``check_manifest``): what it says about
+    every client must be possible in the shards it lists."""
+    fs, path = filesystem(url, "data.partition")
     mpath = _join(path, MANIFEST)
     if not fs.exists(mpath):
-        raise FedrayError(f"data.partition: no partition store at {url} ({MANIFEST} missing)")
+        raise key_error("data.partition", f"no partition store at {url} ({MANIFEST} missing)")
     try:
         with fs.open(mpath, "r") as f:
             manifest = json.load(f)
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise FedrayError(f"{url}/{MANIFEST} is not valid JSON: {exc}") from None
-    if manifest.get("format") != FORMAT:
+    if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
         raise FedrayError(f"{url}/{MANIFEST} is not a fedray partition store manifest")
     if manifest.get("format_version") != FORMAT_VERSION:
         raise FedrayError(f"{url}: store format version {manifest.get('format_version')} is not "
                           f"supported (this fedray reads version {FORMAT_VERSION})")
+    check_manifest(url, manifest)
     return manifest
 
 
+def _split_index(url: str, m: dict, split: str) -> tuple[list[dict], dict[str, np.ndarray]]:
+    """A split's shard list and its clients' shard, offset and count arrays."""
+    def bad(what: str) -> FedrayError:
+        return FedrayError(f"{url}/{MANIFEST}: {what}")
+
+    n = m["num_clients"]
+    files = [sh for sh in m["shards"] if sh["split"] == split]
+    entry = m["clients"][split]
+    index = {}
+    for key in ("shard", "offset", "count"):
+        values = entry.get(key) if isinstance(entry, dict) else None
+        if not isinstance(values, list) or len(values) != n:
+            raise bad(f"clients.{split}.{key} must list {n} clients")
+        try:
+            index[key] = np.asarray(values, dtype=np.int64)
+        except (TypeError, ValueError, OverflowError):
+            raise bad(f"clients.{split}.{key} must be whole numbers") from None
+        if index[key].ndim != 1:
+            raise bad(f"clients.{split}.{key} must be whole numbers")
+    return files, index
+
+
+def check_manifest(url: str, m: dict) -> None:
+    """Everything the manifest says about clients fits its shards: one entry per client,
+    every client's rows inside the shard that holds them, no row owned by two clients.
+
+    Checksums prove the shards are the ones the manifest was written with, not that the
+    manifest itself is sound; a hand-edited or foreign manifest would otherwise crash a
+    worker mid-round (a count past the end of its shard) or train clients on each other's
+    rows without a word. Cheap: arrays of a few numbers per client, no shard is read."""
+    def bad(what: str) -> FedrayError:
+        return FedrayError(f"{url}/{MANIFEST}: {what}")
+
+    n, classes = m.get("num_clients"), m.get("num_classes")
+    if not isinstance(n, int) or n < 1:
+        raise bad(f"num_clients must be a whole number >= 1, got {n!r}")
+    if not isinstance(classes, int) or classes < 1:
+        raise bad(f"num_classes must be a whole number >= 1, got {classes!r}")
+    shards, clients = m.get("shards"), m.get("clients")
+    if not isinstance(shards, list) or not all(
+            isinstance(sh, dict) and isinstance(sh.get("rows"), int) and sh.get("split") in
+            SPLITS and isinstance(sh.get("file"), str) for sh in shards):
+        raise bad("shards must list objects with file, split and rows")
+    if not isinstance(clients, dict) or not isinstance(clients.get("names"), list) \
+            or len(clients["names"]) != n or "train" not in clients:
+        raise bad(f"clients must hold {n} names and the train split")
+    names = clients["names"]
+    for split in ("train", "test"):
+        if split not in clients:
+            continue
+        files, ix = _split_index(url, m, split)
+        shard, offset, count = ix["shard"], ix["offset"], ix["count"]
+        wrong = np.flatnonzero((shard < 0) | (shard >= len(files)) | (offset < 0) | (count < 0))
+        if len(wrong):
+            c = int(wrong[0])
+            raise bad(f"client {c} ({names[c]!r}) has {split} shard {int(shard[c])}, offset "
+                      f"{int(offset[c])}, count {int(count[c])}: the {split} split has "
+                      f"{len(files)} shards")
+        rows = np.asarray([sh["rows"] for sh in files], dtype=np.int64)
+        end = offset + count
+        past = np.flatnonzero(end > rows[shard])
+        if len(past):
+            c = int(past[0])
+            raise bad(f"client {c} ({names[c]!r}) has {split} rows {int(offset[c])}.."
+                      f"{int(end[c]) - 1}, past the {int(rows[shard[c]])} rows of "
+                      f"{files[int(shard[c])]['file']}")
+        held = np.flatnonzero(count > 0)
+        order = held[np.lexsort((offset[held], shard[held]))]
+        same = shard[order[1:]] == shard[order[:-1]]
+        overlap = np.flatnonzero(same & (offset[order[1:]] < end[order[:-1]]))
+        if len(overlap):
+            a, b = int(order[overlap[0]]), int(order[overlap[0] + 1])
+            raise bad(f"clients {a} ({names[a]!r}) and {b} ({names[b]!r}) share {split} rows "
+                      f"{int(offset[b])}..{min(int(end[a]), int(end[b])) - 1} of "
+                      f"{files[int(shard[a])]['file']}")
+
+
 def verify_store(url: str, manifest: dict | None = None) -> None:
-    """Check every shard exists with the size and sha256 the manifest records."""
+    """Check every shard against the manifest: size and sha256, then its contents -- the
+    rows it really holds, the example width, and every label within ``num_classes`` and
+    in the per-client label histograms the manifest records. Reads every byte once."""
     manifest = manifest or read_manifest(url)
-    fs, path = fsspec.core.url_to_fs(url)
+    fs, path = filesystem(url, "data.partition")
     for shard in manifest["shards"]:
         p = _join(path, shard["file"])
         if not fs.exists(p):
@@ -218,6 +299,48 @@ def verify_store(url: str, manifest: dict | None = None) -> None:
                 size += len(chunk)
         if size != shard["bytes"] or digest.hexdigest() != shard["sha256"]:
             raise FedrayError(f"{url}: shard {shard['file']} is corrupt (checksum mismatch)")
+    _verify_contents(url, manifest, StoreSource(url, manifest, max_open_shards=1))
+
+
+def _verify_contents(url: str, m: dict, source: StoreSource) -> None:
+    classes = int(m["num_classes"])
+    width = int(np.prod(m["input_shape"]))
+    labels: dict[str, list[np.ndarray]] = {}
+    for split, files in source._files.items():
+        for i, shard in enumerate(files):
+            batch = source._batch(split, i)
+            if batch.num_rows != shard["rows"]:
+                raise FedrayError(f"{url}: shard {shard['file']} holds {batch.num_rows} rows, "
+                                  f"the manifest says {shard['rows']}")
+            x_type = batch.schema.field(0).type
+            if getattr(x_type, "list_size", width) != width:
+                raise FedrayError(f"{url}: shard {shard['file']} has examples of "
+                                  f"{x_type.list_size} values; input_shape "
+                                  f"{tuple(m['input_shape'])} needs {width}")
+            y = batch.column(1).to_numpy(zero_copy_only=False)
+            wrong = np.flatnonzero((y < 0) | (y >= classes))
+            if len(wrong):
+                raise FedrayError(f"{url}: shard {shard['file']} row {int(wrong[0])} has label "
+                                  f"{int(y[wrong[0]])}, outside 0..{classes - 1} "
+                                  f"(num_classes {classes})")
+            labels.setdefault(split, []).append(y)
+    for split in ("train", "test"):
+        hist = m["clients"].get(split, {}).get("label_histogram")
+        if hist is None or split not in labels:
+            continue
+        ix = source._index[split]
+        starts = np.concatenate([[0], np.cumsum([len(y) for y in labels[split]])])
+        first = starts[ix["shard"]] + ix["offset"]  # each client's first row, all shards
+        count = ix["count"]
+        rows = np.repeat(first - np.cumsum(count) + count, count) + np.arange(count.sum())
+        owner = np.repeat(np.arange(source.population), count)
+        got = np.bincount(owner * classes + np.concatenate(labels[split])[rows],
+                          minlength=source.population * classes).reshape(-1, classes)
+        differ = np.flatnonzero((got != np.asarray(hist, dtype=np.int64)).any(axis=1))
+        if len(differ):
+            c = int(differ[0])
+            raise FedrayError(f"{url}: client {c} ({source.client_names[c]!r}): its {split} "
+                              "labels differ from the manifest's label histogram")
 
 
 class StoreSource:
@@ -303,8 +426,14 @@ class StoreSource:
         if split not in self._index:
             raise FedrayError(f"{self.url} has no per-client {split} data")
         ix = self._index[split]
-        return self._rows(split, int(ix["shard"][cid]), int(ix["offset"][cid]),
+        x, y = self._rows(split, int(ix["shard"][cid]), int(ix["offset"][cid]),
                           int(ix["count"][cid]))
+        if len(y) and not 0 <= int(y.min()) <= int(y.max()) < self.num_classes:
+            # verify_store finds these before a run; with data.verify off, say it here
+            bad = int(y.min()) if y.min() < 0 else int(y.max())
+            raise FedrayError(f"{self.url}: client {cid} ({self.client_names[cid]!r}) has "
+                              f"{split} label {bad}, outside 0..{self.num_classes - 1}")
+        return x, y
 
     def central_test(self) -> tuple[np.ndarray, np.ndarray] | None:
         """The shared test set, or the union of every client's test data."""

@@ -37,6 +37,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from fedray.errors import ConfigError, FedrayError
 from fedray.redact import mask
+from fedray.storage import check_writable, filesystem
 
 SWEEP_FILE = "sweep.yaml"
 TUNE_DIR = "tune"
@@ -440,7 +441,7 @@ def run_sweep(source: Any = None, overrides: list[str] | tuple = (), *,
         from fedray.run_dir import absolute_url
 
         url = absolute_url(resume)
-        fs, path = fsspec.core.url_to_fs(url)
+        fs, path = filesystem(url, "--resume", durable=True, what=None)
         if not fs.exists(f"{path}/{SWEEP_FILE}"):
             raise FedrayError(f"--resume {url}: not a fedray sweep directory (no {SWEEP_FILE})")
         saved = OmegaConf.create(fs.cat_file(f"{path}/{SWEEP_FILE}").decode())
@@ -459,7 +460,8 @@ def run_sweep(source: Any = None, overrides: list[str] | tuple = (), *,
         if source is None:
             raise FedrayError("fedray sweep needs SWEEP.yaml (or --resume SWEEP_DIR)")
         sweep, job = load_sweep(source, overrides)
-        fs, path = fsspec.core.url_to_fs(sweep.output)
+        fs, path = filesystem(sweep.output, "output", durable=True, what="sweep")
+        check_writable(fs, path, sweep.output, "output", what="sweep")
         if fs.exists(path) and fs.ls(path):
             raise FedrayError(f"sweep output {sweep.output} already holds files; choose a new "
                               f"output or continue it with --resume {sweep.output}")

@@ -16,14 +16,19 @@ batched kernels sum in another order), for FedAvg, FedProx (``prox_mu``), FedSGD
 measure around the local update (sensitivity, risks) the worker measures per client.
 
 Only models whose training step is a pure function of the weights and the batch qualify:
-no dropout (its masks are drawn per call, not per client seed) and no buffers (batch-norm
-statistics). ``unsupported_reason`` says why a model does not.
+no dropout (its masks are drawn per call, not per client seed), no buffers (batch-norm
+statistics) and no hooks (a gradient-clipping ``register_hook``, a forward hook: the batched
+step would silently skip them). ``unsupported_reason`` says why a model does not.
 
 Workers use it under ``runtime.worker.vectorize`` (``vectorize_plan``): the worker prepares
 a group of clients, trains them here, then folds each into its partial sum as the sequential
-path does (fedray/worker.py). Groups are cut in the worker's client order, and a client's
-arithmetic has the same shapes in any group, so its update does not depend on which clients
-share its group (tests/test_vectorized.py) -- nor, therefore, on the worker count.
+path does (fedray/worker.py). Groups are cut in the worker's client order. A client's update
+is the same computation in any group, but not the same floating-point operations: batched
+kernels of other shapes (another group size, so another worker count) may sum in another
+order, which moves its update by a few float32 ulps (tests/test_vectorized.py measures it).
+Trained one client after another (``vectorize: off``), a client's arithmetic is identical in
+any worker, and only the float64 merge of the workers' partial sums changes with their
+number.
 Measured speed-ups, and where it does not pay, are in docs/performance.md.
 """
 
@@ -45,8 +50,37 @@ _RANDOM = (nn.Dropout, nn.Dropout1d, nn.Dropout2d, nn.Dropout3d, nn.AlphaDropout
            nn.FeatureAlphaDropout)
 
 
+_MODULE_HOOKS = {"_forward_pre_hooks": "forward pre-hook", "_forward_hooks": "forward hook",
+                 "_backward_pre_hooks": "backward pre-hook", "_backward_hooks": "backward hook"}
+
+
+def _hook(module: nn.Module) -> str | None:
+    """The first hook that batched training would not run: the torch.func step trains
+    functional copies of the parameters (hooks registered on the originals, e.g. gradient
+    clipping through ``p.register_hook``, never fire) and the closed-form chain step never
+    calls the modules at all, so no forward or backward hook of any kind would run."""
+    from torch.nn.modules import module as nn_module
+
+    for attr, what in _MODULE_HOOKS.items():
+        if getattr(nn_module, f"_global{attr}", None):
+            return f"a global module {what} is registered"
+    for name, m in module.named_modules():
+        for attr, what in _MODULE_HOOKS.items():
+            if getattr(m, attr, None):
+                return f"{f'module {name}' if name else 'the model'} has a {what}"
+    for name, p in module.named_parameters():
+        if p._backward_hooks or getattr(p, "_post_accumulate_grad_hooks", None):
+            return f"parameter {name} has a gradient hook"
+    return None
+
+
 def unsupported_reason(module: nn.Module) -> str | None:
-    """Why ``module`` cannot be trained vectorized, or None when it can."""
+    """Why ``module`` cannot be trained vectorized, or None when it can: randomness drawn
+    per call, buffers, or hooks (``_hook``) would make the batched step compute something
+    other than what the module computes when trained one client after another."""
+    hook = _hook(module)
+    if hook is not None:
+        return hook
     for name, m in module.named_modules():
         if isinstance(m, _RANDOM):
             return f"it has dropout ({name or 'the model'}: {type(m).__name__})"
@@ -83,8 +117,8 @@ def vectorize_plan(module: nn.Module, mode: str, gpu: bool) -> tuple[bool, str |
     reason = unsupported_reason(module)
     if reason is not None:
         if mode == "on":
-            raise ValueError(f"runtime.worker.vectorize=on: this model cannot be trained "
-                             f"vectorized: {reason}")
+            raise ValueError(f"config key 'runtime.worker.vectorize': this model cannot be "
+                             f"trained vectorized: {reason}, got 'on'")
         return False, (f"runtime.worker.vectorize=auto: clients train one after another, "
                        f"as this model cannot be vectorized: {reason}")
     if mode == "auto" and not gpu and any(isinstance(m, _CONV) for m in module.modules()):

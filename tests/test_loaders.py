@@ -478,9 +478,10 @@ def test_tff_missing_key_and_file(tmp_path):
 
 def test_registry_and_load_source(tmp_path):
     assert set(LOADERS) == {"leaf_femnist", "tff_emnist", "tff_cifar100", "cifar100", "mnist"}
-    with pytest.raises(FedrayError, match=r"source\.name: must be one of: leaf_femnist, "):
+    with pytest.raises(FedrayError,
+                       match=r"recipe key 'source\.name': must be one of: leaf_femnist, "):
         load_source("femnist", str(tmp_path))
-    with pytest.raises(FedrayError, match=r"source\.path: .*nowhere does not exist"):
+    with pytest.raises(FedrayError, match=r"recipe key 'source\.path': .*nowhere does not exist"):
         load_source("mnist", str(tmp_path / "nowhere"))
     _write_mnist(tmp_path, "t10k", np.full((1, 28, 28), 7, np.uint8), np.array([4]))
     ds = load_source("mnist", str(tmp_path))

@@ -190,7 +190,7 @@ def test_pachinko_errors():
     ds = Dataset("d", make_split(y, 0, y % 2), None, 4)
     with pytest.raises(FedrayError, match=r"partitioner\.num_clients"):
         partition(ds, "pachinko", seed=0, num_clients=3)  # 3 x 100 > 200
-    with pytest.raises(FedrayError, match=r"partitioner\.coarse_alpha: must be > 0, got 0"):
+    with pytest.raises(FedrayError, match=r"partitioner\.coarse_alpha': must be > 0, got 0"):
         partition(ds, "pachinko", seed=0, coarse_alpha=0)
     with pytest.raises(FedrayError, match=r"partitioner\.examples_per_client"):
         partition(ds, "pachinko", seed=0, examples_per_client=500)
@@ -241,7 +241,7 @@ def test_natural_min_examples_drops_small_clients():
 def test_natural_errors():
     with pytest.raises(FedrayError, match="needs natural client ids"):
         partition(labelled(), "natural", seed=0)
-    with pytest.raises(FedrayError, match=r"partitioner\.min_examples: must be >= 0"):
+    with pytest.raises(FedrayError, match=r"partitioner\.min_examples': must be >= 0"):
         partition(owned_dataset(), "natural", seed=0, min_examples=-1)
 
 
@@ -294,19 +294,20 @@ def test_dirichlet_min_examples():
     assert min(len(t) for t in q.train) >= 45 and q.info["topped_up_examples"] > 0
     assert q.info["attempts"] == 10
     assert sorted(np.concatenate(q.train).tolist()) == list(range(len(ds.train)))
-    with pytest.raises(FedrayError, match="cannot give every client min_examples"):
+    with pytest.raises(FedrayError,
+                       match="'partitioner.min_examples': cannot give every client 51 examples"):
         partition(ds, "dirichlet", seed=1, num_clients=20, alpha=1.0, min_examples=51)
 
 
 @pytest.mark.parametrize("params,match", [
-    ({"num_clients": 5, "alpha": -1}, r"partitioner\.alpha: must be > 0, got -1"),
-    ({"num_clients": 5, "alpha": 0.0}, r"partitioner\.alpha: must be > 0"),
-    ({"num_clients": 1001, "alpha": 1.0}, r"partitioner\.num_clients: must be <= .*1000"),
-    ({"num_clients": 0, "alpha": 1.0}, r"partitioner\.num_clients: must be >= 1"),
-    ({"num_clients": 2.5, "alpha": 1.0}, r"partitioner\.num_clients: must be an integer"),
-    ({"num_clients": 5, "alpha": 1.0, "sigma": -0.1}, r"partitioner\.sigma: must be >= 0"),
-    ({"num_clients": 5, "alpha": "big"}, r"partitioner\.alpha: must be a number"),
-    ({"num_clients": 5}, r"partitioner\.alpha is required by 'dirichlet'"),
+    ({"num_clients": 5, "alpha": -1}, r"partitioner\.alpha': must be > 0, got -1"),
+    ({"num_clients": 5, "alpha": 0.0}, r"partitioner\.alpha': must be > 0"),
+    ({"num_clients": 1001, "alpha": 1.0}, r"partitioner\.num_clients': must be <= .*1000"),
+    ({"num_clients": 0, "alpha": 1.0}, r"partitioner\.num_clients': must be >= 1"),
+    ({"num_clients": 2.5, "alpha": 1.0}, r"partitioner\.num_clients': must be an integer"),
+    ({"num_clients": 5, "alpha": 1.0, "sigma": -0.1}, r"partitioner\.sigma': must be >= 0"),
+    ({"num_clients": 5, "alpha": "big"}, r"partitioner\.alpha': must be a number"),
+    ({"num_clients": 5}, r"partitioner\.alpha': is required by 'dirichlet'"),
 ])
 def test_dirichlet_bad_params(params, match):
     with pytest.raises(FedrayError, match=match):
@@ -360,7 +361,7 @@ def test_similarity_order_independent_and_every_client_nonempty():
     tiny = Dataset("t", make_split([0, 1, 2, 3], 0), None, 4)
     q = partition(tiny, "similarity", seed=0, num_clients=4, similarity=0.5)
     assert sorted(len(t) for t in q.train) == [1, 1, 1, 1]
-    with pytest.raises(FedrayError, match=r"partitioner\.similarity: must be in \[0, 1\]"):
+    with pytest.raises(FedrayError, match=r"partitioner\.similarity': must be in \[0, 1\]"):
         partition(ds, "similarity", seed=0, num_clients=4, similarity=1.5)
 
 
@@ -443,9 +444,9 @@ def test_label_flip_ratio_and_corruption_count():
     assert flipped == p.info["flipped_examples"]
     none = partition(ds, "label_flip", seed=1, num_clients=10, corruption=0.0)
     assert none.info["flipped_clients"] == [] and none.info["flipped_examples"] == 0
-    with pytest.raises(FedrayError, match=r"partitioner\.base: must be 'iid' or 'dirichlet'"):
+    with pytest.raises(FedrayError, match=r"partitioner\.base': must be 'iid' or 'dirichlet'"):
         partition(ds, "label_flip", seed=1, num_clients=10, base="pachinko")
-    with pytest.raises(FedrayError, match=r"partitioner\.corruption: must be in \[0, 1\]"):
+    with pytest.raises(FedrayError, match=r"partitioner\.corruption': must be in \[0, 1\]"):
         partition(ds, "label_flip", seed=1, num_clients=10, corruption=2)
 
 
@@ -469,13 +470,16 @@ def test_params_table():
 
 def test_dispatch_errors():
     ds = labelled()
-    with pytest.raises(FedrayError, match="unknown partitioner 'shards'"):
+    with pytest.raises(FedrayError,
+                       match="recipe key 'partitioner.name': must be one of: .*, got 'shards'"):
         partition(ds, "shards", seed=0)
-    with pytest.raises(FedrayError, match=r"^partitioner\.alpha is not used by 'iid'"):
+    with pytest.raises(FedrayError,
+                       match=r"^recipe key 'partitioner\.alpha': is not used by 'iid'"):
         partition(ds, "iid", seed=0, num_clients=3, alpha=0.5)
-    with pytest.raises(FedrayError, match=r"partitioner\.num_clients is required by 'iid'"):
+    with pytest.raises(FedrayError,
+                       match=r"recipe key 'partitioner\.num_clients': is required by 'iid'"):
         partition(ds, "iid", seed=0)
-    with pytest.raises(FedrayError, match="seed: must be a non-negative integer"):
+    with pytest.raises(FedrayError, match="recipe key 'seed': must be a whole number >= 0"):
         partition(ds, "iid", seed=-1, num_clients=3)
 
 

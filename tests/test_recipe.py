@@ -34,8 +34,8 @@ def test_every_recipe_validates(recipe, tmp_path):
 
 @pytest.mark.parametrize("override, match", [
     (["sourc.name=mnist"], "unknown recipe key 'sourc"),
-    (["partitioner.alpha=-1"], r"partitioner.alpha: must be > 0"),
-    (["partitioner.similarity=0.5"], "partitioner.similarity is not used by 'dirichlet'"),
+    (["partitioner.alpha=-1"], r"recipe key 'partitioner.alpha': must be > 0"),
+    (["partitioner.similarity=0.5"], "'partitioner.similarity': is not used by 'dirichlet'"),
     (["partitioner.name=nope"], "partitioner.name"),
     (["source.name=imagenet"], "source.name"),
     (["out=null"], "recipe key 'out'"),
@@ -80,15 +80,19 @@ def test_cli_partition_and_describe(tmp_path):
     env = dict(os.environ)
     cmd = [sys.executable, "-m", "fedray.cli", "partition"]
     recipe = str(ROOT / "partitions" / "synthetic_dirichlet.yaml")
-    out = subprocess.run(cmd + [recipe, f"out={tmp_path}/s", "source.num_writers=20",
-                                "partitioner.num_clients=30"],
+    out = subprocess.run(cmd + [recipe, f"out={tmp_path}/s", "--quiet", "source.num_writers=20",
+                                "partitioner.num_clients=30"],  # overrides after an option
                          capture_output=True, text=True, env=env, timeout=300)
     assert out.returncode == 0, out.stderr
-    assert "done: 30 clients" in out.stdout and "wrote" in out.stderr
+    assert "done: 30 clients" in out.stdout and "wrote" not in out.stderr
+    out = subprocess.run(cmd + ["--describe", f"{tmp_path}/s"], capture_output=True, text=True,
+                         env=env, timeout=300, cwd=tmp_path)
+    assert out.returncode == 0, out.stderr
+    assert "clients:      30" in out.stdout and "checksums ok" in out.stdout
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["s"]  # no plot unless asked
     out = subprocess.run(cmd + ["--describe", f"{tmp_path}/s", "--plot", f"{tmp_path}/d.png"],
                          capture_output=True, text=True, env=env, timeout=300)
     assert out.returncode == 0, out.stderr
-    assert "clients:      30" in out.stdout and "checksums ok" in out.stdout
     assert (tmp_path / "d.png").read_bytes()[:4] == b"\x89PNG"
     out = subprocess.run(cmd + [recipe, f"out={tmp_path}/s2", "partitioner.alpha=0"],
                          capture_output=True, text=True, env=env, timeout=300)

@@ -146,7 +146,7 @@ def test_plot_is_a_png(runs, tmp_path):
 
 def test_default_groups_by_name_and_single_run_has_no_std(tmp_path):
     a = write_run(str(tmp_path / "a"), "fedavg", 0, name="baseline")
-    b = write_run(str(tmp_path / "b"), "fedprox", 0, name="baseline")
+    b = write_run(str(tmp_path / "b"), "fedavg", 1, name="baseline")
     c = write_run(str(tmp_path / "c"), "fedprox", 1, name="prox-only")
     table = build_report([a, b, c], str(tmp_path / "out"))
     lines = table.splitlines()
@@ -155,6 +155,32 @@ def test_default_groups_by_name_and_single_run_has_no_std(tmp_path):
     assert f"| {single[-1]:.4f} | {single.max():.4f} |" in lines[3] and "±" not in lines[3]
     assert "rounds to" not in lines[0]  # no --target, no column
     assert "rounds_to_target_mean" not in (tmp_path / "out" / "report.csv").read_text()
+
+
+def test_a_group_of_different_methods_is_refused(tmp_path):
+    """Runs that share a name but not a method are not averaged as seeds of one: the
+    report names the key that differs and both runs, and writes nothing. Keys that only
+    say how a run was run (seed, output.dir, runtime.*) may differ within a group."""
+    a = write_run(str(tmp_path / "a"), "fedavg", 0, name="baseline")
+    b = write_run(str(tmp_path / "b"), "fedprox", 0, name="baseline")
+    c = write_run(str(tmp_path / "c"), "fedavg", 1, name="baseline", cpr=20)
+    out = tmp_path / "out"
+    with pytest.raises(FedrayError, match=r"'baseline' are not repetitions of one method: they "
+                       r"differ in algorithm.name \(and sampling.clients_per_round\) \(.*/a: "
+                       r"'fedavg', .*/b: 'fedprox'\); group them apart, e.g. --group-by "
+                       r"name,algorithm.name,sampling.clients_per_round"):
+        build_report([a, b, c], str(out))
+    assert not out.exists()
+    table = build_report([a, b, c], str(out), group_by="algorithm.name,sampling.clients_per_round")
+    assert len(table.splitlines()) == 5  # header, rule, three methods
+    d = write_run(str(tmp_path / "d"), "fedavg", 2, name="baseline")
+    for run, workers in ((a, 1), (d, 3)):  # how a run was placed is not part of the method
+        cfg = OmegaConf.load(f"{run}/config.yaml")
+        cfg.runtime = {"num_workers": workers}
+        cfg.output = {"dir": run}
+        OmegaConf.save(cfg, f"{run}/config.yaml")
+    table = build_report([a, d], str(tmp_path / "out2"))
+    assert "| baseline | 2 | 0, 2 |" in table
 
 
 def test_loss_is_lower_is_better(runs, tmp_path):

@@ -138,3 +138,82 @@ def test_bad_manifest(tmp_path):
         read_manifest(url)
     with pytest.raises(FedrayError, match="no partition store"):
         read_manifest(str(tmp_path / "nothing"))
+
+
+def _edit_manifest(tmp_path, change) -> str:
+    url = _write(tmp_path)  # one train shard
+    mpath = tmp_path / "s" / "manifest.json"
+    m = json.loads(mpath.read_text())
+    change(m)
+    mpath.write_text(json.dumps(m))
+    return url
+
+
+@pytest.mark.parametrize("change, message", [
+    (lambda m: m["clients"]["train"]["count"].__setitem__(6, 10_000),
+     r"client 6 \('c6'\) has train rows \d+\.\.\d+, past the 300 rows of train-00000.arrow"),
+    (lambda m: m["clients"]["train"]["offset"].__setitem__(1, 1),
+     r"clients 0 \('c0'\) and 1 \('c1'\) share train rows \d+\.\.\d+ of train-00000.arrow"),
+    (lambda m: m["clients"]["train"]["shard"].__setitem__(2, 99),
+     r"client 2 \('c2'\) has train shard 99, .*: the train split has 1 shards"),
+    (lambda m: m["clients"]["train"]["count"].pop(),
+     r"clients.train.count must list 7 clients"),
+    (lambda m: m["clients"]["train"]["offset"].__setitem__(0, "x"),
+     r"clients.train.offset must be whole numbers"),
+    (lambda m: m.__setitem__("num_clients", 0), r"num_clients must be a whole number >= 1"),
+])
+def test_manifest_structure_is_checked_on_open(tmp_path, change, message):
+    """A manifest whose clients do not fit its shards is refused when the store is opened
+    (fedray run, fedray partition --describe), not in a worker mid-round: before, a count
+    past its shard crashed a worker with a reshape error, and overlapping clients trained
+    silently on shared rows. Checked by reverting: these opened without a word."""
+    url = _edit_manifest(tmp_path, change)
+    with pytest.raises(FedrayError, match=message):
+        read_manifest(url)
+
+
+def test_verify_reads_labels_rows_and_histograms(tmp_path):
+    import hashlib
+
+    import pyarrow as pa
+
+    url = _write(tmp_path)
+    shard = tmp_path / "s" / "train-00000.arrow"
+    with pa.memory_map(str(shard)) as source:
+        batch = pa.ipc.open_file(source).get_batch(0)
+
+    def rewrite(y, x=None) -> None:
+        cols = [x if x is not None else batch.column(0), pa.array(y, pa.int64())]
+        new = pa.record_batch(cols, schema=batch.schema if x is None else
+                              pa.schema([pa.field("x", x.type), batch.schema.field(1)]))
+        sink = pa.BufferOutputStream()
+        with pa.ipc.new_file(sink, new.schema) as writer:
+            writer.write_batch(new)
+        data = sink.getvalue().to_pybytes()
+        shard.write_bytes(data)
+        mpath = tmp_path / "s" / "manifest.json"
+        m = json.loads(mpath.read_text())
+        for sh in m["shards"]:
+            if sh["file"] == shard.name:
+                sh.update(bytes=len(data), sha256=hashlib.sha256(data).hexdigest())
+        mpath.write_text(json.dumps(m))
+
+    y = batch.column(1).to_numpy().copy()
+    bad = y.copy()
+    bad[5] = 7  # outside the 5 classes; checksums made to match
+    rewrite(bad)
+    with pytest.raises(FedrayError, match=r"shard train-00000.arrow row 5 has label 7, outside "
+                       r"0\.\.4 \(num_classes 5\)"):
+        verify_store(url)
+    with pytest.raises(FedrayError, match=r"client \d+ \('c\d'\) has train label 7, outside "
+                       r"0\.\.4"):  # data.verify off: the worker reading it says which client
+        src = StoreSource(url)
+        for c in range(src.population):
+            src.client(c)
+    swapped = y.copy()
+    swapped[[0, 1]] = (y[0] + 1) % 5, (y[1] + 1) % 5  # in range, but not what the manifest
+    rewrite(swapped)  # counted for these clients
+    with pytest.raises(FedrayError, match="labels differ from the manifest's label histogram"):
+        verify_store(url)
+    rewrite(y)
+    verify_store(url)  # the original labels pass again

@@ -15,7 +15,7 @@ from fedray.data.dataset import Dataset
 from fedray.data.leaf import load_leaf_femnist
 from fedray.data.mnist import load_mnist
 from fedray.data.tff import load_tff_cifar100, load_tff_emnist
-from fedray.errors import FedrayError
+from fedray.errors import key_error
 
 LOADERS: dict[str, Callable[[str], Dataset]] = {
     "leaf_femnist": load_leaf_femnist,
@@ -30,8 +30,9 @@ def load_source(name: str, path: str) -> Dataset:
     """Load data set ``name`` (a key of LOADERS) from the local path ``path``."""
     loader = LOADERS.get(name)
     if loader is None:
-        raise FedrayError(f"source.name: must be one of: {', '.join(LOADERS)} (got {name!r})")
+        raise key_error("source.name", f"must be one of: {', '.join(LOADERS)}", name,
+                        what="recipe")
     path = os.path.expanduser(os.fspath(path))
     if not os.path.exists(path):
-        raise FedrayError(f"source.path: {path} does not exist")
+        raise key_error("source.path", f"{path} does not exist", what="recipe")
     return loader(path)
