@@ -7,6 +7,7 @@ import contextlib
 import os
 import signal
 import sys
+import threading
 from collections.abc import Iterator
 
 from fedray import __version__
@@ -321,6 +322,9 @@ def _stop_signals() -> Iterator[None]:
         stopping.append(signum)
         raise KeyboardInterrupt if signum == signal.SIGINT else Terminated
 
+    if threading.current_thread() is not threading.main_thread():
+        yield  # signals reach the main thread only; main() called from another leaves them
+        return
     old = {sig: signal.signal(sig, handler) for sig in (signal.SIGINT, signal.SIGTERM)}
     try:
         yield

@@ -234,8 +234,9 @@ def load_structured(schema: type, source: Any, overrides: list[str] | tuple = ()
                     what: str = "config", kind: str = "job") -> DictConfig:
     """Merge ``schema`` defaults <- source (file, dict or config) <- ``key=value`` overrides.
 
-    omegaconf checks key names and types against the dataclass ``schema``; every failure
-    becomes one ConfigError line naming the key (``what`` names the kind of key in it).
+    omegaconf checks key names and types against the dataclass ``schema``, and every number
+    is finite (``check_finite``); every failure becomes one ConfigError line naming the key
+    (``what`` names the kind of key in it: config, recipe, sweep).
     """
     for item in overrides:
         if "=" not in item or item.startswith("="):
@@ -252,6 +253,7 @@ def load_structured(schema: type, source: Any, overrides: list[str] | tuple = ()
             cfg = OmegaConf.merge(cfg, dotlist)
     except OmegaConfBaseException as exc:
         raise ConfigError(_one_line(exc, schema, what)) from None
+    check_finite(cfg, what)
     return cfg
 
 
@@ -307,7 +309,6 @@ def validate(cfg: DictConfig, population: int, *, custom_model: bool = False) ->
     from fedray.algorithms import AGGREGATORS, ALGORITHMS, CLIENT_UPDATES, SERVER_OPTS, resolve
 
     r = _require
-    check_finite(cfg)
     r(cfg.seed >= 0, "seed", "must be >= 0", cfg.seed)
     r(cfg.rounds >= 1, "rounds", "must be >= 1", cfg.rounds)
     r(bool(cfg.name) and "/" not in cfg.name, "name", "must be a non-empty name without '/'",

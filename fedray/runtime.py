@@ -29,7 +29,7 @@ from collections.abc import Iterator
 
 from omegaconf import DictConfig
 
-from fedray.errors import key_error
+from fedray.errors import key_error, one_line
 
 
 def probe(address: str, timeout_s: float = 5.0) -> None:
@@ -111,7 +111,7 @@ def ray_session(cfg: DictConfig) -> Iterator[None]:
         if isinstance(exc, ConnectionError | TimeoutError | RuntimeError):
             where = address or os.environ.get("RAY_ADDRESS") or "a local Ray"
             raise key_error("runtime.address", f"cannot start or reach Ray at {where}: "
-                            f"{str(exc).splitlines()[0]}") from None
+                            f"{one_line(exc)}") from None
         raise
     try:
         yield

@@ -37,7 +37,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from fedray.errors import ConfigError, FedrayError
 from fedray.redact import mask
-from fedray.storage import check_writable, filesystem
+from fedray.storage import LOCK_FILE, check_writable, filesystem
 
 SWEEP_FILE = "sweep.yaml"
 TUNE_DIR = "tune"
@@ -244,6 +244,8 @@ def _trial(params: dict, *, job: dict, sweep_dir: str, workers: int) -> None:
     resume = None
     if fs.exists(f"{path}/config.yaml"):
         resume = run_dir  # an interrupted sweep: continue from the run's checkpoint
+        if fs.exists(f"{path}/{LOCK_FILE}"):  # Tune runs a trial once at a time: the lock
+            fs.rm(f"{path}/{LOCK_FILE}")  # is its killed run's, maybe from another node
     elif fs.exists(path):
         fs.rm(path, recursive=True)  # killed before the run wrote anything to resume from
     cfg = trial_config(job, params, run_dir, workers)
