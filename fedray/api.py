@@ -60,6 +60,7 @@ def prepare(config: ConfigSource | None, overrides: list[str] | tuple = (),
         train_counts = [len(xy[1]) for xy in client_data.values()]
     elif cfg.data.partition == "synthetic":
         population = cfg.data.synthetic.num_clients
+        has_client_test = cfg.data.synthetic.test_fraction > 0
     else:  # a partition store: make the path absolute so every process means the same place
         from fedray.store import read_manifest
 

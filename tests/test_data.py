@@ -42,6 +42,22 @@ def test_huge_population_is_lazy():
     assert len(x) >= 30
 
 
+def test_a_writers_test_split_costs_one_writer_not_the_population(monkeypatch):
+    """Reading one writer's held-out examples computes that writer's count only: the central
+    test set (200 writers) of 10,000,000 clients took 13.5 s when every read recomputed the
+    whole population's test counts, and now takes a fraction of a second (checked by
+    reverting: this test's patched test_sizes was called)."""
+    src = SyntheticFEMNIST(num_clients=5000, seed=2)
+    counts = src.test_sizes()
+    monkeypatch.setattr(SyntheticFEMNIST, "test_sizes", lambda self: pytest.fail("O(population)"))
+    assert [len(src.client(c, "test")[1]) for c in range(0, 5000, 97)] == \
+        counts[::97].tolist()
+    src.central_test()
+    none = SyntheticFEMNIST(num_clients=10, test_fraction=0.0)
+    x, y = none.client(3, "test")  # no held-out examples: empty arrays, not a torch error
+    assert x.shape == (0, 1, 28, 28) and y.shape == (0,) and none.central_test() is None
+
+
 def test_cache_is_bounded_lru():
     src = SyntheticFEMNIST(num_clients=30, min_examples=50, max_examples=50)
     per_client = 50 * 28 * 28 * 4 + 50 * 8

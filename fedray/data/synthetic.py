@@ -82,10 +82,14 @@ class SyntheticFEMNIST:
         return self._sizes
 
     def test_sizes(self) -> np.ndarray:
+        return self._test_size(self.train_sizes())
+
+    def _test_size(self, train: np.ndarray) -> np.ndarray:
+        """Held-out examples for writers with ``train`` examples: LEAF's 90/10 split."""
         f = self.test_fraction
         if f == 0:
-            return np.zeros(self.population, dtype=np.int64)
-        return np.maximum(1, np.rint(self.train_sizes() * f / (1 - f))).astype(np.int64)
+            return np.zeros(np.shape(train), dtype=np.int64)
+        return np.maximum(1, np.rint(train * f / (1 - f))).astype(np.int64)
 
     def _style(self, cid: int) -> tuple[np.ndarray, np.ndarray, float, float]:
         g = rng(self.seed, _TAG_WRITER, cid)
@@ -104,8 +108,11 @@ class SyntheticFEMNIST:
     def client(self, cid: int, split: str = "train") -> tuple[np.ndarray, np.ndarray]:
         if not 0 <= cid < self.population:
             raise IndexError(f"client {cid} is outside the population of {self.population}")
-        sizes = self.train_sizes() if split == "train" else self.test_sizes()
-        n = int(sizes[cid])
+        n = int(self.train_sizes()[cid])  # one writer's count, not the population's
+        if split != "train":
+            n = int(self._test_size(np.asarray(n)))
+        if n == 0:  # no held-out examples (test_fraction: 0)
+            return np.zeros((0, 1, SIDE, SIDE), np.float32), np.zeros(0, np.int64)
         label_p, theta, weight, contrast = self._style(cid)
         g = rng(self.seed, _SPLIT_TAGS[split], cid)
         y = g.choice(NUM_CLASSES, size=n, p=label_p)
