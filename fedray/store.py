@@ -284,7 +284,8 @@ def check_manifest(url: str, m: dict) -> None:
 def verify_store(url: str, manifest: dict | None = None) -> None:
     """Check every shard against the manifest: size and sha256, then its contents -- the
     rows it really holds, the example width, and every label within ``num_classes`` and
-    in the per-client label histograms the manifest records. Reads every byte once."""
+    in the per-client label histograms the manifest records. Reads every shard twice: to
+    hash it, then its contents (from the page cache, on a local disk)."""
     manifest = manifest or read_manifest(url)
     fs, path = filesystem(url, "data.partition")
     for shard in manifest["shards"]:
