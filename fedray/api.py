@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import sys
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -115,9 +116,13 @@ def prepare_resume(run_dir: str, config: ConfigSource | None = None,
     return cfg, url
 
 
-def _resume_hint(url: str, exc: OSError) -> FedrayError:
-    """A write that failed mid-run, as one line that says what is safe: checkpoints are
-    replaced atomically, so the last one is whole whatever the failed write was."""
+def _write_failure(url: str, exc: OSError, kept: bool) -> FedrayError:
+    """A write that failed, as one line that says what is safe: nothing, for a run removed
+    before its first round; otherwise its last checkpoint, whole whatever the failed write
+    was (checkpoints are replaced atomically), and how to continue from it."""
+    reason = f"writing the run failed: {exc.strerror or type(exc).__name__}"
+    if not kept:
+        return key_error("output.dir", f"{reason}; nothing was kept in {url}")
     from fedray.checkpoint import read_checkpoint
 
     try:
@@ -126,9 +131,8 @@ def _resume_hint(url: str, exc: OSError) -> FedrayError:
                  else "it has no checkpoint yet (a resume starts from round 1)")
     except (FedrayError, OSError):
         where = "its checkpoint could not be read back"
-    reason = exc.strerror or type(exc).__name__
-    return key_error("output.dir", f"writing the run failed: {reason}; {where}; when the "
-                     f"storage is fixed, continue with: fedray run --resume {url}")
+    return key_error("output.dir", f"{reason}; {where}; when the storage is fixed, continue "
+                     f"with: fedray run --resume {url}")
 
 
 def _unwrap_remote_error(exc: BaseException) -> BaseException:
@@ -203,15 +207,12 @@ def run(config: ConfigSource | None = None, model_fn: Callable[[], nn.Module] | 
         result = _run_claimed(cfg, url, model_fn, client_data, test_data, manifest, progress,
                               resume, metrics)
     except BaseException as exc:
+        kept = resume is not None or bool(metrics)
+        if not kept:  # nothing worth keeping: the same command can run again, and finds
+            claim.discard()  # the directory as it was
         storage = storage_failure(exc)
-        if resume is None and not metrics:  # nothing worth keeping: the same command can
-            claim.discard()  # run again, and finds the directory as it was
-            if storage is not None:
-                raise key_error("output.dir", f"writing the run failed: "
-                                f"{storage.strerror or type(storage).__name__}; nothing "
-                                f"was kept in {url}") from None
-        elif storage is not None:
-            raise _resume_hint(url, storage) from None
+        if storage is not None:
+            raise _write_failure(url, storage, kept) from None
         raise
     finally:
         claim.release()
@@ -276,6 +277,4 @@ def _note(text: str) -> None:
     """A line the driver has for the user (why clients train one after another, say),
     printed here rather than in the driver's process, where Ray would prefix it with the
     actor's name and pid."""
-    import sys
-
     print(f"fedray: {text}", file=sys.stderr, flush=True)

@@ -50,7 +50,7 @@ from fedray.vectorized import vectorize_plan
 from fedray.worker import WorkerSpec
 
 
-def _data_name(cfg: Any, source: ClientSource) -> str:
+def _data_name(cfg: Any) -> str:
     """The data a run trains on, as an error message names it."""
     if cfg.data.partition == "memory":
         return "client_data"
@@ -91,7 +91,7 @@ class Driver:
         # fedray.run(model_fn=...) names its model "custom"
         where = ("model_fn: the model" if c.model.name == "custom" else
                  f"config key 'model.name': the {c.model.name} model")
-        data = _data_name(c, source)
+        data = _data_name(c)
         try:
             self.template = FlatModel(make_model())
         except (ValueError, RuntimeError) as exc:

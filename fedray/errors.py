@@ -40,7 +40,7 @@ def key_error(key: str, problem: str, value: Any = _UNSET, *,
 
 def yaml_problem(exc: BaseException) -> str:
     """A YAML error as one line that keeps what PyYAML says is wrong and where (line and
-    column, 1-based), e.g. ``found duplicate key 'a' (line 2, column 1)``; PyYAML's own
+    column, 1-based), e.g. ``found duplicate key a (line 2, column 1)``; PyYAML's own
     message spreads that over several lines whose first says only what it was parsing."""
     problem = getattr(exc, "problem", None)
     mark = getattr(exc, "problem_mark", None) or getattr(exc, "context_mark", None)

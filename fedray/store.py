@@ -55,11 +55,11 @@ def _schema(dtype: np.dtype, row_size: int, coarse: bool) -> pa.Schema:
     return pa.schema(fields)
 
 
-def _histograms(y: np.ndarray, bounds: np.ndarray, num_classes: int) -> list[list[int]]:
+def _histograms(y: np.ndarray, bounds: np.ndarray, num_classes: int) -> np.ndarray:
     """Label histogram of each client whose rows are y[bounds[k]:bounds[k+1]]."""
     owner = np.repeat(np.arange(len(bounds) - 1), np.diff(bounds))
     flat = np.bincount(owner * num_classes + y, minlength=(len(bounds) - 1) * num_classes)
-    return flat.reshape(-1, num_classes).tolist()
+    return flat.reshape(-1, num_classes)
 
 
 class _SplitWriter:
@@ -96,7 +96,7 @@ class _SplitWriter:
             self._write_shard(i, part, y, len(groups))
         hist = _histograms(np.concatenate(written), bounds, self.dataset.num_classes)
         return {"shard": shard_of.tolist(), "offset": offset.tolist(), "count": counts.tolist(),
-                "label_histogram": hist}
+                "label_histogram": hist.tolist()}
 
     def write_whole(self, source: Split) -> int:
         """The split as it is, in shards (the central test set)."""
@@ -333,10 +333,9 @@ def _verify_contents(url: str, m: dict, source: StoreSource) -> None:
         starts = np.concatenate([[0], np.cumsum([len(y) for y in labels[split]])])
         first = starts[ix["shard"]] + ix["offset"]  # each client's first row, all shards
         count = ix["count"]
-        rows = np.repeat(first - np.cumsum(count) + count, count) + np.arange(count.sum())
-        owner = np.repeat(np.arange(source.population), count)
-        got = np.bincount(owner * classes + np.concatenate(labels[split])[rows],
-                          minlength=source.population * classes).reshape(-1, classes)
+        bounds = np.concatenate([[0], np.cumsum(count)])  # the clients' rows, in client order
+        rows = np.repeat(first - bounds[:-1], count) + np.arange(bounds[-1])
+        got = _histograms(np.concatenate(labels[split])[rows], bounds, classes)
         differ = np.flatnonzero((got != np.asarray(hist, dtype=np.int64)).any(axis=1))
         if len(differ):
             c = int(differ[0])

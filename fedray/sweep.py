@@ -37,7 +37,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from fedray.errors import ConfigError, FedrayError
 from fedray.redact import mask
-from fedray.storage import LOCK_FILE, check_writable, filesystem
+from fedray.storage import LOCK_FILE, absolute_url, check_writable, filesystem
 
 SWEEP_FILE = "sweep.yaml"
 TUNE_DIR = "tune"
@@ -101,8 +101,6 @@ def load_sweep(source: Any, overrides: list[str] | tuple = ()) -> tuple[DictConf
     job = _job_config(sweep, base_dir)
     if job.data.partition not in ("synthetic", "memory"):  # trials run elsewhere: Tune
         # starts each in its own working directory, maybe on another node
-        from fedray.run_dir import absolute_url
-
         job = OmegaConf.merge(job, {"data": {"partition": absolute_url(job.data.partition)}})
     sweep.job = OmegaConf.to_container(job, resolve=True)
     sweep.overrides = []
@@ -142,7 +140,6 @@ def load_sweep(source: Any, overrides: list[str] | tuple = ()) -> tuple[DictConf
           "is set by the sweep for each trial", spec)
     if sweep.output is None:
         sweep.output = f"runs/{sweep.name}-{time.strftime('%Y%m%d-%H%M%S')}"
-    from fedray.run_dir import absolute_url
 
     OmegaConf.set_readonly(job, True)
     sweep.output = absolute_url(sweep.output)
@@ -440,8 +437,6 @@ def run_sweep(source: Any = None, overrides: list[str] | tuple = (), *,
 
     log = log or (lambda s: print(s, file=sys.stderr, flush=True))
     if resume is not None:
-        from fedray.run_dir import absolute_url
-
         url = absolute_url(resume)
         fs, path = filesystem(url, "--resume", durable=True, what=None)
         if not fs.exists(f"{path}/{SWEEP_FILE}"):

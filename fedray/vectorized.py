@@ -43,6 +43,7 @@ from torch import nn
 from torch.func import functional_call, grad, vmap
 
 from fedray.client_update import batch_schedule
+from fedray.errors import key_error
 from fedray.losses import loss_fn
 from fedray.replica import FlatModel
 
@@ -117,8 +118,8 @@ def vectorize_plan(module: nn.Module, mode: str, gpu: bool) -> tuple[bool, str |
     reason = unsupported_reason(module)
     if reason is not None:
         if mode == "on":
-            raise ValueError(f"config key 'runtime.worker.vectorize': this model cannot be "
-                             f"trained vectorized: {reason}, got 'on'")
+            raise ValueError(str(key_error("runtime.worker.vectorize", "this model cannot be "
+                                           f"trained vectorized: {reason}", "on")))
         return False, (f"runtime.worker.vectorize=auto: clients train one after another, "
                        f"as this model cannot be vectorized: {reason}")
     if mode == "auto" and not gpu and any(isinstance(m, _CONV) for m in module.modules()):
