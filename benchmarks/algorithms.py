@@ -27,7 +27,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 SETTINGS: dict[str, list[str]] = {
     "fedavg": [],
     "fedsgd": ["client.lr=0.1"],
-    "fedprox": ["algorithm.prox_mu=0.01"],
+    "fedprox": ["algorithm.fedprox.mu=0.01"],
     "fedavgm": ["server.momentum=0.9", "server.lr=0.3"],
     "fednesterov": ["server.momentum=0.9", "server.lr=0.3"],
     "fedadam": ["server.lr=0.003", "server.tau=0.001"],
@@ -35,9 +35,9 @@ SETTINGS: dict[str, list[str]] = {
     "fedadagrad": ["server.lr=0.1", "server.tau=0.001", "server.beta1=0.0"],
     "scaffold": [],
     "elastic_fedavgm": ["server.momentum=0.9", "server.lr=0.3"],
-    "elastic_fedprox": ["algorithm.prox_mu=0.01"],
-    "expalpha": ["algorithm.alpha=0.2"],
-    "expalpha_fedavgm": ["algorithm.alpha=0.2", "server.momentum=0.9", "server.lr=0.3"],
+    "elastic_fedprox": ["algorithm.fedprox.mu=0.01"],
+    "expalpha": ["algorithm.expalpha.alpha=0.2"],
+    "expalpha_fedavgm": ["algorithm.expalpha.alpha=0.2", "server.momentum=0.9", "server.lr=0.3"],
 }
 
 

@@ -4,14 +4,17 @@
     result = fedray.run({"rounds": 3}, model_fn=MyNet, client_data={0: (x0, y0), ...},
                         test_data=(x_test, y_test))
     result = fedray.run(resume="runs/a")  # continue a killed run from its checkpoint
+    result = fedray.run(job, callbacks=[MyCallback()])  # fedray.callbacks
 
-It validates the whole config before Ray starts, runs the driver actor to the end, and
-returns the final weights (a state_dict) and the per-round metrics.
+It validates the whole config before Ray starts, runs the driver actor to the end, one round
+at a time, calling the run's callbacks in this process after each, and returns the final
+weights (a state_dict) and the per-round metrics. With ``runtime.backend: inline`` the
+driver and its workers are objects of this process instead, and Ray is not used at all
+(fedray.inline).
 """
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import sys
 from collections.abc import Callable, Mapping
@@ -20,7 +23,8 @@ from typing import TYPE_CHECKING, Any
 
 from omegaconf import DictConfig, OmegaConf
 
-from fedray.config import ConfigSource, load_config, validate
+from fedray.callbacks import Callback, Callbacks, FunctionCallback, RunInfo, check, from_config
+from fedray.config import ConfigSource, load_config, validate, with_algorithm
 from fedray.errors import FedrayError, key_error
 from fedray.storage import RunClaim, absolute_url, filesystem, storage_failure
 
@@ -36,6 +40,9 @@ class RunResult:
     summary: dict  # as in summary.json
     run_dir: str  # where config.yaml, metrics.jsonl, summary.json and the weights are
     config: DictConfig  # the resolved configuration
+
+
+_SAID: set[str] = set()  # deprecation notes this process has printed
 
 
 def prepare(config: ConfigSource | None, overrides: list[str] | tuple = (),
@@ -73,6 +80,12 @@ def prepare(config: ConfigSource | None, overrides: list[str] | tuple = (),
         cfg = OmegaConf.merge(cfg, {"data": {"partition": url}})
         OmegaConf.set_readonly(cfg, True)
     validate(cfg, population, custom_model=model_fn is not None)
+    notes: list[str] = []
+    cfg = with_algorithm(cfg, notes)
+    for note in notes:
+        if note not in _SAID:  # fedray run checks the job, then fedray.run does again
+            _SAID.add(note)
+            _note(note)
     if train_counts is not None:  # clients without examples may be sampled (they count for
         # nothing), but one forced into every round is a mistake
         empty = [a for a in cfg.sampling.always if train_counts[a] == 0]
@@ -112,8 +125,19 @@ def prepare_resume(run_dir: str, config: ConfigSource | None = None,
     cfg = prepare(config, overrides, client_data, model_fn, test_data)
     cfg = OmegaConf.merge(cfg, {"output": {"dir": url}})
     OmegaConf.set_readonly(cfg, True)
-    check_same_config(url, saved, cfg, allow_changes)
+    check_same_config(url, _recorded(saved), cfg, allow_changes)
     return cfg, url
+
+
+def _recorded(saved: DictConfig) -> DictConfig:
+    """A run's config.yaml with its algorithm section as this fedray records one (a run of
+    an older fedray has the legacy flat keys), so that only real differences count."""
+    from fedray.config import load_config
+
+    try:
+        return with_algorithm(load_config(saved))
+    except FedrayError:
+        return saved  # the comparison names what differs
 
 
 def _write_failure(url: str, exc: OSError, kept: bool) -> FedrayError:
@@ -170,16 +194,19 @@ def _placement() -> tuple[Any, dict[str, float]]:
 def run(config: ConfigSource | None = None, model_fn: Callable[[], nn.Module] | None = None,
         client_data: Mapping[Any, tuple[Any, Any]] | None = None,
         test_data: tuple[Any, Any] | None = None, *, overrides: list[str] | tuple = (),
-        progress: Callable[[dict], None] | None = None, resume: str | None = None,
-        allow_changes: list[str] | tuple = ()) -> RunResult:
+        progress: Callable[[dict], None] | Callback | None = None,
+        resume: str | None = None, allow_changes: list[str] | tuple = (),
+        callbacks: list[Callback] | tuple = ()) -> RunResult:
     """Run a federated job to the end.
 
     config: a YAML path, a dict, a DictConfig or a FedrayConfig; ``overrides`` are
     ``key=value`` strings applied on top. model_fn: a zero-argument factory of a
     torch.nn.Module (default: ``model.name``). client_data: ``{client_id: (x, y)}`` arrays
     to train on instead of ``data.partition``; test_data: a central ``(x, y)`` test set.
-    progress: called with each round's metrics as they arrive (``output.mlflow`` logs them
-    to MLflow too). resume: a run directory to
+    progress: called with each round's metrics as they arrive (a function, or a Callback).
+    callbacks: fedray.callbacks.Callback instances, called in this process after those of
+    ``output.callbacks``; ``on_round_end`` returning STOP ends the run after its round.
+    resume: a run directory to
     continue from its last checkpoint (``config`` then defaults to its config.yaml and must
     not differ from it, except keys listed in ``allow_changes``: docs/fault_tolerance.md).
 
@@ -187,12 +214,14 @@ def run(config: ConfigSource | None = None, model_fn: Callable[[], nn.Module] | 
     that fails before its first round leaves nothing behind, and one whose writes fail later
     (a full disk) says which checkpoint is intact.
     """
+    given = check(callbacks)
     if resume is not None:
         cfg, url = prepare_resume(resume, config, overrides, allow_changes, client_data,
                                   model_fn, test_data)
     else:
         cfg = prepare(config, overrides, client_data, model_fn, test_data)
         url = absolute_url(cfg.output.dir)
+    hooks = run_callbacks(cfg, progress, given)  # a class that cannot start fails now
     manifest = None
     if client_data is None and cfg.data.partition != "synthetic":
         from fedray.store import read_manifest, verify_store
@@ -204,7 +233,7 @@ def run(config: ConfigSource | None = None, model_fn: Callable[[], nn.Module] | 
     claim.acquire(new=resume is None)
     metrics: list[dict] = []
     try:
-        result = _run_claimed(cfg, url, model_fn, client_data, test_data, manifest, progress,
+        result = _run_claimed(cfg, url, model_fn, client_data, test_data, manifest, hooks,
                               resume, metrics)
     except BaseException as exc:
         kept = resume is not None or bool(metrics)
@@ -219,17 +248,71 @@ def run(config: ConfigSource | None = None, model_fn: Callable[[], nn.Module] | 
     return result
 
 
+def run_callbacks(cfg: DictConfig, progress: Callable[[dict], None] | Callback | None = None,
+                  given: list[Callback] | tuple = ()) -> Callbacks:
+    """A run's callbacks, in the order they are called: fedray's own writers
+    (``output.tensorboard``, ``output.mlflow``) first, so that a round is recorded before a
+    user's callback can fail or stop the run; then ``progress``; then ``output.callbacks``;
+    then ``fedray.run(callbacks=...)``."""
+    items: list[Callback] = []
+    if cfg.output.tensorboard:
+        from fedray.tensorboard import TensorBoardCallback
+
+        items.append(TensorBoardCallback())
+    if cfg.output.mlflow:
+        from fedray.mlflow_tracking import MLflowCallback
+
+        items.append(MLflowCallback())
+    if progress is not None:
+        items.append(progress if isinstance(progress, Callback) else FunctionCallback(progress))
+    return Callbacks([*items, *from_config(cfg.output.callbacks), *given])
+
+
+def _drive(call: Callable[..., Any], cfg: DictConfig, url: str, callbacks: Callbacks,
+           metrics: list[dict]) -> tuple[dict, dict]:
+    """The rounds, once the driver is set up: ``call(method, *args)`` runs one of its
+    methods (on the actor, or in this process), one round at a time, with the callbacks
+    after each. Returns the summary and the final weights; ``metrics`` gets the rounds."""
+    start = call("begin")
+    try:
+        callbacks.run_start(RunInfo(cfg, url, start["resumed_from"], start["past_metrics"]))
+        stopped = None
+        for r in range(start["start_round"], cfg.rounds + 1):
+            m, weights = call("run_round", r, callbacks.needs_weights)
+            metrics.append(m)
+            if callbacks.round_end(r, m, weights) and r < cfg.rounds:
+                stopped = r  # the last round needs no stopping: the run ends normally
+                break
+        summary = call("finish", stopped)
+        weights = call("state_dict")
+    except BaseException as exc:
+        callbacks.run_failed(exc)
+        raise
+    callbacks.run_end(summary)
+    return summary, weights
+
+
 def _run_claimed(cfg: DictConfig, url: str, model_fn: Callable | None,
                  client_data: Mapping | None, test_data: tuple | None, manifest: dict | None,
-                 progress: Callable[[dict], None] | None, resume: str | None,
-                 metrics: list[dict]) -> RunResult:
+                 callbacks: Callbacks, resume: str | None, metrics: list[dict]) -> RunResult:
     """The run, once its directory is claimed: Ray, the driver and its workers, every round
     (appended to ``metrics`` as they arrive)."""
+    from fedray.algorithms.registry import resolve
+    from fedray.data.source import build_source
+    from fedray.models import build_model
+
+    if cfg.runtime.backend == "inline":
+        source = build_source(cfg, client_data, test_data, manifest)
+        make_model = model_fn or functools.partial(
+            build_model, cfg.model.name, tuple(source.input_shape), source.num_classes)
+        summary, weights = _run_inline(cfg, url, source, make_model, callbacks, resume,
+                                       metrics)
+        return RunResult(weights=weights, metrics=metrics, summary=summary, run_dir=url,
+                         config=cfg)
+
     import ray
 
-    from fedray.data.source import build_source
     from fedray.driver import Driver
-    from fedray.models import build_model
     from fedray.pool import launch_workers, pool_size
     from fedray.runtime import ray_session
 
@@ -243,34 +326,55 @@ def _run_claimed(cfg: DictConfig, url: str, model_fn: Callable | None,
         driver = driver_cls.remote()
         w = cfg.runtime.worker  # its workers start beside it; it configures them in setup()
         launched = launch_workers(num_workers, w.num_cpus, w.num_gpus)
-        summary: dict = {}
-        with contextlib.ExitStack() as stack:
-            try:  # from here on, the driver and the launched workers end with the run
-                callbacks = [progress] if progress is not None else []
-                if cfg.output.mlflow:
-                    from fedray.mlflow_tracking import mlflow_run
 
-                    callbacks.append(stack.enter_context(mlflow_run(cfg, url)))
-                notes = ray.get(driver.setup.remote(
-                    OmegaConf.to_container(cfg, resolve=True), source, make_model, num_workers,
-                    url, resume is not None, launched))
-                for note in notes:
-                    _note(note)
-                for ref in driver.run.remote():
-                    item = ray.get(ref)
-                    if "summary" in item:
-                        summary = item["summary"]
-                        break
-                    metrics.append(item)
-                    for callback in callbacks:
-                        callback(item)
-                weights = ray.get(driver.state_dict.remote())
+        def call(method: str, *args: Any) -> Any:
+            try:
+                return ray.get(getattr(driver, method).remote(*args))
             except (ray.exceptions.RayTaskError, ray.exceptions.RayActorError) as exc:
                 raise _unwrap_remote_error(exc) from None
-            finally:
-                for actor in (driver, *launched):  # replacement workers go with the driver
-                    ray.kill(actor)
+
+        try:  # from here on, the driver and the launched workers end with the run
+            notes = call("setup", OmegaConf.to_container(cfg, resolve=True), source,
+                         make_model, num_workers, url, resume is not None, launched,
+                         resolve(cfg.algorithm, cfg.server))
+            for note in notes:
+                _note(note)
+            summary, weights = _drive(call, cfg, url, callbacks, metrics)
+        finally:
+            for actor in (driver, *launched):  # replacement workers go with the driver
+                ray.kill(actor)
     return RunResult(weights=weights, metrics=metrics, summary=summary, run_dir=url, config=cfg)
+
+
+def _run_inline(cfg: DictConfig, url: str, source: Any, make_model: Callable,
+                callbacks: Callbacks, resume: str | None,
+                metrics: list[dict]) -> tuple[dict, dict]:
+    """``runtime.backend: inline``: the Driver class and ``runtime.num_workers`` (default
+    1) workers as objects of this process (fedray.inline), no Ray call on the way. The
+    driver and the workers set torch's thread count and global seed, as they do in their
+    own processes; this process gets both back when the run ends."""
+    import torch
+
+    from fedray.algorithms.registry import resolve
+    from fedray.driver import Driver
+
+    num_workers = cfg.runtime.num_workers or 1
+    if cfg.runtime.worker.num_gpus > 0:
+        _note("runtime.backend=inline: the workers train on this process's CPU; "
+              "runtime.worker.num_gpus is not used")
+    threads = torch.get_num_threads()
+    try:
+        with torch.random.fork_rng(devices=[]):
+            driver = Driver()
+            notes = driver.setup(OmegaConf.to_container(cfg, resolve=True), source, make_model,
+                                 num_workers, url, resume is not None, None,
+                                 resolve(cfg.algorithm, cfg.server))
+            for note in notes:
+                _note(note)
+            return _drive(lambda method, *args: getattr(driver, method)(*args), cfg, url,
+                          callbacks, metrics)
+    finally:
+        torch.set_num_threads(threads)
 
 
 def _note(text: str) -> None:

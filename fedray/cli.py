@@ -264,18 +264,19 @@ def _run(args: argparse.Namespace) -> int:
         raise FedrayError("fedray run needs JOB.yaml (or --resume RUN_DIR)")
     else:
         cfg = prepare(job, overrides)  # fail fast, before anything starts
-    progress = None if args.quiet else Progress(cfg.rounds)
-    try:
-        result = fedray.run(job, overrides=overrides, progress=progress, resume=args.resume,
-                            allow_changes=args.allow_change)
-    finally:
-        if progress is not None:
-            progress.close()
+    # a callback: it ends its live line when the run ends or fails
+    callbacks = [] if args.quiet else [Progress(cfg.rounds)]
+    result = fedray.run(job, overrides=overrides, resume=args.resume,
+                        allow_changes=args.allow_change, callbacks=callbacks)
     final = result.summary.get("final", {})
     acc = final.get("test_accuracy", final.get("fed_test_accuracy"))
     acc_text = f"test accuracy {acc:.4f}, " if acc is not None else ""
-    print(f"done: {result.summary['rounds']} rounds, {acc_text}"
-          f"{result.summary['total_s']:.1f}s; results in {mask(result.run_dir)}", flush=True)
+    stopped = result.summary.get("stopped_early_after_round")
+    rounds = (f"{stopped} of {result.summary['rounds']} rounds (a callback stopped the run; "
+              f"fedray run --resume {mask(result.run_dir)} continues it)"
+              if stopped is not None else f"{result.summary['rounds']} rounds")
+    print(f"done: {rounds}, {acc_text}{result.summary['total_s']:.1f}s; results in "
+          f"{mask(result.run_dir)}", flush=True)
     return 0
 
 

@@ -56,16 +56,15 @@ class ModelConfig:
 
 @dataclass
 class AlgorithmConfig:
-    name: str = "fedavg"  # a preset (fedray/algorithms.py); the parts below override it
-    client: str | None = None  # local_sgd | fedsgd | fedprox | scaffold
-    aggregator: str | None = None  # proportional | uniform | scaffold | elastic | expalpha
-    server_opt: str | None = None  # sgd | momentum | nesterov | adam | yogi | adagrad
-    prox_mu: float = 0.01  # FedProx's proximal weight mu (client: fedprox)
-    scaffold_option: int = 2  # SCAFFOLD's control-variate update: 1 or 2
-    elastic_tau: float = 0.5  # Elastic aggregation's tau: zeta = 1 + tau - Omega / max Omega
-    elastic_mu: float = 0.95  # Elastic: EMA decay of the sensitivity over B_k's batches
-    elastic_holdout: float = 0.3  # Elastic: share of each client's examples held out as B_k
-    alpha: float = 0.2  # Exp-alpha temperature
+    """The algorithm's parts (fedray.algorithms): each a registered name or an import path
+    ``module:Class``. Beside these keys the section is open: ``algorithm.<section>`` holds
+    the hyper-parameters of the part whose section it is (``algorithm.fedprox.mu``), checked
+    by that part when the job is validated (fedray.algorithms.registry.resolve)."""
+
+    name: str = "fedavg"  # a preset; the parts below override it
+    client: str | None = None  # client work: local_sgd, fedsgd, fedprox, scaffold, feddyn
+    aggregator: str | None = None  # proportional, uniform, scaffold, elastic, expalpha, ...
+    server_opt: str | None = None  # sgd, momentum, nesterov, adam, yogi, adagrad
 
 
 @dataclass
@@ -126,6 +125,9 @@ class RuntimeConfig:
     # on, listening on dashboard_host -- loopback unless set to an interface on purpose
     dashboard: bool = False
     dashboard_host: str = "127.0.0.1"
+    # ray: the driver and workers are Ray actors; inline: objects of the calling process,
+    # without Ray, one task after another (debugging an algorithm with pdb, fast tests)
+    backend: str = "ray"
     worker: WorkerConfig = field(default_factory=WorkerConfig)
 
 
@@ -152,6 +154,9 @@ class OutputConfig:
     # log params and per-round metrics to MLflow (needs `pip install mlflow`); the tracking
     # server is MLFLOW_TRACKING_URI's, or ./mlruns
     mlflow: bool = False
+    # fedray.callbacks.Callback subclasses as module:Class (a dotted module or a .py path),
+    # instantiated with no arguments and called in the process that runs the job
+    callbacks: list[str] = field(default_factory=list)
 
 
 @dataclass
@@ -170,6 +175,9 @@ class FedrayConfig:
     eval: EvalConfig = field(default_factory=EvalConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     output: OutputConfig = field(default_factory=OutputConfig)
+
+    # the algorithm's parts bring their own sections (algorithm.<section>), checked by them
+    OPEN_SECTIONS = ("algorithm",)
 
 
 ConfigSource = str | os.PathLike | dict | DictConfig | FedrayConfig
@@ -243,6 +251,8 @@ def load_structured(schema: type, source: Any, overrides: list[str] | tuple = ()
             raise ConfigError(f"override '{item}' is not of the form key=value")
     try:
         cfg = OmegaConf.structured(schema)
+        for key in getattr(schema, "OPEN_SECTIONS", ()):  # keys the schema cannot list
+            OmegaConf.set_struct(cfg[key], False)
         if source is not None:
             user = _user_config(source, schema, kind)
             _check_sections(schema, user, what)
@@ -306,8 +316,6 @@ def check_finite(cfg: Any, what: str = "config", prefix: str = "") -> None:
 
 def validate(cfg: DictConfig, population: int, *, custom_model: bool = False) -> None:
     """Reject impossible values with one line naming the key and what is allowed."""
-    from fedray.algorithms import AGGREGATORS, ALGORITHMS, CLIENT_UPDATES, SERVER_OPTS, resolve
-
     r = _require
     r(cfg.seed >= 0, "seed", "must be >= 0", cfg.seed)
     r(cfg.rounds >= 1, "rounds", "must be >= 1", cfg.rounds)
@@ -328,26 +336,6 @@ def validate(cfg: DictConfig, population: int, *, custom_model: bool = False) ->
           syn.test_fraction)
         r(syn.test_writers >= 0, "data.synthetic.test_writers", "must be >= 0", syn.test_writers)
         r(syn.seed >= 0, "data.synthetic.seed", "must be >= 0", syn.seed)
-    a = cfg.algorithm
-    r(a.name in ALGORITHMS, "algorithm.name", f"must be one of: {', '.join(ALGORITHMS)}", a.name)
-    for key, allowed in (("client", CLIENT_UPDATES), ("aggregator", AGGREGATORS),
-                         ("server_opt", SERVER_OPTS)):
-        value = a[key]
-        r(value is None or value in allowed, f"algorithm.{key}",
-          f"must be one of: {', '.join(allowed)} (or null: the preset's)", value)
-    r(a.prox_mu >= 0, "algorithm.prox_mu", "must be >= 0", a.prox_mu)
-    r(a.scaffold_option in (1, 2), "algorithm.scaffold_option", "must be 1 or 2",
-      a.scaffold_option)
-    r(a.elastic_tau >= 0, "algorithm.elastic_tau", "must be >= 0", a.elastic_tau)
-    r(0 <= a.elastic_mu < 1, "algorithm.elastic_mu", "must be in [0, 1)", a.elastic_mu)
-    r(0 < a.elastic_holdout < 1, "algorithm.elastic_holdout", "must be in (0, 1)",
-      a.elastic_holdout)
-    r(a.alpha > 0, "algorithm.alpha", "must be > 0", a.alpha)
-    parts = resolve(a)
-    r((parts.client == "scaffold") == (parts.aggregator == "scaffold"),
-      "algorithm.client" if parts.aggregator == "scaffold" else "algorithm.aggregator",
-      "SCAFFOLD needs both client: scaffold and aggregator: scaffold",
-      parts.client if parts.aggregator == "scaffold" else parts.aggregator)
     sv = cfg.server
     r(0 <= sv.momentum < 1, "server.momentum", "must be in [0, 1)", sv.momentum)
     r(0 <= sv.beta1 < 1, "server.beta1", "must be in [0, 1)", sv.beta1)
@@ -385,6 +373,7 @@ def validate(cfg: DictConfig, population: int, *, custom_model: bool = False) ->
     r(rt.num_gpus is None or rt.num_gpus >= 0, "runtime.num_gpus", "must be >= 0 or null",
       rt.num_gpus)
     r(rt.max_retries >= 0, "runtime.max_retries", "must be >= 0", rt.max_retries)
+    r(rt.backend in ("ray", "inline"), "runtime.backend", "must be ray or inline", rt.backend)
     w = rt.worker
     r(w.num_cpus > 0, "runtime.worker.num_cpus", "must be > 0", w.num_cpus)
     r(w.num_gpus >= 0 and (w.num_gpus <= 1 or float(w.num_gpus).is_integer()),
@@ -401,6 +390,10 @@ def validate(cfg: DictConfig, population: int, *, custom_model: bool = False) ->
     r(e.batch_size >= 1, "eval.batch_size", "must be >= 1", e.batch_size)
     r(cfg.checkpoint.every >= 0, "checkpoint.every", "must be >= 0", cfg.checkpoint.every)
     r(bool(cfg.output.dir), "output.dir", "must be a path or URL", cfg.output.dir)
+    from fedray.callbacks import callback_class
+
+    for ref in cfg.output.callbacks:  # importable, and a Callback (instantiated at the start)
+        callback_class(ref)
     # last: the model and loss registries import torch (1-2 s), which a typo in any other
     # key should not wait for
     from fedray.losses import LOSSES
@@ -411,6 +404,26 @@ def validate(cfg: DictConfig, population: int, *, custom_model: bool = False) ->
           cfg.model.name)
     r(cfg.model.loss in LOSSES, "model.loss", f"must be one of: {', '.join(LOSSES)}",
       cfg.model.loss)
+    from fedray.algorithms.registry import resolve
+
+    resolve(cfg.algorithm, cfg.server)  # each part checks its own section
+
+
+def with_algorithm(cfg: DictConfig, notes: list[str] | None = None) -> DictConfig:
+    """``cfg`` with its ``algorithm`` section as a run records it (registry.canonical): the
+    part keys as given, and one section per part with every hyper-parameter, defaults
+    filled; legacy flat keys (``algorithm.prox_mu``) gone, read into the section they name
+    where a part uses it (each such read adds a line to ``notes``)."""
+    from fedray.algorithms.registry import canonical
+
+    algorithm = canonical(cfg.algorithm, cfg.server, notes)
+    out = OmegaConf.merge(cfg, {})  # a writable copy
+    OmegaConf.set_readonly(out, False)
+    for key in [k for k in out.algorithm if k not in algorithm]:
+        out.algorithm.pop(key)
+    out = OmegaConf.merge(out, {"algorithm": algorithm})
+    OmegaConf.set_readonly(out, True)
+    return out
 
 
 def to_yaml(cfg: DictConfig) -> str:

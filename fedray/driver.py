@@ -7,19 +7,22 @@ One round (docs/architecture.md has the picture):
   3. put the global weights into the object store once; every worker reads that one copy;
   4. each worker trains its clients one after another and returns one partial weighted sum;
   5. merge the partial sums (in worker order, so reruns are bit-identical), apply the
-     server optimizer, write the round's metrics, and yield them to whoever streams them;
+     server optimizer, write the round's metrics, and return them to fedray.run, which
+     calls the run's callbacks (fedray.callbacks) and asks for the next round or stops;
   6. every ``checkpoint.every`` rounds, write a checkpoint (fedray.checkpoint).
 The driver never holds more than one worker's partial result at a time. A worker that dies
 mid-round has its clients re-run (fedray.pool); per-client state is versioned by round
 (fedray.client_state), so a re-run, or a run resumed from a checkpoint, reads exactly what
-the first run read.
+the first run read. With ``runtime.backend: inline`` the same class runs in the calling
+process, its pool and its broadcasts without Ray (fedray.inline).
 """
 
 from __future__ import annotations
 
+import copy
 import json
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -29,15 +32,17 @@ from omegaconf import OmegaConf
 from torch import nn
 
 from fedray import __version__
-from fedray.aggregator import NEEDS, Aggregation
-from fedray.algorithms import resolve
+from fedray.algorithms.base import ClientWork, PartialSum, extra_sizes
+from fedray.algorithms.registry import Resolved, resolve
 from fedray.assignment import assign_balanced
 from fedray.checkpoint import CHECKPOINT_FILE, Checkpoint, encode, read_checkpoint
 from fedray.client_state import ClientStateStore
 from fedray.data.source import ClientSource
 from fedray.errors import FedrayError, key_error
 from fedray.evaluation import merge_sums
+from fedray.inline import InlinePool, frozen, frozen_tree
 from fedray.losses import correct_fn
+from fedray.messages import Broadcast, RoundResult, RoundTask
 from fedray.models import fit_problem
 from fedray.pool import WorkerPool
 from fedray.replica import FlatModel
@@ -45,9 +50,8 @@ from fedray.run_dir import CLIENT_STATE_DIR, SERVER_STATE_FILE, WEIGHTS_FILE, Ru
 from fedray.runtime import private_mb
 from fedray.sampling import federated_eval_clients, select_round
 from fedray.seeding import TAG_INIT, derive_seed
-from fedray.server_optimizer import build_server_optimizer
 from fedray.vectorized import vectorize_plan
-from fedray.worker import WorkerSpec
+from fedray.worker import LocalTraining, WorkerResources, WorkerSpec
 
 
 def _data_name(cfg: Any) -> str:
@@ -75,11 +79,13 @@ class Driver:
 
     def setup(self, cfg: dict, source: ClientSource, make_model: Callable[[], nn.Module],
               num_workers: int, run_dir: str, resume: bool = False,
-              launched: list | None = None) -> list[str]:
+              launched: list | None = None, algorithm: Resolved | None = None) -> list[str]:
         """Build the global model and the worker pool, and open the run directory (resuming
         from its checkpoint when ``resume``). The pool configures the ``launched`` workers
         (fedray.run starts them beside this actor: pool.launch_workers), or starts its own.
-        Returns the notes the user should see (fedray.run prints them).
+        Returns the notes the user should see (fedray.run prints them). ``algorithm``: the
+        job's parts, resolved by the caller (a user's module travels inside them, by value);
+        None resolves ``cfg``'s here.
 
         Not in __init__: an exception there kills the actor with an opaque error, while one
         raised here reaches fedray.run as the FedrayError it is."""
@@ -102,19 +108,18 @@ class Driver:
         if problem is not None:  # before any round, and before the run directory is written
             raise FedrayError(f"{where} {problem}")
         self.weights = self.template.flat.clone()
-        self.parts = resolve(c.algorithm)
-        sv = c.server
-        self.server_opt = build_server_optimizer(self.parts.server_opt, sv.lr, sv.momentum,
-                                                 sv.beta1, sv.beta2, sv.tau)
+        self.algorithm = algorithm if algorithm is not None else resolve(c.algorithm, c.server)
+        client = self.algorithm.client
+        # the workers' copies, before the driver's aggregator grows its server state
+        worker_parts = copy.deepcopy((client, self.algorithm.aggregator))
+        self.aggregator = self.algorithm.aggregator
+        self.aggregator.init_server(self.template.num_params, source.population)
+        self.server_opt = self.algorithm.server_opt
         self.sizes = source.train_sizes()
-        a = c.algorithm
-        self.aggregation = Aggregation(self.parts.aggregator, self.weights.numel(),
-                                       self.template.num_params,
-                                       population=source.population, tau=a.elastic_tau)
-        self.run_dir = RunDir(run_dir, tensorboard=c.output.tensorboard)
+        self.run_dir = RunDir(run_dir)
         state_url = self.run_dir.url_of(CLIENT_STATE_DIR)
-        # client state (SCAFFOLD's c_i): which version of each client's state is current
-        stateful = "control_variate" in NEEDS[self.parts.aggregator]
+        # per-client state (the client part's): which version of each client's state is current
+        stateful = bool(client.state)
         self.state_store = ClientStateStore(state_url, cache_mb=0) if stateful else None
         self.versions = np.zeros(source.population, np.int32) if stateful else None
         self._superseded: list[tuple[int, int]] = []  # versions the last checkpoint needs
@@ -122,42 +127,53 @@ class Driver:
         self.start_round = 1
         self.resumed_from: int | None = None
         self.history: list[dict] = []
-        spec = WorkerSpec(make_model=make_model, source=source, seed=c.seed, lr=c.client.lr,
-                          batch_size=c.client.batch_size, local_epochs=c.client.local_epochs,
-                          local_steps=c.client.local_steps, eval_batch_size=c.eval.batch_size,
-                          num_cpus=c.runtime.worker.num_cpus, cache_mb=c.runtime.worker.cache_mb,
-                          client=self.parts.client, aggregator=self.parts.aggregator,
-                          loss=c.model.loss,
-                          prox_mu=a.prox_mu if self.parts.client == "fedprox" else 0.0,
-                          scaffold_option=a.scaffold_option, elastic_mu=a.elastic_mu,
-                          elastic_holdout=a.elastic_holdout, alpha=a.alpha,
-                          state_url=state_url,
-                          state_cache_mb=c.runtime.worker.state_cache_mb,
-                          steps_per_epoch=c.client.steps_per_epoch,
-                          max_update_norm=c.guard.max_update_norm,
-                          vectorize=self._vectorize_plan())
+        cl, w = c.client, c.runtime.worker
+        spec = WorkerSpec(
+            make_model=make_model, source=source, seed=c.seed,
+            training=LocalTraining(lr=cl.lr, batch_size=cl.batch_size,
+                                   local_epochs=cl.local_epochs, local_steps=cl.local_steps,
+                                   eval_batch_size=c.eval.batch_size, loss=c.model.loss,
+                                   steps_per_epoch=cl.steps_per_epoch,
+                                   max_update_norm=c.guard.max_update_norm),
+            resources=WorkerResources(num_cpus=w.num_cpus, cache_mb=w.cache_mb,
+                                      state_cache_mb=w.state_cache_mb,
+                                      vectorize=self._vectorize_plan(client)),
+            client=worker_parts[0], aggregator=worker_parts[1], state_url=state_url)
         if resume:  # before the pool starts: a checkpoint that cannot be used fails fast
             self._restore()
         start = time.perf_counter()
-        self.pool = WorkerPool(spec, num_workers, c.runtime.worker.num_cpus,
-                               c.runtime.worker.num_gpus, c.runtime.max_retries,
-                               launched=launched)
+        if c.runtime.backend == "inline":  # plain objects of this process (fedray.inline)
+            self.pool = InlinePool(spec, num_workers, c.runtime.max_retries)
+        else:
+            self.pool = WorkerPool(spec, num_workers, c.runtime.worker.num_cpus,
+                                   c.runtime.worker.num_gpus, c.runtime.max_retries,
+                                   launched=launched)
         self.pool_start_s = time.perf_counter() - start
         self.test_ref, self.test_len = None, 0
         if c.eval.central:
             test = source.central_test()
             if test is not None:
-                self.test_ref, self.test_len = ray.put(test), len(test[1])
+                self.test_ref, self.test_len = self._put(test), len(test[1])
         self.fed_eval_ids = (federated_eval_clients(c.seed, source.population,
                                                     c.eval.federated_clients)
                              if c.eval.federated_clients else None)
         self.run_dir.create(OmegaConf.to_yaml(self.cfg, resolve=True))
         return self.notes
 
-    def _vectorize_plan(self) -> bool:
-        """runtime.worker.vectorize resolved for this model, once for every worker; auto's
-        choice of sequential training is said once, here."""
+    def _vectorize_plan(self, client: ClientWork) -> bool:
+        """runtime.worker.vectorize resolved for this model and client part, once for every
+        worker; auto's choice of sequential training is said once, here."""
         w = self.cfg.runtime.worker
+        if client.train is not None and w.vectorize != "off":
+            if w.vectorize == "on":
+                raise key_error("runtime.worker.vectorize", f"algorithm.client "
+                                f"{self.algorithm.names['client']} trains clients with its own "
+                                "train(), which cannot be batched", "on")
+            self.notes.append(f"runtime.worker.vectorize=auto: clients train one after "
+                              f"another, as algorithm.client {self.algorithm.names['client']} "
+                              "trains them with its own train() rather than LocalTerms")
+            self.vectorized = False
+            return False
         try:
             on, why_not = vectorize_plan(self.template.module, w.vectorize, w.num_gpus > 0)
         except ValueError as exc:
@@ -187,7 +203,7 @@ class Driver:
             part = {p: {k.removeprefix(p): v for k, v in ckpt.server_state.items()
                         if k.startswith(p)} for p in ("server_opt.", "aggregator.")}
             self.server_opt.load_state_dict(part["server_opt."])
-            self.aggregation.load_state_dict(part["aggregator."])
+            self.aggregator.load_state_dict(part["aggregator."])
             if self.versions is not None:
                 self.versions = ckpt.client_versions.astype(np.int32)
             self.resumed_from = self.last_checkpoint = ckpt.round
@@ -234,13 +250,25 @@ class Driver:
     def workers_info(self) -> list[dict]:
         return self.pool.info()
 
-    def _broadcast(self) -> ray.ObjectRef:
-        return ray.put(self.weights.numpy())
+    def _put(self, obj: Any) -> Any:
+        """``obj`` as the workers receive it: one object-store copy that every worker on a
+        node reads zero-copy, or with runtime.backend=inline (no Ray) a read-only copy,
+        which is what a Ray worker gets out of the store."""
+        if self.cfg.runtime.backend == "inline":
+            return frozen_tree(obj)
+        return ray.put(obj)
 
-    def _broadcast_round(self) -> ray.ObjectRef:
-        """The round's one object: the global weights and the aggregator's state (SCAFFOLD's
-        c), read zero-copy by every worker on a node."""
-        return ray.put({"weights": self.weights.numpy(), **self.aggregation.broadcast()})
+    def _broadcast(self) -> Any:
+        return self._put(self.weights.numpy())
+
+    def _broadcast_round(self) -> Any:
+        """The round's one object: the global weights and the aggregator's broadcast state
+        (a server control variate, say)."""
+        weights = self.weights.numpy()
+        server = {k: v.numpy() for k, v in self.aggregator.broadcast().items()}
+        if self.cfg.runtime.backend == "inline":
+            return Broadcast(frozen(weights), frozen_tree(server))
+        return ray.put(Broadcast(weights, server))
 
     def _train_round(self, r: int) -> dict[str, Any]:
         c = self.cfg
@@ -250,27 +278,27 @@ class Driver:
                            over_selection=sm.over_selection, sizes=self.sizes)
         ids = sel.participants
         groups = assign_balanced(ids, self.sizes[ids], len(self.pool))
-        payload_ref = self._broadcast_round()
+        broadcast = self._broadcast_round()
         v = self.versions
-        tasks = [(slot, (payload_ref, r, g, None if v is None else v[g].tolist()),
+        tasks = [(slot, (broadcast, RoundTask(r, g, None if v is None else v[g].tolist())),
                   f"round {r}: clients {g}") for slot, g in enumerate(groups) if g]
-        acc = self.aggregation.new_sum()
-        stats = {"examples": 0, "loss_sum": 0.0, "examples_seen": 0, "dropped": 0,
-                 "updates": 0, "busy_s": 0.0}
+        acc = PartialSum(self.weights.numel(), extras=extra_sizes(
+            self.algorithm.parts, self.template.num_params))
+        stats = dict.fromkeys(RoundResult.STATS, 0.0)
         worker_mem = 0.0
         stored: list[int] = []
         # fixed order: the float64 sum is bit-identical across reruns and re-runs
-        for part in self.pool.gather("train", tasks):
-            acc.merge(part)
+        for res in self.pool.gather("train", tasks):
+            acc.merge(res.partial)
             for k in stats:
-                stats[k] += part[k]
-            worker_mem = max(worker_mem, part["mem_mb"])
-            stored += part["stored"]
-            del part
+                stats[k] += getattr(res, k)
+            worker_mem = max(worker_mem, res.mem_mb)
+            stored += res.stored
+            del res
         if v is not None:
             self._record_versions(r, stored)
         if acc.weight > 0:  # a round without examples (or all dropped) leaves the model as is
-            self.weights = self.server_opt.step(self.weights, self.aggregation.finish(acc))
+            self.weights = self.server_opt.step(self.weights, self.aggregator.finish(acc))
         return {"clients": len(ids), "dropped_out": sel.dropped_out, "late": sel.late,
                 "examples": int(stats["examples"]), "updates": int(stats["updates"]),
                 "dropped_updates": int(stats["dropped"]),
@@ -306,37 +334,62 @@ class Driver:
                 out[f"{prefix}_accuracy"] = s["correct"] / max(1, s["count"])
         return out
 
-    def run(self) -> Iterator[dict]:
-        """Run every round, yielding each round's metrics; the last item is the summary."""
+    def begin(self) -> dict[str, Any]:
+        """Start the run's clock. Where the rounds start, and the rounds before that (a
+        resumed run's, from its checkpoint): what fedray.run tells its callbacks."""
+        self._run_start = time.perf_counter()
+        self._next_round = self.start_round
+        return {"start_round": self.start_round, "resumed_from": self.resumed_from,
+                "past_metrics": [json.loads(line) for line in self.run_dir.metrics_lines]}
+
+    def run_round(self, r: int, with_weights: bool = False
+                  ) -> tuple[dict[str, Any], dict[str, torch.Tensor] | None]:
+        """Round ``r`` (the one after the last): train, evaluate when due, append its
+        metrics and checkpoint when due. Returns its metrics and, when the caller's
+        callbacks ask for it, the new global model as a state_dict.
+
+        One call per round, rather than a stream of rounds: the caller decides after each
+        round whether there is another (a callback can stop the run), so the driver never
+        trains a round that is then thrown away."""
         c = self.cfg
-        run_start = time.perf_counter()
-        for r in range(self.start_round, c.rounds + 1):
-            t0 = time.perf_counter()
-            self.pool.begin_round()
-            m: dict[str, Any] = {"round": r}
-            m.update(self._train_round(r))
-            train_s = time.perf_counter() - t0
-            m["train_s"] = train_s
-            m["updates_per_s"] = m["clients"] / train_s
-            if is_eval_round(r, c.eval.every, c.rounds):
-                m.update(self.evaluate(r))
-                m["worker_failures"] = self.pool.round_failures
-            m["wall_s"] = time.perf_counter() - t0
-            m["elapsed_s"] = time.perf_counter() - run_start
-            m["driver_mem_mb"] = private_mb()
-            self.run_dir.append_metrics(m)
-            self.history.append(self._history_entry(m))
-            if r == c.rounds or (c.checkpoint.every and r % c.checkpoint.every == 0):
-                self._checkpoint(r)
-            yield m
-        summary = self._summary(time.perf_counter() - run_start)
+        if r != self._next_round:  # a caller's bug: rounds are not independent
+            raise FedrayError(f"round {r} asked of a driver whose next round is "
+                              f"{self._next_round}")
+        self._next_round += 1
+        t0 = time.perf_counter()
+        self.pool.begin_round()
+        m: dict[str, Any] = {"round": r}
+        m.update(self._train_round(r))
+        train_s = time.perf_counter() - t0
+        m["train_s"] = train_s
+        m["updates_per_s"] = m["clients"] / train_s
+        if is_eval_round(r, c.eval.every, c.rounds):
+            m.update(self.evaluate(r))
+            m["worker_failures"] = self.pool.round_failures
+        m["wall_s"] = time.perf_counter() - t0
+        m["elapsed_s"] = time.perf_counter() - self._run_start
+        m["driver_mem_mb"] = private_mb()
+        self.run_dir.append_metrics(m)
+        self.history.append(self._history_entry(m))
+        if r == c.rounds or (c.checkpoint.every and r % c.checkpoint.every == 0):
+            self._checkpoint(r)
+        return m, (self.state_dict() if with_weights else None)
+
+    def finish(self, stopped_after: int | None = None) -> dict[str, Any]:
+        """After the last round, or after round ``stopped_after`` when a callback stopped
+        the run there (its checkpoint is written now if it was not due, so that
+        ``--resume`` continues from it): the weights, the server state and the summary."""
+        c = self.cfg
+        if stopped_after is not None and self.last_checkpoint != stopped_after:
+            self._checkpoint(stopped_after)
+        summary = self._summary(time.perf_counter() - self._run_start, stopped_after)
         if c.output.save_weights:
             self.run_dir.save_weights(self.state_dict())
         self.run_dir.save_tensors(SERVER_STATE_FILE, self.server_state())
         self.run_dir.write_json("summary.json", summary)
-        yield {"summary": summary}
+        return summary
 
-    def _summary(self, total_s: float) -> dict[str, Any]:
+    def _summary(self, total_s: float, stopped_after: int | None = None) -> dict[str, Any]:
         c = self.cfg
         history = self.history
         last = history[-1] if history else {}
@@ -345,14 +398,14 @@ class Driver:
         final = {k: v for k, v in last.items() if k.startswith(("test_", "fed_test_"))}
         return {
             "name": c.name, "rounds": c.rounds, "population": self.source.population,
-            "algorithm": {"client": self.parts.client, "aggregator": self.parts.aggregator,
-                          "server_opt": self.parts.server_opt},
+            "algorithm": {"name": c.algorithm.name, **self.algorithm.names},
             "clients_per_round": c.sampling.clients_per_round, "num_workers": len(self.pool),
             "workers": self.workers_info(),
             "final": final, "best_test_accuracy": max(accs) if accs else None,
             "dropped_updates": sum(h.get("dropped_updates", 0) for h in history),
             "worker_failures": sum(h.get("worker_failures", 0) for h in history),
             "resumed_from_round": self.resumed_from,
+            "stopped_early_after_round": stopped_after,
             "total_s": total_s, "pool_start_s": self.pool_start_s,
             "vectorized": self.vectorized,
             "median_updates_per_s": float(np.median(ups)) if ups else None,
@@ -363,8 +416,8 @@ class Driver:
 
     def server_state(self) -> dict[str, torch.Tensor]:
         """The server optimizer's and the aggregator's state (momentum, Adam moments,
-        SCAFFOLD's c), as flat tensors named ``server_opt.*`` and ``aggregator.*``."""
-        out = {f"aggregator.{k}": v for k, v in self.aggregation.state_dict().items()}
+        a control variate), as flat tensors named ``server_opt.*`` and ``aggregator.*``."""
+        out = {f"aggregator.{k}": v for k, v in self.aggregator.state_dict().items()}
         for k, v in self.server_opt.state_dict().items():
             out[f"server_opt.{k}"] = v if isinstance(v, torch.Tensor) else torch.tensor(v)
         return out

@@ -3,16 +3,15 @@
 MLflow is optional (``pip install 'fedray[mlflow]'``): metrics.jsonl and the TensorBoard events
 are always written; this adds one MLflow run per fedray run, in the process that called
 ``fedray.run`` (the one whose MLFLOW_TRACKING_URI and active experiment the user set), with
-the config as params (credentials masked) and each round's numeric metrics at step = round.
+the config as params (credentials masked) and each round's numeric metrics at step = round:
+a callback (fedray.callbacks), as any user's own tracking could be.
 """
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import Callable, Iterator
-
 from omegaconf import DictConfig, OmegaConf
 
+from fedray.callbacks import Callback, RunInfo
 from fedray.config import flat_keys
 from fedray.errors import FedrayError
 from fedray.redact import mask_tree
@@ -35,13 +34,26 @@ def flat_params(cfg: DictConfig) -> dict[str, str]:
     return {k: str(v)[:500] for k, v in flat_keys(tree).items()}
 
 
-@contextlib.contextmanager
-def mlflow_run(cfg: DictConfig, run_dir: str) -> Iterator[Callable[[dict], None]]:
-    """An MLflow run for the duration of the block; yields the per-round logging callback.
-    MLflow ends the run FAILED when the block raises, FINISHED otherwise."""
-    import mlflow
+class MLflowCallback(Callback):
+    """``output.mlflow``: one MLflow run for the fedray run (a resumed run gets a new one),
+    with the config as params and each round's numeric metrics at step = round. It is
+    ended FINISHED with the fedray run, or FAILED when the run raises."""
 
-    with mlflow.start_run(run_name=cfg.name):
-        mlflow.log_params(flat_params(cfg))
-        mlflow.set_tag("fedray.run_dir", run_dir)
-        yield lambda m: mlflow.log_metrics(numeric_metrics(m), step=int(m["round"]))
+    def on_run_start(self, run: RunInfo) -> None:
+        import mlflow
+
+        self._mlflow = mlflow
+        self._active = mlflow.start_run(run_name=run.config.name)
+        self._active.__enter__()  # exited in on_run_end / on_run_failed, as a with block
+        mlflow.log_params(flat_params(run.config))
+        mlflow.set_tag("fedray.run_dir", run.run_dir)
+
+    def on_round_end(self, round: int, metrics: dict, weights: dict | None) -> None:
+        self._mlflow.log_metrics(numeric_metrics(metrics), step=round)
+
+    def on_run_end(self, summary: dict) -> None:
+        self._active.__exit__(None, None, None)
+
+    def on_run_failed(self, error: BaseException) -> None:
+        if hasattr(self, "_active"):  # start_run itself may have failed
+            self._active.__exit__(type(error), error, error.__traceback__)

@@ -1,12 +1,17 @@
-"""Terminal progress for ``fedray run``: one live line on a terminal, sparse lines in logs."""
+"""Terminal progress for ``fedray run``: one live line on a terminal, sparse lines in logs.
+
+A callback (fedray.callbacks) of the run; also a plain function of a round's metrics, as
+``fedray.run(progress=...)`` was given before callbacks existed."""
 
 from __future__ import annotations
 
 import sys
 from typing import TextIO
 
+from fedray.callbacks import Callback
 
-class Progress:
+
+class Progress(Callback):
     def __init__(self, total_rounds: int, stream: TextIO | None = None, width: int = 24):
         self.total = total_rounds
         self.stream = stream or sys.stderr
@@ -37,3 +42,12 @@ class Progress:
         if self.tty:
             self.stream.write("\n")
             self.stream.flush()
+
+    def on_round_end(self, round: int, metrics: dict, weights: dict | None) -> None:
+        self(metrics)
+
+    def on_run_end(self, summary: dict) -> None:
+        self.close()  # the live line ends before the command's result is printed
+
+    def on_run_failed(self, error: BaseException) -> None:
+        self.close()  # ... or its error

@@ -42,14 +42,17 @@ class FlatModel:
             m._buffers[name] = self.flat[offset:offset + n].view_as(b)
             offset += n
         self.params = self.flat[: self.num_params]
+        self.loads = 0
 
     @property
     def size(self) -> int:
         return self.flat.numel()
 
     def load_(self, weights: torch.Tensor) -> None:
-        """Reset the replica to ``weights`` (a flat tensor) in place."""
+        """Reset the replica to ``weights`` (a flat tensor) in place. ``loads`` counts the
+        calls, so whoever left weights in the replica can tell whether they are still there."""
         self.flat.copy_(weights, non_blocking=True)
+        self.loads += 1
 
     def split(self, vector: torch.Tensor) -> list[torch.Tensor]:
         """A flat per-parameter vector (a correction, an anchor) as views shaped like the

@@ -2,9 +2,10 @@
 
 Layout: ``config.yaml`` (the resolved config), ``metrics.jsonl`` (one JSON object per round),
 ``summary.json``, ``model.safetensors`` (the final global weights as a plain state_dict),
-``server_state.safetensors`` (server optimizer and aggregator state), the same metrics as
-TensorBoard events (``events.out.tfevents.fedray``, fedray.tensorboard) and, for stateful
-clients (SCAFFOLD), ``client_state/`` (fedray.client_state).
+``server_state.safetensors`` (server optimizer and aggregator state) and, for stateful
+clients (SCAFFOLD), ``client_state/`` (fedray.client_state). The same metrics as TensorBoard
+events (``events.out.tfevents.fedray``) are written beside them by a callback in the
+process that called fedray.run (fedray.tensorboard.TensorBoardCallback).
 Whole files are written to a temporary name and renamed into place, so a reader never sees a
 half-written summary or weights file. Only safe formats: YAML, JSON, safetensors.
 """
@@ -19,7 +20,6 @@ import fsspec
 
 from fedray.redact import mask
 from fedray.storage import absolute_url, filesystem, is_local
-from fedray.tensorboard import EVENTS_FILE, events_from_lines, file_header, scalar_events
 
 if TYPE_CHECKING:  # checking a run directory's path needs no torch (fedray run's errors)
     import torch
@@ -33,9 +33,8 @@ __all__ = ["RunDir", "absolute_url", "load_tensors", "load_weights", "read_metri
 
 
 class RunDir:
-    def __init__(self, url: str, tensorboard: bool = False):
+    def __init__(self, url: str):
         self.url = url
-        self.tensorboard = tensorboard  # metrics also as TensorBoard events
         self.fs, self.path = filesystem(url, "output.dir")
         self._local = is_local(self.fs)  # local files: appendable, with real directories
         # the lines of metrics.jsonl: a checkpoint embeds them, and object stores, which
@@ -76,22 +75,14 @@ class RunDir:
         if self._local:
             with self.fs.open(self._p("metrics.jsonl"), "a") as f:
                 f.write(line)
-            if self.tensorboard:
-                new = not self.fs.exists(self._p(EVENTS_FILE))
-                with self.fs.open(self._p(EVENTS_FILE), "ab") as f:
-                    f.write((file_header() if new else b"") + scalar_events(record))
-        else:  # object stores cannot append: rewrite the (small) files
+        else:  # object stores cannot append: rewrite the (small) file
             self.write_text("metrics.jsonl", "".join(self.metrics_lines))
-            if self.tensorboard:
-                self.write_bytes(EVENTS_FILE, events_from_lines(self.metrics_lines))
 
     def restore_metrics(self, lines: list[str]) -> None:
         """Resuming: metrics.jsonl becomes exactly the checkpoint's rounds (a killed run may
         have logged rounds after its checkpoint; they are run again)."""
         self.metrics_lines = list(lines)
         self.write_text("metrics.jsonl", "".join(lines))
-        if self.tensorboard:
-            self.write_bytes(EVENTS_FILE, events_from_lines(lines))
 
     def remove_temporaries(self) -> None:
         """Drop the temporary files of writes a killed run left half-done."""

@@ -139,8 +139,8 @@ def keep_freed_memory() -> bool:
     By default glibc serves every allocation above its mmap threshold with a fresh mapping
     and gives small heap tops back: a worker stepping a group of clients allocates tens of
     MB per step (gradients, gathered batches) and pays a page fault for every 4 KB of it,
-    again each step. Measured on 50 logistic regressions, that doubled a vectorized group's
-    time (49 ms against 31 ms with the heap kept). The cost is that a worker keeps up to
+    again each step, which made a vectorized group markedly slower (docs/performance.md,
+    "Vectorized clients"). The cost is that a worker keeps up to
     256 MiB of free memory mapped after its largest step. Linux glibc only; False where it
     does not apply."""
     import ctypes

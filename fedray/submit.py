@@ -1,7 +1,8 @@
 """``fedray submit / status / logs / stop``: fedray jobs on a Ray cluster, through Ray Jobs.
 
-``fedray submit JOB.yaml`` sends the job file and this machine's fedray package (Ray's
-runtime_env ``working_dir`` and ``py_modules``) to the cluster's job server, where
+``fedray submit JOB.yaml`` sends the job file, this machine's fedray package and the user's
+modules the job names by import path (Ray's runtime_env ``working_dir`` and ``py_modules``,
+``user_modules``) to the cluster's job server, where
 ``python -m fedray.cli run job.yaml key=value ...`` runs as the job's entrypoint, joining the
 cluster through the RAY_ADDRESS Ray Jobs sets. The cluster's nodes must already have fedray's
 dependencies (ray_cluster.yaml's setup_commands install them); the shipped package makes the
@@ -13,15 +14,19 @@ be lost with it, so it is refused here, before anything is sent.
 
 from __future__ import annotations
 
+import importlib.machinery
 import os
 import shlex
 import shutil
+import sys
+import sysconfig
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 from typing import Any
 
-from fedray.errors import FedrayError, one_line
+from fedray.errors import FedrayError, key_error, one_line
 
 DEFAULT_ADDRESS = "http://127.0.0.1:8265"
 TERMINAL = ("SUCCEEDED", "FAILED", "STOPPED")
@@ -64,6 +69,80 @@ def check_cluster_paths(cfg) -> None:
                           f"storage, got {part!r}")
 
 
+PART_KEYS = ("name", "client", "aggregator", "server_opt")  # registry.PART_KEYS
+
+
+@dataclass(frozen=True)
+class UserModule:
+    """A user's module that a job names a part in (``algorithm.aggregator:
+    examples.qffl:QFedAvg``), as found on this machine."""
+
+    key: str  # the config key that names it
+    ref: str  # the module part of the import path, as given: examples.qffl, or algos/x.py
+    path: str  # what to ship: its top-level package's directory, or its .py file (absolute)
+    by_file: bool  # named by a .py file's path rather than a module name
+
+
+def algorithm_refs(algorithm: Any) -> list[tuple[str, str]]:
+    """(config key, import path) of each part of an ``algorithm`` section named by import
+    path (``module:Class``) rather than by a registered name."""
+    out = []
+    for k in PART_KEYS:
+        ref = algorithm.get(k) if algorithm is not None else None
+        if isinstance(ref, str) and ":" in ref:
+            out.append((f"algorithm.{k}", ref))
+    return out
+
+
+def job_refs(cfg: Any) -> list[tuple[str, str]]:
+    """(config key, import path) of everything of the user's a job names: its algorithm's
+    parts and its ``output.callbacks`` (which run in the process that runs the job)."""
+    output = cfg.get("output") or {}
+    callbacks = [("output.callbacks", r) for r in output.get("callbacks") or []
+                 if isinstance(r, str) and ":" in r]
+    return algorithm_refs(cfg.get("algorithm")) + callbacks
+
+
+def _installed(path: str) -> bool:
+    """Installed with Python or into it: every node of a cluster imports it by name."""
+    roots = {sysconfig.get_paths()[k] for k in ("stdlib", "platstdlib")}
+    return ("site-packages" in path or "dist-packages" in path
+            or any(path.startswith(r + os.sep) for r in roots))
+
+
+def user_modules(refs: Iterable[tuple[str, str]], cwd: str | None = None) -> list[UserModule]:
+    """The user's modules behind import paths, found from ``cwd`` first, as ``fedray run``
+    imports them (fedray.algorithms.registry.import_object), without running their code.
+
+    A module name ships its *top-level* package (or module file): ``examples.qffl`` ships
+    the directory ``examples/``, so the module's own imports of its siblings work on the
+    cluster too. fedray itself and installed packages are left out (the nodes have them)."""
+    cwd = cwd or os.getcwd()
+    out: dict[str, UserModule] = {}
+    for key, ref in refs:
+        module = ref.rpartition(":")[0]
+        if not module:
+            continue  # registry.import_object refuses it with the key's name
+        if module.endswith(".py") or os.sep in module:
+            path = os.path.abspath(os.path.join(cwd, module))
+            if not os.path.isfile(path):
+                raise key_error(key, f"no such file: {path}", ref)
+            out.setdefault(path, UserModule(key, module, path, True))
+            continue
+        top = module.split(".")[0]
+        if top == "fedray":
+            continue
+        spec = importlib.machinery.PathFinder.find_spec(top, [cwd, *sys.path])
+        if spec is None:
+            raise key_error(key, f"cannot find module {top} (looked in {cwd} and on "
+                            "sys.path)", ref)
+        paths = list(spec.submodule_search_locations or []) or [spec.origin or ""]
+        for path in paths:
+            if path and os.path.exists(path) and not _installed(path):
+                out.setdefault(path, UserModule(key, module, os.path.abspath(path), False))
+    return list(out.values())
+
+
 def submit(job: str, overrides: list[str], address: str | None = None,
            submission_id: str | None = None, agent_wait_s: float = 120.0) -> str:
     """Submit ``fedray run JOB.yaml overrides`` to the cluster; return the job's id. A head
@@ -77,11 +156,16 @@ def submit(job: str, overrides: list[str], address: str | None = None,
         raise FedrayError("config key 'output.dir': set it for a cluster job (a URL such as "
                           "s3://bucket/runs/x, or an absolute path on shared storage)")
     check_cluster_paths(cfg)
+    modules = user_modules(job_refs(cfg))
     jobs = client(address)
     package = os.path.dirname(os.path.abspath(fedray.__file__))
     staging = tempfile.mkdtemp(prefix="fedray-submit-")
     try:
         shutil.copyfile(job, os.path.join(staging, "job.yaml"))
+        py_modules = [package] + [m.path for m in modules if not m.by_file]
+        for m in modules:
+            if m.by_file:
+                _stage_file(m, staging)
         entrypoint = shlex.join(["python", "-m", "fedray.cli", "run", "job.yaml", *overrides,
                                  "--quiet"])
         deadline = time.monotonic() + agent_wait_s
@@ -89,7 +173,7 @@ def submit(job: str, overrides: list[str], address: str | None = None,
             try:
                 return jobs.submit_job(
                     entrypoint=entrypoint, submission_id=submission_id,
-                    runtime_env={"working_dir": staging, "py_modules": [package],
+                    runtime_env={"working_dir": staging, "py_modules": py_modules,
                                  "excludes": ["__pycache__"]},
                     metadata={"fedray_job": os.path.basename(job), "fedray_name": cfg.name})
             except RuntimeError as exc:  # the job server's refusal (a duplicate id, ...)
@@ -100,6 +184,22 @@ def submit(job: str, overrides: list[str], address: str | None = None,
                 raise FedrayError(f"submit {job}: {one_line(exc)}") from None
     finally:
         shutil.rmtree(staging, ignore_errors=True)
+
+
+def _stage_file(module: UserModule, staging: str) -> None:
+    """A part named by a relative .py path goes into the job's working directory at that
+    path, where the entrypoint (which runs there) finds it; an absolute path is left as it
+    is: like output.dir, it must be on storage every node shares."""
+    if os.path.isabs(module.ref):
+        return
+    rel = os.path.normpath(module.ref)
+    if rel.startswith(os.pardir):
+        raise key_error(module.key, "a job on a cluster finds a .py file inside the directory "
+                        "you submit from, or at an absolute path on shared storage; or name "
+                        "its module instead (package.module:Class)", module.ref)
+    target = os.path.join(staging, rel)
+    os.makedirs(os.path.dirname(target), exist_ok=True)
+    shutil.copyfile(module.path, target)
 
 
 def _call(what: str, job_id: str, fn: Callable[[], Any]) -> Any:

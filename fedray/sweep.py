@@ -14,6 +14,12 @@ A sweep killed halfway continues with ``fedray sweep --resume SWEEP_DIR``: Tune 
 trials finished, and each unfinished trial resumes its run directory from its last fedray
 checkpoint rather than from round 1.
 
+A job may name the user's own algorithm parts by import path (``examples.qffl:QFedAvg``).
+Tune starts each trial in a process of its own, in a directory of its own, maybe on another
+node, where the caller's modules are not on the import path: the modules' files travel with
+the trial's arguments (``pack_modules``, through Ray's object store, so to any node) and each
+trial puts them on its import path before its run imports the job's parts.
+
 Layout of SWEEP_DIR (any fsspec URL Tune and fedray can both write: a local path, s3://, gs://):
 ``sweep.yaml`` (the sweep with its job inlined, so a resume needs no other file),
 ``tune/`` (Tune's experiment state), ``trials/<trial id>/`` (fedray run directories),
@@ -22,12 +28,17 @@ Layout of SWEEP_DIR (any fsspec URL Tune and fedray can both write: a local path
 
 from __future__ import annotations
 
+import contextlib
 import csv
+import importlib
 import io
 import itertools
 import os
+import shutil
 import sys
+import tempfile
 import time
+import zipfile
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -45,6 +56,7 @@ TRIALS_DIR = "trials"
 RESULTS_FILE = "results.csv"
 REPORT_DIR = "report"
 DISTRIBUTIONS = ("uniform", "loguniform", "randint")
+MAX_MODULES_MB = 64  # the user's modules shipped with every trial
 
 
 @dataclass
@@ -102,6 +114,7 @@ def load_sweep(source: Any, overrides: list[str] | tuple = ()) -> tuple[DictConf
     if job.data.partition not in ("synthetic", "memory"):  # trials run elsewhere: Tune
         # starts each in its own working directory, maybe on another node
         job = OmegaConf.merge(job, {"data": {"partition": absolute_url(job.data.partition)}})
+    job = OmegaConf.merge(job, {"algorithm": _absolute_files(job.algorithm)})  # likewise
     sweep.job = OmegaConf.to_container(job, resolve=True)
     sweep.overrides = []
     r = _require
@@ -145,6 +158,20 @@ def load_sweep(source: Any, overrides: list[str] | tuple = ()) -> tuple[DictConf
     sweep.output = absolute_url(sweep.output)
     OmegaConf.set_readonly(sweep, True)
     return sweep, job
+
+
+def _absolute_files(algorithm: DictConfig) -> dict[str, str]:
+    """Parts named by a relative .py path, with the path made absolute: a trial's working
+    directory is not the caller's (on a cluster the file must be on shared storage; a part
+    named by module name is shipped instead, ``pack_modules``)."""
+    from fedray.submit import algorithm_refs
+
+    out = {}
+    for key, ref in algorithm_refs(algorithm):
+        module, _, attr = ref.rpartition(":")
+        if (module.endswith(".py") or os.sep in module) and not os.path.isabs(module):
+            out[key.split(".", 1)[1]] = f"{os.path.abspath(module)}:{attr}"
+    return out
 
 
 def _flat_parameters(node: DictConfig, prefix: str = "") -> dict[str, Any]:
@@ -229,8 +256,10 @@ def _url(root: str, *parts: str) -> str:
     return "/".join([root.rstrip("/"), *parts])
 
 
-def _trial(params: dict, *, job: dict, sweep_dir: str, workers: int) -> None:
-    """A Tune function trainable: run (or resume) one fedray run, reporting every round."""
+def _trial(params: dict, *, job: dict, sweep_dir: str, workers: int,
+           modules: bytes | None = None) -> None:
+    """A Tune function trainable: run (or resume) one fedray run, reporting every round.
+    ``modules``: the user's modules the job names (``pack_modules``)."""
     from ray import tune
 
     import fedray
@@ -246,7 +275,80 @@ def _trial(params: dict, *, job: dict, sweep_dir: str, workers: int) -> None:
     elif fs.exists(path):
         fs.rm(path, recursive=True)  # killed before the run wrote anything to resume from
     cfg = trial_config(job, params, run_dir, workers)
-    fedray.run(cfg, resume=resume, progress=lambda m: tune.report(dict(m)))
+    with _modules_on_path(modules):
+        fedray.run(cfg, resume=resume, progress=lambda m: tune.report(dict(m)))
+
+
+def _module_refs(sweep: DictConfig, job: DictConfig) -> list[tuple[str, str]]:
+    """The import paths the job names (fedray.submit.job_refs), and the algorithm parts a
+    sweep parameter sets."""
+    from fedray.submit import PART_KEYS, job_refs
+
+    refs = job_refs(job)
+    for key, spec in sweep.parameters.items():
+        if key in {f"algorithm.{k}" for k in PART_KEYS} and not isinstance(spec, DictConfig):
+            refs += [(key, v) for v in spec if isinstance(v, str) and ":" in v]
+    return refs
+
+
+def pack_modules(refs: list[tuple[str, str]]) -> bytes | None:
+    """The user's modules behind the import paths (fedray.submit.user_modules: each module
+    name's top-level package or file; .py paths stay where they are), zipped to travel with
+    every trial; None when the job names none. Only source files go: __pycache__ and
+    hidden directories are left out."""
+    from fedray.submit import user_modules
+
+    modules = [m for m in user_modules(refs) if not m.by_file]
+    if not modules:
+        return None
+    buf = io.BytesIO()
+    with zipfile.ZipFile(buf, "w", zipfile.ZIP_DEFLATED) as zf:
+        names: set[str] = set()
+        for m in modules:
+            if os.path.isfile(m.path):
+                files = [(m.path, os.path.basename(m.path))]
+            else:
+                top = os.path.basename(m.path.rstrip(os.sep))
+                files = []
+                for root, dirs, found in os.walk(m.path):
+                    dirs[:] = sorted(d for d in dirs if d != "__pycache__"
+                                     and not d.startswith("."))
+                    rel = os.path.relpath(root, m.path)
+                    files += [(os.path.join(root, f),
+                               os.path.normpath(os.path.join(top, rel, f)))
+                              for f in sorted(found) if not f.endswith((".pyc", ".pyo"))]
+            for path, name in files:
+                if name not in names:  # a namespace package's portions: the first wins
+                    names.add(name)
+                    zf.write(path, name)
+    data = buf.getvalue()
+    if len(data) > MAX_MODULES_MB * 2**20:
+        raise FedrayError(f"the modules of {', '.join(r for _, r in refs)} take "
+                          f"{len(data) / 2**20:.0f} MiB zipped, more than the "
+                          f"{MAX_MODULES_MB} MiB shipped with every trial; install them on "
+                          "the cluster's nodes instead")
+    return data
+
+
+@contextlib.contextmanager
+def _modules_on_path(modules: bytes | None):
+    """The trial's process imports the user's modules from a directory of its own: their
+    files unzipped there, the directory first on sys.path while the run lasts (the run's
+    driver and workers get the parts pickled by value, fedray.algorithms.registry)."""
+    if not modules:
+        yield
+        return
+    root = tempfile.mkdtemp(prefix="fedray-modules-")
+    try:
+        with zipfile.ZipFile(io.BytesIO(modules)) as zf:
+            zf.extractall(root)
+        sys.path.insert(0, root)
+        importlib.invalidate_caches()
+        yield
+    finally:
+        with contextlib.suppress(ValueError):
+            sys.path.remove(root)
+        shutil.rmtree(root, ignore_errors=True)
 
 
 def _placement(job: DictConfig, workers: int):
@@ -322,7 +424,8 @@ def _tuner(sweep: DictConfig, job: DictConfig, restore: bool, progress):
     # metric; the other rounds are reported too, and ASHA skips them
     trainable = tune.with_resources(
         tune.with_parameters(_trial, job=OmegaConf.to_container(job, resolve=True),
-                             sweep_dir=sweep.output, workers=sweep.workers_per_trial),
+                             sweep_dir=sweep.output, workers=sweep.workers_per_trial,
+                             modules=pack_modules(_module_refs(sweep, job))),
         _placement(job, sweep.workers_per_trial))
     tune_dir = _url(sweep.output, TUNE_DIR)
     if restore:

@@ -1,9 +1,12 @@
 """TensorBoard event files for a run's per-round metrics, at any fsspec URL.
 
 ``tensorboard --logdir RUN_DIR`` (or a sweep's directory, for all its trials) plots every
-numeric key of metrics.jsonl against the round. The events are a pure function of the
-metrics lines, so a resumed run rewrites the file from its checkpoint's lines and shows no
-duplicate or orphaned points. The file is TensorFlow's record format -- length, masked
+numeric key of metrics.jsonl against the round. ``TensorBoardCallback`` writes them
+(``output.tensorboard``), in the process that called fedray.run. The events are a pure
+function of the metrics lines, so a resumed run rewrites the file from its checkpoint's
+rounds and shows no duplicate or orphaned points (nor does a run killed between the driver's
+metrics line and the callback's event: the resume rewrites both from the checkpoint).
+The file is TensorFlow's record format -- length, masked
 CRC-32C, a serialized ``Event`` protobuf, its CRC -- encoded with tensorboardX's protobuf
 classes (a dependency of Ray Tune), because TensorBoard's own writers only reach local
 disks and S3, while a run directory can be any fsspec URL.
@@ -14,9 +17,13 @@ from __future__ import annotations
 import json
 import struct
 import time
+import uuid
 from collections.abc import Iterable
 
 import fsspec
+
+from fedray.callbacks import Callback, RunInfo
+from fedray.storage import filesystem, is_local
 
 # TensorBoard reads every file whose name contains "tfevents"; one fixed name per run
 # directory lets a resumed run replace it
@@ -67,7 +74,44 @@ def scalar_events(metrics: dict, wall_time: float | None = None) -> bytes:
 
 def events_from_lines(lines: Iterable[str]) -> bytes:
     """A whole event file from metrics.jsonl lines."""
-    return file_header() + b"".join(scalar_events(json.loads(s)) for s in lines if s.strip())
+    return events_from_metrics(json.loads(s) for s in lines if s.strip())
+
+
+def events_from_metrics(records: Iterable[dict]) -> bytes:
+    """A whole event file from rounds' metrics."""
+    return file_header() + b"".join(scalar_events(m) for m in records)
+
+
+class TensorBoardCallback(Callback):
+    """``output.tensorboard``: the run's events file, kept equal to metrics.jsonl.
+
+    At the start it is written whole from the rounds already run (none, or a resumed run's
+    checkpoint's), replacing whatever a killed run had left; then each round's event is
+    appended (on a local disk) or the file rewritten (object stores cannot append)."""
+
+    def on_run_start(self, run: RunInfo) -> None:
+        self.fs, path = filesystem(run.run_dir, "output.dir")
+        self.path = f"{path.rstrip('/')}/{EVENTS_FILE}"
+        self.local = is_local(self.fs)
+        self.records = list(run.past_metrics)
+        self._write(events_from_metrics(self.records))
+
+    def on_round_end(self, round: int, metrics: dict, weights: dict | None) -> None:
+        self.records.append(metrics)
+        if self.local:
+            with self.fs.open(self.path, "ab") as f:
+                f.write(scalar_events(metrics))
+        else:
+            self._write(events_from_metrics(self.records))
+
+    def _write(self, data: bytes) -> None:
+        """The whole file, replaced atomically: a reader never sees half of it."""
+        # a dot name without "tfevents": TensorBoard never reads it, and a killed run's one
+        # goes with the run directory's other temporaries (RunDir.remove_temporaries)
+        tmp = f"{self.path.rsplit('/', 1)[0]}/.events.{uuid.uuid4().hex}.tmp"
+        with self.fs.open(tmp, "wb") as f:
+            f.write(data)
+        self.fs.mv(tmp, self.path)
 
 
 def read_scalars(url: str) -> dict[str, list[tuple[int, float]]]:

@@ -7,13 +7,14 @@ stacked, one [G, *shape] tensor per parameter, and every local step runs one
 (``batch_schedule``, the same one sequential training follows), learning rate and number
 of steps. Chains of Linear and ReLU layers (logistic regression, the MLPs;
 ``linear_chain``) take the same step written out as batched matrix products
-(``chain_sgd_step``), which measured 1.4x faster per group. A client's batch is
+(``chain_sgd_step``), which is faster per group (docs/performance.md). A client's batch is
 padded to the group's batch size and its padding masked out of the mean loss; clients train
 longest-first, so a step computes only the ones that still have steps to take. The result
 is each client's local SGD, equal to ``client_update.local_sgd`` up to float rounding (the
-batched kernels sum in another order), for FedAvg, FedProx (``prox_mu``), FedSGD
-(``full_batch``) and SCAFFOLD (``corrections``). What Elastic aggregation and Exp-alpha
-measure around the local update (sensitivity, risks) the worker measures per client.
+batched kernels sum in another order), with the algorithm's ``LocalTerms`` (a proximal pull,
+a per-client linear term) and ``full_batch`` as the sequential kernel takes them. What an
+aggregator measures around the local update (sensitivity, risks) the worker measures per
+client.
 
 Only models whose training step is a pure function of the weights and the batch qualify:
 no dropout (its masks are drawn per call, not per client seed), no buffers (batch-norm
@@ -42,6 +43,7 @@ import torch
 from torch import nn
 from torch.func import functional_call, grad, vmap
 
+from fedray.algorithms.base import NO_TERMS, LocalTerms
 from fedray.client_update import batch_schedule
 from fedray.errors import key_error
 from fedray.losses import loss_fn
@@ -96,10 +98,8 @@ def unsupported_reason(module: nn.Module) -> str | None:
 _CONV = (nn.Conv1d, nn.Conv2d, nn.Conv3d, nn.ConvTranspose1d, nn.ConvTranspose2d,
          nn.ConvTranspose3d)
 # A group's stacked weights stay within this many bytes. On the CPU larger groups are bound
-# by memory bandwidth (each step streams every client's weights several times): a worker's
-# 50 clients trained fastest in groups of 6-10 MLPs (4-7 MB) and of 17-25 logistic
-# regressions (3-5 MB), 5-15% faster than in groups of 25 and 50 (docs/performance.md,
-# "Group size"). A GPU wants
+# by memory bandwidth (each step streams every client's weights several times): groups of a
+# few MB of stacked weights trained fastest (docs/performance.md, "Group size"). A GPU wants
 # large batched kernels, and has the memory: 512 MiB is 20 LEAF CNNs (26 MB each) with their
 # gradients and activations in about 2 GiB, so 8 workers still share a GPU comfortably.
 GROUP_BYTES = {"cpu": 6 * 2**20, "gpu": 512 * 2**20}
@@ -111,8 +111,8 @@ def vectorize_plan(module: nn.Module, mode: str, gpu: bool) -> tuple[bool, str |
     ``mode``, and, when auto decides against it, the one line that says why. ``on`` for a
     model that cannot be vectorized is an error. On the CPU, auto keeps convolutional models
     sequential: vmap turns their convolutions into grouped ones, which measured slower than
-    one client after another (docs/performance.md), while logistic regression and the MLP
-    measured about 2x faster than sequential training."""
+    one client after another, while logistic regression and the MLP measured faster than
+    sequential training (docs/performance.md, "Vectorized clients")."""
     if mode == "off":
         return False, None
     reason = unsupported_reason(module)
@@ -199,8 +199,9 @@ def linear_chain(module: nn.Module, loss: str) -> LinearChain | None:
     Why a second way to the same step: for these models the gradients are a few batched
     matrix products per layer, and written out they skip torch.func's per-op wrapping and
     let each weight's gradient go straight into the weight. Groups of logistic regressions
-    and MLPs trained 1.4x faster this way than through ``vmap(grad(...))``, and the first
-    step does not import torch._dynamo (1-2 s per worker process; docs/performance.md)."""
+    and MLPs trained faster this way than through ``vmap(grad(...))``, and the first step
+    does not import torch._dynamo, which costs each worker process its start-up time
+    (docs/performance.md)."""
     # exact types: a subclass may compute something else in its forward
     if loss not in _CLOSED_FORM_LOSSES or type(module) is not nn.Sequential:
         return None
@@ -232,9 +233,9 @@ class FirstLayerSums:
     Why: a Linear layer's gradient is (output gradient)^T (input), and the first layer's
     inputs are the client's own examples. So after t steps D_i = E_i^T X_i - beta_i C_i,
     where X_i [n_i, in] are client i's examples, E_i [n_i, out] sums -lr times the output
-    gradient each example received (times (1 - lr mu) per later step: FedProx), and C_i is
-    SCAFFOLD's correction. The layer's outputs at step t are then x W^T (one product over
-    every example of the group, against the one shared W) plus (x X_i^T) E_i, read from
+    gradient each example received (times (1 - lr mu) per later step: a proximal term mu),
+    and C_i is the client's linear term. The layer's outputs at step t are then x W^T (one
+    product over every example of the group, against the one shared W) plus (x X_i^T) E_i, read from
     the Gram matrix X_i X_i^T, computed once; the delta is one product per client at the
     end. With a stack, every step's forward reads each client's weights and every step's
     update (a rank-batch product) reads and writes them, in small products; here the
@@ -246,7 +247,7 @@ class FirstLayerSums:
     per client, in training order); ``lr``: [G]; ``corr``: [G, out, in] or None."""
 
     def __init__(self, weight: torch.Tensor, xs: torch.Tensor, plan: torch.Tensor,
-                 starts: list[int], sizes: list[int], lr: torch.Tensor, prox_mu: float,
+                 starts: list[int], sizes: list[int], lr: torch.Tensor, proximal: float,
                  corr: torch.Tensor | None):
         g, span, out = len(sizes), max(sizes), weight.shape[0]
         self.xs, self.starts, self.sizes = xs, starts, sizes
@@ -263,7 +264,7 @@ class FirstLayerSums:
         self.plan = plan
         self.e = xs.new_zeros((g, span, out))
         self.lr = lr
-        self.decay = (1.0 - lr * prox_mu) if prox_mu else None
+        self.decay = (1.0 - lr * proximal) if proximal else None
         self.beta = lr.new_zeros(g)
 
     def _rows(self, a: int, t: int, src: torch.Tensor) -> torch.Tensor:
@@ -285,7 +286,7 @@ class FirstLayerSums:
         """Step t's update for the first ``a`` clients: ``grad_lr`` [a, width, out] is lr
         times the gradient of the loss at the layer's outputs (0 on padding)."""
         e = self.e[:a]
-        if self.decay is not None:  # y - x shrinks by (1 - lr mu) per step (FedProx)
+        if self.decay is not None:  # y - x shrinks by (1 - lr mu) per step (proximal)
             e.mul_(self.decay[:a, None, None])
             self.beta[:a].mul_(self.decay[:a])
         if self.corr is not None:
@@ -316,10 +317,9 @@ def defer_first_layer(sizes: list[int], seen: list[int], out_features: int) -> b
     its products, sum_i (2 n_i out + n_i^2) in (each example through W, the Gram matrix and
     the delta), cost less than a stack's 2 seen_i out in per client (a forward and an
     update per example of every batch, padding included) at STACK_COST times the price.
-    It pays for several passes over small clients (logistic regression on clients of 30-90
-    examples: 1.4-1.5x per group with 2 local epochs, 2.2-2.7x with 5; even with 1) and for
-    wider layers, not for clients much larger than the layer's output, whose Gram matrix
-    grows as n^2 (docs/performance.md)."""
+    It pays for several passes over small clients and for wider layers, not for clients much
+    larger than the layer's output, whose Gram matrix grows as n^2 (docs/performance.md has
+    the measurements)."""
     sums = sum(n * (2 * out_features + n) for n in sizes)
     return sums <= STACK_COST * 2 * out_features * sum(seen)
 
@@ -330,14 +330,14 @@ def chain_sgd_step(chain: LinearChain, loss: str, ws: list[torch.Tensor], xb: to
                    first: FirstLayerSums | None = None, t: int = 0) -> torch.Tensor:
     """One local SGD step of a group of LinearChain models, in place, by hand: the gradient
     of each client's masked mean batch loss (what ``vmap(grad(client_loss))`` gives), plus
-    ``extra_grad(k, w)`` (FedProx, SCAFFOLD), times the client's lr, taken from its weights.
+    ``extra_grad(k, w)`` (the LocalTerms), times the client's lr, taken from its weights.
     Returns each client's mean batch loss.
 
     ``ws``: the stacked parameters, [a, *shape] each, contiguous; ``xb``: [a, B, ...] inputs;
     ``yb``: [a, B] labels (mse: [a, B, ...] targets); ``m``: [a, B], 1 for a real example and
     0 for padding; ``lr``: [a]. A weight's gradient goes straight into the weight (one
     baddbmm, lr folded into the small output gradient) instead of being materialized and
-    then added: for the MLP's first layer (25 clients) that took 2.0 ms instead of 4.5.
+    then added, which halved the time of the MLP's first layer (docs/performance.md).
 
     ``first``: the first layer's weight is not in ``ws`` but kept as sums over the clients'
     examples (``FirstLayerSums``), which give its outputs at step ``t`` and take its update;
@@ -393,16 +393,17 @@ def chain_sgd_step(chain: LinearChain, loss: str, ws: list[torch.Tensor], xb: to
 def vmap_local_sgd(model: FlatModel, global_weights: torch.Tensor,
                    data: list[tuple[torch.Tensor, torch.Tensor]], *, lrs: list[float],
                    batch_size: int | list[int], local_epochs: int, local_steps: int | None,
-                   seeds: list[int], prox_mu: float = 0.0, full_batch: bool = False,
-                   loss: str = "cross_entropy",
-                   corrections: torch.Tensor | None = None,
+                   seeds: list[int], terms: LocalTerms = NO_TERMS,
+                   full_batch: bool = False, loss: str = "cross_entropy",
                    closed_form: bool = True, defer_first: bool | None = None) -> GroupResult:
     """Local SGD of every client in ``data`` from ``global_weights``, batched.
 
     Per client i: its (x, y), lr ``lrs[i]``, batch size (one for all, or one each), batch
-    order from ``seeds[i]``; ``corrections[i]`` (SCAFFOLD's c - c_i) is added to every step's
-    gradient, ``prox_mu`` (FedProx) adds mu (y - x). ``model`` supplies the architecture (its
-    module is called functionally; its weights are not touched).
+    order from ``seeds[i]``. ``terms`` (fedray.algorithms.base.LocalTerms) are the group's
+    extra local-objective terms: one proximal weight for all, and a linear term stacked
+    [G, P], row i client i's. ``model``
+    supplies the architecture (its module is called functionally; its weights are not
+    touched).
 
     The clients are trained longest-first, so the ones still stepping at step t are a prefix
     of the group and a step computes only theirs. Every batch is padded to the largest batch
@@ -417,6 +418,7 @@ def vmap_local_sgd(model: FlatModel, global_weights: torch.Tensor,
     reason = unsupported_reason(model.module)
     if reason is not None:
         raise ValueError(f"cannot train this model vectorized: {reason}")
+    proximal, linear = terms.proximal, terms.linear
     device = model.device
     criterion = _batched_loss(loss)
     module = model.module
@@ -475,7 +477,7 @@ def vmap_local_sgd(model: FlatModel, global_weights: torch.Tensor,
     # one contiguous [G, *shape] stack per parameter: a batched product can then write a
     # weight in place (a strided view of one [G, P] tensor made it copy)
     params, anchors, corr, offset = [], [], [], 0
-    c = None if corrections is None else corrections[order].to(device)
+    c = None if linear is None else linear[order].to(device)
     for k, (_, p) in enumerate(module.named_parameters()):
         span = slice(offset, offset + p.numel())
         anchors.append(anchor[span].view(p.shape))
@@ -486,17 +488,13 @@ def vmap_local_sgd(model: FlatModel, global_weights: torch.Tensor,
     first = None
     if defer is not None:
         first = FirstLayerSums(anchors[defer], xs.reshape(len(xs), -1), plan[:, :horizon],
-                               starts.tolist(), [sizes[i] for i in order], lr, prox_mu,
+                               starts.tolist(), [sizes[i] for i in order], lr, proximal,
                                corr[defer] if c is not None else None)
 
     def extra_grad(k: int, w: torch.Tensor) -> torch.Tensor | None:
-        """SCAFFOLD's correction and FedProx's mu (w - x) for parameter k of the first
+        """The terms' gradient (a linear term, a proximal pull) for parameter k of the first
         len(w) clients, or None."""
-        e = corr[k][: len(w)] if c is not None else None
-        if prox_mu:
-            prox = (w - anchors[k]).mul_(prox_mu)
-            e = prox if e is None else prox.add_(e)
-        return e
+        return terms.gradient(w, anchors[k], corr[k][: len(w)] if c is not None else None)
 
     def client_loss(ws: tuple[torch.Tensor, ...], xb: torch.Tensor, yb: torch.Tensor,
                     m: torch.Tensor):

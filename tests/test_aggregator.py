@@ -6,24 +6,23 @@ import math
 import numpy as np
 import torch
 
-from fedray.aggregator import (
-    Aggregation,
-    PartialSum,
-    elastic_scale,
-    expalpha_log_weight,
-    extra_size,
-)
-from fedray.server_optimizer import ServerSGD
+from fedray.algorithms.base import extra_sizes
+from fedray.algorithms.elastic import elastic_scale
+from fedray.algorithms.expalpha import expalpha_log_weight
+from fedray.algorithms.reduction import PartialSum
+from fedray.algorithms.scaffold import ScaffoldAggregator, ScaffoldClient
+from fedray.algorithms.server_opt import ServerSGD
 
 
 def _split_merge(items, size, parts=3, extra=0):
     """Fold items (value, weight, log_scale, extra) into `parts` partials, then merge."""
-    partials = [PartialSum(size, extra_size=extra) for _ in range(parts)]
+    extras = {"e": extra} if extra else {}
+    partials = [PartialSum(size, extras=extras) for _ in range(parts)]
     for i, (v, w, s, e) in enumerate(items):
         partials[i % parts].add(v, w, s)
         if e is not None:
-            partials[i % parts].add_extra(e, w)
-    merged = PartialSum(size, extra_size=extra)
+            partials[i % parts].add_extra("e", e, w)
+    merged = PartialSum(size, extras=extras)
     for p in partials:
         merged.merge(p.to_message())
     return merged
@@ -82,20 +81,23 @@ def test_elastic_scale_by_hand():
 
 
 def test_scaffold_finish_updates_c_by_population():
-    agg = Aggregation("scaffold", size=4, num_params=3, population=10)
-    assert extra_size("scaffold", 3) == 3 and extra_size("uniform", 3) == 0
-    acc = agg.new_sum()
+    agg = ScaffoldAggregator()
+    agg.init_server(num_params=3, population=10)
+    sizes = extra_sizes((ScaffoldClient(), agg), 3)
+    assert sizes == {"dc": 3}
+    acc = PartialSum(4, extras=sizes)
     acc.add(torch.tensor([1.0, 2.0, 3.0, 4.0]), 1.0)
     acc.add(torch.tensor([3.0, 2.0, 1.0, 0.0]), 1.0)
-    acc.add_extra(torch.tensor([1.0, -2.0, 0.5]))
-    acc.add_extra(torch.tensor([1.0, 0.0, 0.5]))
+    acc.add_extra("dc", torch.tensor([1.0, -2.0, 0.5]))
+    acc.add_extra("dc", torch.tensor([1.0, 0.0, 0.5]))
     delta = agg.finish(acc)
     torch.testing.assert_close(delta, torch.tensor([2.0, 2.0, 2.0, 2.0], dtype=torch.float64))
     torch.testing.assert_close(agg.state["c"], torch.tensor([0.2, -0.2, 0.1]))
     state = agg.state_dict()
-    other = Aggregation("scaffold", size=4, num_params=3, population=10)
+    other = ScaffoldAggregator()
+    other.init_server(num_params=3, population=10)
     other.load_state_dict(state)
-    assert np.array_equal(other.broadcast()["c"], state["c"].numpy())
+    assert np.array_equal(other.broadcast()["c"].numpy(), state["c"].numpy())
 
 
 def test_server_sgd():

@@ -8,7 +8,8 @@ from tolerance import ULPS_PER_STEP, f32_atol
 from torch import nn
 
 import fedray
-from fedray.algorithms import PRESETS, Parts, resolve
+from fedray.algorithms import PRESETS, Algorithm, load_builtins, resolve
+from fedray.algorithms.base import LocalTerms
 from fedray.api import prepare
 from fedray.client_update import local_sgd
 from fedray.config import load_config
@@ -16,25 +17,52 @@ from fedray.errors import FedrayError
 from fedray.replica import FlatModel
 
 
+def _names(cfg):
+    return resolve(cfg.algorithm, cfg.server).names
+
+
 def test_presets_and_overrides():
-    assert resolve(load_config().algorithm) == Parts("local_sgd", "proportional", "sgd")
+    cfg = load_config()
+    assert _names(cfg) == {"client": "local_sgd", "aggregator": "proportional",
+                           "server_opt": "sgd"}
     cfg = load_config({"algorithm": {"name": "fedprox", "server_opt": "momentum"}})
-    assert resolve(cfg.algorithm) == Parts("fedprox", "proportional", "momentum")
+    assert _names(cfg) == {"client": "fedprox", "aggregator": "proportional",
+                           "server_opt": "momentum"}
+    load_builtins()
+    assert PRESETS["fedprox"] == Algorithm("fedprox", "proportional", "sgd")
     assert {p.server_opt for p in PRESETS.values()} == {"sgd", "momentum", "nesterov", "adam",
                                                         "yogi", "adagrad"}
+
+
+def test_part_sections_and_legacy_keys():
+    """A part's hyper-parameters live in its section; the flat keys of older jobs are read
+    into the section of a part that uses them, and ignored otherwise."""
+    cfg = prepare(None, ["algorithm.name=elastic_fedprox", "algorithm.fedprox.mu=0.3"])
+    assert cfg.algorithm.fedprox.mu == 0.3 and cfg.algorithm.elastic.tau == 0.5
+    assert "prox_mu" not in cfg.algorithm
+    cfg = prepare(None, ["algorithm.name=fedprox", "algorithm.prox_mu=0.2",
+                         "algorithm.elastic_tau=3"])
+    assert cfg.algorithm.fedprox.mu == 0.2 and "elastic" not in cfg.algorithm
+    with pytest.raises(FedrayError, match="unknown config key 'algorithm.fedprox'"):
+        prepare(None, ["algorithm.fedprox.mu=0.2"])  # fedavg has no fedprox part
+    with pytest.raises(FedrayError, match="unknown config key 'algorithm.fedprox.nu'"):
+        prepare(None, ["algorithm.name=fedprox", "algorithm.fedprox.nu=0.2"])
 
 
 @pytest.mark.parametrize("override, key", [
     ("algorithm.client=scaffoldx", "algorithm.client"),
     ("algorithm.aggregator=median", "algorithm.aggregator"),
     ("algorithm.server_opt=lamb", "algorithm.server_opt"),
-    ("algorithm.prox_mu=-1", "algorithm.prox_mu"),
+    # a legacy key, read where it counts
+    ("algorithm.name=fedprox algorithm.prox_mu=-1", "algorithm.fedprox.mu"),
+    ("algorithm.name=fedprox algorithm.fedprox.mu=-1", "algorithm.fedprox.mu"),
+    ("algorithm.name=feddyn algorithm.feddyn.alpha=0", "algorithm.feddyn.alpha"),
     ("server.momentum=1.0", "server.momentum"),
     ("server.tau=0", "server.tau"),
 ])
 def test_bad_parts(override, key):
     with pytest.raises(FedrayError, match=key):
-        prepare(None, [override])
+        prepare(None, override.split())
 
 
 def _client(seed=0, n=9, d=4, c=3):
@@ -52,7 +80,7 @@ def test_fedprox_two_full_batch_steps_match_numpy():
     lr, mu = 0.5, 0.3
     res = local_sgd(m, start, torch.from_numpy(x), torch.from_numpy(y), lr=lr, batch_size=9,
                     local_epochs=1, local_steps=2, seed=1, delta_out=torch.empty_like(start),
-                    prox_mu=mu)
+                    terms=LocalTerms(proximal=mu))
     w, b = w0.copy(), b0.copy()
     for _ in range(2):
         gw, gb = softmax_grad(w, b, x.astype(np.float64), y)

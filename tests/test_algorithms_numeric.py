@@ -1,6 +1,10 @@
 """Every algorithm through the whole runtime on deterministic full-batch linear-regression
 clients (f_i(w) = 1/2 ||X_i w - y_i||^2 / n_i), against an independent NumPy
-re-implementation of the paper's formulas written out here, or a closed form."""
+re-implementation of the paper's formulas written out here, or a closed form.
+
+The runs use the inline backend (runtime.backend=inline: the driver and its workers in this
+process), bit-identical to Ray's at the same worker count (tests/test_inline.py), so each
+takes milliseconds; test_one_vs_three_workers keeps one comparison across Ray processes."""
 
 from __future__ import annotations
 
@@ -15,11 +19,11 @@ from tolerance import ULPS_PER_STEP, f32_atol, merge_ulps
 from torch import nn
 
 import fedray
+from fedray.algorithms.elastic import holdout_split
 from fedray.client_state import ClientStateStore
 from fedray.run_dir import read_metrics
 from fedray.sampling import sample_clients
 from fedray.seeding import TAG_HOLDOUT, client_seed, derive_seed
-from fedray.worker import holdout_split
 
 D = 3  # a 3-parameter model: Linear(3, 1) without bias
 SEED = 1
@@ -54,18 +58,17 @@ def linear_model_fn(w0: np.ndarray = W0):
 def run_job(tmp_path, name: str, *, rounds: int, clients=CLIENTS, workers: int = 1,
             algorithm: dict, server: dict | None = None, lr: float = 0.1, steps: int = 3,
             per_round: int | None = None, client: dict | None = None,
-            test_data=None, extra: dict | None = None,
-            vectorize: str = "off") -> tuple[np.ndarray, str]:
-    """One run, its final weights and run directory. By default one worker training its
-    clients one after another: a second worker process, or a vectorized worker's first
-    step (it imports torch._dynamo), would add 1-1.5 s to runs of well under a second of
-    training. The worker count and vectorizing are varied where they are the subject:
+            test_data=None, extra: dict | None = None, vectorize: str = "off",
+            backend: str = "inline") -> tuple[np.ndarray, str]:
+    """One run, its final weights and run directory: by default in this process
+    (runtime.backend=inline), one worker training its clients one after another. The
+    worker count, vectorizing and Ray are varied where they are the subject:
     test_one_vs_three_workers here, tests/test_vectorized.py and tests/test_runtime.py."""
     job = {"name": name, "seed": SEED, "rounds": rounds, "model": {"loss": "mse"},
            "algorithm": algorithm, "server": server or {},
            "client": {"lr": lr, "batch_size": 64, "local_steps": steps, **(client or {})},
            "sampling": {"clients_per_round": per_round or len(clients)},
-           "runtime": {"num_workers": workers,
+           "runtime": {"backend": backend, "num_workers": workers,
                        "worker": {"num_cpus": 0.5, "vectorize": vectorize}},
            "eval": {"central": test_data is not None},
            "output": {"dir": str(tmp_path / name)}, **(extra or {})}
@@ -116,7 +119,7 @@ def ref_atol(expected: np.ndarray, rounds: int, steps: int = 3) -> float:
 
 # -- FedAvg, FedProx, server optimizers ---------------------------------------------------
 
-def test_fedavg_and_fedprox(ray_cluster, tmp_path):
+def test_fedavg_and_fedprox(tmp_path):
     x = W0.copy()
     for _ in range(4):
         x = x + fedavg_delta(x, 3, 0.1)
@@ -131,11 +134,11 @@ def test_fedavg_and_fedprox(ray_cluster, tmp_path):
     for _ in range(3):
         x = x + fedavg_delta(x, 3, 0.1, mu=0.5)
     got, _ = run_job(tmp_path, "fedprox", rounds=3,
-                     algorithm={"name": "fedprox", "prox_mu": 0.5})
+                     algorithm={"name": "fedprox", "fedprox": {"mu": 0.5}})
     np.testing.assert_allclose(got, x, atol=ref_atol(x, rounds=3))
 
 
-def test_steps_per_epoch_one_is_full_batch(ray_cluster, tmp_path):
+def test_steps_per_epoch_one_is_full_batch(tmp_path):
     """client.steps_per_epoch=1: each client's batch is all its data, so 3 epochs are 3
     full-batch steps whatever client.batch_size says."""
     x = W0.copy()
@@ -146,7 +149,7 @@ def test_steps_per_epoch_one_is_full_batch(ray_cluster, tmp_path):
     np.testing.assert_allclose(got, x, atol=ref_atol(x, rounds=2))
 
 
-def test_server_momentum(ray_cluster, tmp_path):
+def test_server_momentum(tmp_path):
     # momentum 0 is FedAvg bit for bit: tests/test_algorithms.py
     beta, eta = 0.7, 0.8
     for name in ("fedavgm", "fednesterov"):
@@ -161,7 +164,7 @@ def test_server_momentum(ray_cluster, tmp_path):
 
 
 @pytest.mark.parametrize("name", ["fedadam", "fedyogi", "fedadagrad"])
-def test_adaptive_server_two_steps(ray_cluster, tmp_path, name):
+def test_adaptive_server_two_steps(tmp_path, name):
     eta, b1, b2, tau = 0.05, 0.9, 0.99, 1e-2
     x, m, v = W0.copy(), np.zeros(D), np.full(D, tau ** 2)
     for _ in range(2):  # Reddi et al., Alg. 2, by hand
@@ -200,15 +203,15 @@ def scaffold_numpy(rounds, steps, lr, option, server_lr=1.0, clients=CLIENTS,
 
 
 @pytest.mark.parametrize("option", [1, 2])
-def test_scaffold_matches_numpy(ray_cluster, tmp_path, option):
+def test_scaffold_matches_numpy(tmp_path, option):
     got, run_dir = run_job(tmp_path, f"scaffold{option}", rounds=4, lr=0.05,
-                           algorithm={"name": "scaffold", "scaffold_option": option})
+                           algorithm={"name": "scaffold", "scaffold": {"option": option}})
     expected = scaffold_numpy(4, 3, 0.05, option)
     np.testing.assert_allclose(got, expected, atol=ref_atol(expected, rounds=4))
     assert ClientStateStore(f"{run_dir}/client_state").clients() == [0, 1, 2]
 
 
-def test_scaffold_with_zero_control_variates_is_fedavg(ray_cluster, tmp_path):
+def test_scaffold_with_zero_control_variates_is_fedavg(tmp_path):
     """Round 1 starts from c = c_i = 0: SCAFFOLD's step is FedAvg's (uniform mean)."""
     scaf, _ = run_job(tmp_path, "s", rounds=1, algorithm={"name": "scaffold"})
     avg, _ = run_job(tmp_path, "a", rounds=1,
@@ -220,7 +223,7 @@ def test_scaffold_with_zero_control_variates_is_fedavg(ray_cluster, tmp_path):
     np.testing.assert_allclose(avg, expected, atol=ref_atol(expected, rounds=1))
 
 
-def test_scaffold_reaches_the_global_optimum_where_fedavg_drifts(ray_cluster, tmp_path):
+def test_scaffold_reaches_the_global_optimum_where_fedavg_drifts(tmp_path):
     """Heterogeneous quadratics, full participation, K = 10: the fixed point of SCAFFOLD
     is argmin (1/N) sum f_i (closed form); FedAvg's is not."""
     a = sum(data(i)[0].T @ data(i)[0] / len(data(i)[1]) for i in CLIENTS)
@@ -236,7 +239,7 @@ def test_scaffold_reaches_the_global_optimum_where_fedavg_drifts(ray_cluster, tm
 
 # -- Elastic aggregation ------------------------------------------------------------------
 
-def test_elastic_by_hand(ray_cluster, tmp_path):
+def test_elastic_by_hand(tmp_path):
     """Chen et al. Alg. 1 (FedAvgM backbone) on a 3-parameter model, two rounds."""
     tau, mu, share, beta = 0.4, 0.9, 0.3, 0.5
     x, m = W0.copy(), np.zeros(D)
@@ -259,8 +262,8 @@ def test_elastic_by_hand(ray_cluster, tmp_path):
         m = beta * m + update
         x = x + m
     got, _ = run_job(tmp_path, "elastic", rounds=2,
-                     algorithm={"name": "elastic_fedavgm", "elastic_tau": tau,
-                                "elastic_mu": mu, "elastic_holdout": share},
+                     algorithm={"name": "elastic_fedavgm",
+                                "elastic": {"tau": tau, "mu": mu, "holdout": share}},
                      server={"momentum": beta})
     np.testing.assert_allclose(got, x, atol=ref_atol(x, rounds=2))
 
@@ -279,7 +282,7 @@ def expalpha_numpy(rounds, alpha):
     return x
 
 
-def test_expalpha_by_hand_and_its_limits(ray_cluster, tmp_path):
+def test_expalpha_by_hand_and_its_limits(tmp_path):
     # exp(score / alpha) amplifies a risk's rounding by 1 / alpha, but these clients' scores
     # differ by tens (risks of about 10, alpha = 0.2): the softmax puts all the weight on one
     # client, whose rho moves far less than an ulp, so the steps' rounding is all there is
@@ -303,16 +306,21 @@ def test_expalpha_by_hand_and_its_limits(ray_cluster, tmp_path):
 # -- partial sums: the worker count never changes the update --------------------------------
 
 # FedAvg's partial sums across 1, 2 and 4 workers: tests/test_runtime.py; here the
-# aggregators that carry more than a weighted sum (client state, extra sums, log-scales)
-@pytest.mark.parametrize("algorithm", [
-    {"name": "scaffold"}, {"name": "elastic_fedprox"}, {"name": "expalpha"}])
-def test_one_vs_three_workers(ray_cluster, tmp_path, algorithm):
+# aggregators that carry more than a weighted sum (client state, extra sums, log-scales).
+# SCAFFOLD's three workers are Ray's, three processes writing and reading one client state
+# store; the others' are inline (the same merge, bit for bit: tests/test_inline.py)
+@pytest.mark.parametrize("algorithm, backend", [
+    ({"name": "scaffold"}, "ray"), ({"name": "elastic_fedprox"}, "inline"),
+    ({"name": "expalpha"}, "inline")], ids=["scaffold-ray", "elastic_fedprox", "expalpha"])
+def test_one_vs_three_workers(request, tmp_path, algorithm, backend):
+    if backend == "ray":
+        request.getfixturevalue("ray_cluster")
     clients = make_clients(9, seed=5)
     rounds, steps = 3, 3
     run = functools.partial(run_job, tmp_path, rounds=rounds, steps=steps, clients=clients,
                             algorithm=algorithm, per_round=6)
     one, _ = run("w1", workers=1)
-    three, _ = run("w3", workers=3)
+    three, _ = run("w3", workers=3, backend=backend)
     assert np.abs(one - W0).max() > 1e-3  # the model moved
     # the worker count: both sequential, so every client's float32 arithmetic is the same;
     # only the driver's float64 merge of the workers' partial sums is grouped otherwise
@@ -328,7 +336,7 @@ def test_one_vs_three_workers(ray_cluster, tmp_path, algorithm):
                                atol=f32_atol(one, ulps=ULPS_PER_STEP * (steps + 1) * rounds))
 
 
-def test_scaffold_state_only_for_participants(ray_cluster, tmp_path):
+def test_scaffold_state_only_for_participants(tmp_path):
     clients = make_clients(30, seed=2)
     _, run_dir = run_job(tmp_path, "part", rounds=3, clients=clients,
                          algorithm={"name": "scaffold"}, per_round=4)
@@ -340,7 +348,7 @@ def test_scaffold_state_only_for_participants(ray_cluster, tmp_path):
 
 # -- the guard: non-finite or oversized client updates never reach the model ---------------
 
-def test_guard_drops_a_nonfinite_client(ray_cluster, tmp_path):
+def test_guard_drops_a_nonfinite_client(tmp_path):
     """A client whose update has a NaN is left out of every sum, and of the client state,
     but stays in the population (SCAFFOLD's c averages over all N clients)."""
     x, y = make_clients(4)[3]
@@ -362,7 +370,7 @@ def test_guard_drops_a_nonfinite_client(ray_cluster, tmp_path):
         assert summary["dropped_updates"] == 3
 
 
-def test_guard_norm_bound(ray_cluster, tmp_path):
+def test_guard_norm_bound(tmp_path):
     def run(name: str, bound: float | None) -> tuple[np.ndarray, list[int]]:
         w, run_dir = run_job(tmp_path, name, rounds=2, algorithm={"name": "fedavgm"},
                              server={"momentum": 0.9},
@@ -377,7 +385,7 @@ def test_guard_norm_bound(ray_cluster, tmp_path):
     assert np.array_equal(loose, free) and loose_dropped == [0, 0]
 
 
-def test_dropout_and_over_selection_through_the_runtime(ray_cluster, tmp_path):
+def test_dropout_and_over_selection_through_the_runtime(tmp_path):
     """The round's survivors train; the result does not depend on the number of workers."""
     clients = make_clients(12, seed=3)
     extra = {"sampling": {"clients_per_round": 4, "dropout": 0.3, "over_selection": 0.5}}

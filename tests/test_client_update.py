@@ -2,6 +2,7 @@ import torch
 from tolerance import ULPS_PER_STEP, f32_atol
 from torch import nn
 
+from fedray.algorithms.base import LocalTerms
 from fedray.client_update import local_sgd, num_local_steps
 from fedray.replica import FlatModel
 
@@ -77,22 +78,24 @@ def test_steps_per_epoch_batch_size():
 
 
 def test_correction_is_added_to_every_gradient():
-    """SCAFFOLD's step y <- y - lr (g(y) + correction): a constant correction on a model
+    """A linear term (SCAFFOLD's y <- y - lr (g(y) + correction)): a constant one on a model
     whose loss gradient is zero (lr 0 elsewhere) moves it by -steps * lr * correction."""
     m, w, x, y = _setup()
     corr = torch.randn(m.num_params)
     base = _run(m, w, x, y, local_steps=1, batch_size=23).delta.clone()
-    shifted = _run(m, w, x, y, local_steps=1, batch_size=23, correction=corr).delta
+    shifted = _run(m, w, x, y, local_steps=1, batch_size=23,
+                   terms=LocalTerms(linear=corr)).delta
     # each delta y - x is rounded at the size of y: one step, two deltas
     torch.testing.assert_close(shifted[: m.num_params] - base[: m.num_params], -0.1 * corr,
                                rtol=0, atol=f32_atol(w, w + shifted, ulps=2 * ULPS_PER_STEP))
     zero = _run(m, w, x, y, local_steps=1, batch_size=23,
-                correction=torch.zeros(m.num_params)).delta
+                terms=LocalTerms(linear=torch.zeros(m.num_params))).delta
     assert torch.equal(zero, base)
 
 
 def test_full_gradient_and_sensitivity_on_a_linear_model():
-    from fedray.client_update import full_gradient, sensitivity
+    from fedray.algorithms.elastic import sensitivity
+    from fedray.client_update import full_gradient
 
     torch.manual_seed(0)
     m = FlatModel(nn.Linear(3, 1, bias=False))

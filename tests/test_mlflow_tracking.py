@@ -13,6 +13,7 @@ from conftest import tiny_job
 
 import fedray
 from fedray.api import prepare
+from fedray.callbacks import Callback
 from fedray.errors import FedrayError
 from fedray.tensorboard import EVENTS_FILE
 
@@ -27,12 +28,17 @@ def test_missing_mlflow_is_refused_before_anything_starts(tmp_path):
 
 @pytest.fixture
 def fake_mlflow(monkeypatch):
-    calls: dict = {"runs": [], "params": {}, "tags": {}, "metrics": []}
+    calls: dict = {"runs": [], "params": {}, "tags": {}, "metrics": [], "status": []}
 
     @contextlib.contextmanager
-    def start_run(run_name=None):
+    def start_run(run_name=None):  # as MLflow's: FAILED when the block raises
         calls["runs"].append(run_name)
-        yield types.SimpleNamespace(info=types.SimpleNamespace(run_id="r1"))
+        try:
+            yield types.SimpleNamespace(info=types.SimpleNamespace(run_id="r1"))
+        except BaseException:
+            calls["status"].append("FAILED")
+            raise
+        calls["status"].append("FINISHED")
 
     module = types.ModuleType("mlflow")
     module.start_run = start_run
@@ -62,4 +68,21 @@ def test_params_and_every_rounds_metrics_reach_mlflow(ray_cluster, tmp_path, fak
     for (_, logged), m in zip(fake_mlflow["metrics"], result.metrics, strict=True):
         assert logged["train_loss"] == m["train_loss"] and "round" not in logged
     assert logged["test_accuracy"] == result.metrics[-1]["test_accuracy"]
+    assert fake_mlflow["status"] == ["FINISHED"]
     assert not (tmp_path / "run" / EVENTS_FILE).exists()  # output.tensorboard=false
+
+
+class _Fails(Callback):
+    def on_round_end(self, round, metrics, weights):
+        if round == 2:
+            raise RuntimeError("a user's callback fails")
+
+
+def test_a_failed_run_ends_its_mlflow_run_failed(tmp_path, fake_mlflow):
+    """fedray's writers come before the user's callbacks: round 2 is logged before the
+    user's callback fails the run, and the MLflow run ends FAILED."""
+    job = tiny_job(tmp_path, rounds=3, output__mlflow=True, runtime__backend="inline")
+    with pytest.raises(RuntimeError, match="a user's callback fails"):
+        fedray.run(job, callbacks=[_Fails()])
+    assert fake_mlflow["runs"] == ["tiny"] and fake_mlflow["status"] == ["FAILED"]
+    assert [step for step, _ in fake_mlflow["metrics"]] == [1, 2]

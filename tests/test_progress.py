@@ -30,3 +30,19 @@ def test_logs_get_sparse_lines():
         p(_m(r, **({"test_accuracy": 0.1} if r % 50 == 0 else {})))
     lines = out.getvalue().splitlines()
     assert len(lines) == 20 and "\r" not in out.getvalue()
+
+
+def test_a_callback_that_ends_its_line_with_the_run():
+    from fedray.callbacks import Callback
+
+    out = _Tty()
+    p = Progress(2, stream=out)
+    assert isinstance(p, Callback)
+    p.on_round_end(1, _m(1), None)
+    p.on_run_failed(KeyboardInterrupt())  # the error goes on a line of its own
+    assert out.getvalue().startswith("\rround 1/2") and out.getvalue().endswith("\n")
+    out = _Tty()
+    p = Progress(2, stream=out)
+    p.on_round_end(2, _m(2, test_accuracy=0.75), None)
+    p.on_run_end({})
+    assert "acc 0.750" in out.getvalue() and out.getvalue().endswith("\n")

@@ -10,6 +10,7 @@ import torch
 from tolerance import ULPS_PER_STEP, f32_atol
 from torch import nn
 
+from fedray.algorithms.base import LocalTerms
 from fedray.client_update import local_sgd
 from fedray.models import build_model
 from fedray.replica import FlatModel
@@ -44,13 +45,14 @@ def _atol(w0, deltas, steps) -> float:
 def _sequential(model, w0, data, lrs, seeds, **kw):
     deltas, results = [], []
     for (x, y), lr, seed, i in zip(data, lrs, seeds, range(len(data)), strict=True):
-        corr = kw.get("corrections")
+        terms = kw.get("terms", LocalTerms())
+        linear = None if terms.linear is None else terms.linear[i]
         res = local_sgd(model, w0, x, y, lr=lr, seed=seed, delta_out=torch.empty_like(w0),
                         batch_size=kw["batch_size"], local_epochs=kw["local_epochs"],
-                        local_steps=kw["local_steps"], prox_mu=kw.get("prox_mu", 0.0),
+                        local_steps=kw["local_steps"],
+                        terms=LocalTerms(proximal=terms.proximal, linear=linear),
                         full_batch=kw.get("full_batch", False), loss=kw.get("loss",
-                                                                            "cross_entropy"),
-                        correction=None if corr is None else corr[i])
+                                                                            "cross_entropy"))
         deltas.append(res.delta.clone())
         results.append(res)
     return torch.stack(deltas), results
@@ -59,7 +61,8 @@ def _sequential(model, w0, data, lrs, seeds, **kw):
 CASES = {
     "fedavg": {},
     "fedavg-local-steps": {"local_steps": 7, "local_epochs": 1},
-    "fedprox": {"prox_mu": 0.1},
+    "fedprox": {"proximal": 0.1},
+    "feddyn": {"proximal": 0.1, "scaffold": True},  # both terms at once
     "fedsgd": {"full_batch": True},
     "scaffold": {"scaffold": True},
 }
@@ -89,11 +92,14 @@ def test_each_client_gets_its_sequential_update(name, path, case):
     seeds = [11, 12, 13, 14, 15]
     opts = dict(CASES[case])
     scaffold = opts.pop("scaffold", False)
-    kw = {"batch_size": 4, "local_epochs": 2, "local_steps": None, **opts}
+    proximal = opts.pop("proximal", 0.0)
+    linear = None
     if scaffold:  # |c - c_i| of a realistic size: a large one makes SGD diverge, and then
         # float rounding differences grow without bound in any implementation
-        kw["corrections"] = 1e-3 * torch.randn(len(sizes), model.num_params,
-                                               generator=torch.Generator().manual_seed(3))
+        linear = 1e-3 * torch.randn(len(sizes), model.num_params,
+                                    generator=torch.Generator().manual_seed(3))
+    kw = {"batch_size": 4, "local_epochs": 2, "local_steps": None,
+          "terms": LocalTerms(proximal=proximal, linear=linear), **opts}
     expected, results = _sequential(model, w0, data, lrs, seeds, **kw)
     got = vmap_local_sgd(model, w0, data, lrs=lrs, seeds=seeds, **PATH_OPTIONS[path], **kw)
     assert got.path == path

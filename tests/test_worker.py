@@ -9,8 +9,11 @@ import pytest
 import torch
 from tolerance import ULPS_PER_STEP, f32_atol
 
+from fedray.algorithms.registry import resolve
+from fedray.config import ServerConfig
+from fedray.messages import Broadcast, RoundTask
 from fedray.models import build_model
-from fedray.worker import ClientWorker, WorkerSpec
+from fedray.worker import ClientWorker, LocalTraining, WorkerResources, WorkerSpec
 
 SHAPE, CLASSES = (1, 6, 6), 5
 
@@ -35,28 +38,37 @@ class _Clients:
                 g.integers(0, CLASSES, n).astype(np.int64))
 
 
-CASES = {  # client update, aggregator, extra spec
+CASES = {  # client part, aggregator, their sections and training keys
     "fedavg": ("local_sgd", "proportional", {}),
     "fedavg-uniform-local-steps": ("local_sgd", "uniform", {"local_steps": 5}),
-    "fedprox": ("fedprox", "proportional", {"prox_mu": 0.1}),
+    "fedprox": ("fedprox", "proportional", {"fedprox": {"mu": 0.1}}),
     "fedsgd": ("fedsgd", "proportional", {}),
-    "scaffold-option-1": ("scaffold", "scaffold", {"scaffold_option": 1}),
-    "scaffold-option-2": ("scaffold", "scaffold", {"scaffold_option": 2}),
+    "scaffold-option-1": ("scaffold", "scaffold", {"scaffold": {"option": 1}}),
+    "scaffold-option-2": ("scaffold", "scaffold", {"scaffold": {"option": 2}}),
     "elastic": ("local_sgd", "elastic", {}),
-    "expalpha": ("local_sgd", "expalpha", {"alpha": 0.5}),
+    "expalpha": ("local_sgd", "expalpha", {"expalpha": {"alpha": 0.5}}),
     # the update norms nearest the bound are 2% from it: rounding never decides a drop
     "guard": ("local_sgd", "proportional", {"max_update_norm": 1.0}),
+    # FedDyn: a proximal pull and a linear term at once, and per-client state
+    "feddyn": ("feddyn", "feddyn", {"feddyn": {"alpha": 0.05}}),
+    "fednova": ("local_sgd", "fednova", {}),
 }
+TRAINING_KEYS = ("local_steps", "max_update_norm")
 
 
 def _worker(tmp_path, name, model, client, aggregator, extra, vectorize):
     torch.manual_seed(0)
-    kw = {"local_steps": None, **extra}
+    sections = {k: v for k, v in extra.items() if k not in TRAINING_KEYS}
+    parts = resolve({"name": "fedavg", "client": client, "aggregator": aggregator, **sections},
+                    ServerConfig())
+    training = LocalTraining(lr=0.1, batch_size=4, local_epochs=2, eval_batch_size=8,
+                             local_steps=extra.get("local_steps"),
+                             max_update_norm=extra.get("max_update_norm"))
     spec = WorkerSpec(make_model=functools.partial(build_model, model, SHAPE, CLASSES),
-                      source=_Clients(), seed=7, lr=0.1, batch_size=4, local_epochs=2,
-                      eval_batch_size=8, num_cpus=1, cache_mb=0, client=client,
-                      aggregator=aggregator, state_url=str(tmp_path / f"{name}-{vectorize}"),
-                      vectorize=vectorize, **kw)
+                      source=_Clients(), seed=7, training=training,
+                      resources=WorkerResources(num_cpus=1, cache_mb=0, vectorize=vectorize),
+                      client=parts.client, aggregator=parts.aggregator,
+                      state_url=str(tmp_path / f"{name}-{vectorize}"))
     w = ClientWorker(spec)
     if vectorize:
         w.group = 4  # groups of about 4: the 9 clients train as 5 + 4
@@ -66,6 +78,17 @@ def _worker(tmp_path, name, model, client, aggregator, extra, vectorize):
 
 BATCH, EPOCHS, LR, ALPHA = 4, 2, 0.1, 0.5  # _worker's spec
 STEPS = [EPOCHS * math.ceil(n / BATCH) for n in _Clients.SIZES]  # local steps per client
+
+
+def _flat(result) -> dict:
+    """A worker's RoundResult as one dict: the partial sum's fields, its one extra sum (or
+    None) and the round's statistics."""
+    part = result.partial
+    extras = list(part.extras.values())
+    return {"sum": part.sum, "weight": part.weight, "log_scale": part.log_scale,
+            "extra": extras[0] if extras else None,
+            **{k: getattr(result, k) for k in ("clients", "examples", "examples_seen",
+                                               "dropped", "updates", "stored", "loss_sum")}}
 
 
 def _sums_atol(weights, part: dict) -> float:
@@ -80,7 +103,8 @@ def _sums_atol(weights, part: dict) -> float:
 def _risk_scale(worker, weights) -> float:
     """The largest client risk F_k at the round's global model (Exp-alpha's scores)."""
     src = _Clients()
-    return max(worker._risk(torch.from_numpy(weights), *map(torch.from_numpy, src.client(c)))
+    return max(worker.env.risk(torch.from_numpy(weights),
+                               *map(torch.from_numpy, src.client(c)))
                for c in range(src.population))
 
 
@@ -88,9 +112,10 @@ def _rounds(worker, weights):
     """Two rounds; the second reads the state the first stored."""
     c = np.full(worker.model.num_params, 1e-3, np.float32)
     ids = [0, 1, 2, 3, 4, 5, 6, 7, 8]
-    first = worker.train({"weights": weights, "c": c}, 1, ids, [0] * len(ids))
+    first = _flat(worker.train(Broadcast(weights, {"c": c}), RoundTask(1, ids, [0] * len(ids))))
     versions = [1 if cid in first["stored"] else 0 for cid in ids]
-    second = worker.train({"weights": 0.9 * weights, "c": -c}, 2, ids[::-1], versions[::-1])
+    second = _flat(worker.train(Broadcast(0.9 * weights, {"c": -c}),
+                                RoundTask(2, ids[::-1], versions[::-1])))
     return first, second
 
 
@@ -135,7 +160,10 @@ def test_vectorized_worker_equals_sequential(tmp_path, monkeypatch, case, model)
             assert (b["weight"], b["log_scale"]) == (a["weight"], a["log_scale"])
         if a["extra"] is None:
             assert b["extra"] is None
-        elif aggregator == "scaffold" and extra["scaffold_option"] == 2:
+        elif aggregator == "fednova":
+            # sum_k |D_k| ||a_k||_1: step counts, the same either way
+            np.testing.assert_array_equal(b["extra"], a["extra"])
+        elif aggregator == "scaffold" and extra["scaffold"]["option"] == 2:
             # c_i+ = c_i - c + (x - y_i) / (K_i lr): the deltas' rounding, / (K_i lr) each
             assert np.abs(a["extra"]).max() > 0
             per_delta = _sums_atol(w, a) / a["weight"]
@@ -152,8 +180,8 @@ def test_vectorized_worker_equals_sequential(tmp_path, monkeypatch, case, model)
         assert steps and set(steps) == {"sums"}
     if case == "guard":
         assert 0 < a["dropped"] < a["clients"]
-    if aggregator == "scaffold":
-        assert a["stored"]  # round 2 trained from the c_i round 1 stored
+    if aggregator in ("scaffold", "feddyn"):
+        assert a["stored"]  # round 2 trained from the c_i (g_i) round 1 stored
 
 
 def test_a_cnn_trains_vectorized_when_asked(tmp_path):

@@ -54,15 +54,15 @@ class MemorySource:
 
     All clients are concatenated into one array pair that goes into Ray's object store once;
     every worker on a node maps the same shared-memory copy, so reading a client is a slice.
+    ``in_process`` (runtime.backend=inline, no Ray): the pair is kept in this object.
     """
 
     cacheable = False
     has_client_test = False
 
     def __init__(self, client_data: Mapping[Any, tuple[Any, Any]],
-                 test_data: tuple[Any, Any] | None = None):
-        import ray
-
+                 test_data: tuple[Any, Any] | None = None, in_process: bool = False):
+        self.in_process = in_process
         if not client_data:
             raise FedrayError("client_data is empty: give at least one client")
         xs, ys, sizes = [], [], []
@@ -87,7 +87,7 @@ class MemorySource:
             if tx.shape[1:] != self.input_shape:
                 raise FedrayError(f"test_data: examples of shape {tx.shape[1:]}, clients have "
                                   f"{self.input_shape}")
-            self._test = ray.put((tx, ty))
+            self._test = self._put((tx, ty))
             labels = np.concatenate([labels, ty])
         if labels.dtype.kind == "f":  # regression targets: one output per example
             labels = labels.astype(np.float32)
@@ -97,8 +97,22 @@ class MemorySource:
                 raise FedrayError("client_data: labels must be >= 0")
             self.num_classes = int(labels.max()) + 1
         self.population = len(sizes)
-        self._data = ray.put((np.concatenate(xs), labels[: self._offsets[-1]]))
+        self._data = self._put((np.concatenate(xs), labels[: self._offsets[-1]]))
         self._arrays: Arrays | None = None
+
+    def _put(self, arrays: Arrays) -> Any:
+        if self.in_process:
+            return arrays
+        import ray
+
+        return ray.put(arrays)
+
+    def _get(self, ref: Any) -> Arrays:
+        if self.in_process:
+            return ref
+        import ray
+
+        return ray.get(ref)
 
     def train_sizes(self) -> np.ndarray:
         return self._sizes
@@ -110,18 +124,14 @@ class MemorySource:
         if split != "train":
             raise FedrayError("in-memory client_data has no per-client test split")
         if self._arrays is None:
-            import ray
-
-            self._arrays = ray.get(self._data)
+            self._arrays = self._get(self._data)
         a, b = self._offsets[cid], self._offsets[cid + 1]
         return self._arrays[0][a:b], self._arrays[1][a:b]
 
     def central_test(self) -> Arrays | None:
         if self._test is None:
             return None
-        import ray
-
-        return ray.get(self._test)
+        return self._get(self._test)
 
     def __getstate__(self) -> dict:
         state = dict(self.__dict__)
@@ -134,7 +144,8 @@ def build_source(cfg: Any, client_data: Mapping | None = None,
                  test_data: tuple | None = None, manifest: dict | None = None) -> ClientSource:
     """The source a config names ('synthetic' or a store URL), or in-memory client data."""
     if client_data is not None:
-        return MemorySource(client_data, test_data)
+        return MemorySource(client_data, test_data,
+                            in_process=cfg.runtime.get("backend") == "inline")
     if cfg.data.partition != "synthetic":
         from fedray.store import StoreSource
 

@@ -18,6 +18,7 @@ import math
 
 import torch
 
+from fedray.algorithms.registry import register
 from fedray.errors import key_error
 
 StateDict = dict[str, torch.Tensor | float | int]
@@ -49,6 +50,13 @@ class ServerOptimizer:
 
     name: str = ""
     buffers: tuple[str, ...] = ()
+    section: str | None = None  # a user's optimizer may read algorithm.<section> (Params)
+    Params: type | None = None
+
+    @classmethod
+    def from_config(cls, server, params=None) -> ServerOptimizer:
+        """Built from the job's ``server`` section (and its own ``Params``, if it has any)."""
+        raise NotImplementedError(f"{cls.__name__} must define from_config(server, params)")
 
     def __init__(self) -> None:
         self.steps = 0
@@ -110,10 +118,15 @@ class ServerOptimizer:
         return f"{type(self).__name__}({hp})"
 
 
+@register
 class ServerSGD(ServerOptimizer):
     """x <- x + lr * delta (FedAvg when lr = 1). No state besides the step count."""
 
     name = "sgd"
+
+    @classmethod
+    def from_config(cls, server, params=None) -> ServerSGD:
+        return cls(server.lr)
 
     def __init__(self, lr: float):
         super().__init__()
@@ -123,6 +136,7 @@ class ServerSGD(ServerOptimizer):
         return self.lr * delta
 
 
+@register
 class ServerMomentum(ServerOptimizer):
     """FedAvgM (Hsu et al. 2019): m <- beta * m + delta; x <- x + lr * m, with m_0 = 0.
 
@@ -131,6 +145,10 @@ class ServerMomentum(ServerOptimizer):
 
     name = "momentum"
     buffers = ("m",)
+
+    @classmethod
+    def from_config(cls, server, params=None) -> ServerMomentum:
+        return cls(server.lr, server.momentum, nesterov=cls.name == "nesterov")
 
     def __init__(self, lr: float, momentum: float, nesterov: bool = False):
         super().__init__()
@@ -185,7 +203,12 @@ class _DecayingSecondMoment(_Adaptive):
         super().__init__(lr, beta1, tau)
         self.beta2 = _unit("beta2", beta2)
 
+    @classmethod
+    def from_config(cls, server, params=None) -> _DecayingSecondMoment:
+        return cls(server.lr, beta1=server.beta1, beta2=server.beta2, tau=server.tau)
 
+
+@register
 class ServerAdam(_DecayingSecondMoment):
     """FedAdam: v_t = beta2 * v_{t-1} + (1 - beta2) * delta_t^2."""
 
@@ -195,6 +218,7 @@ class ServerAdam(_DecayingSecondMoment):
         return self.beta2 * v + (1 - self.beta2) * sq
 
 
+@register
 class ServerYogi(_DecayingSecondMoment):
     """FedYogi: v_t = v_{t-1} - (1 - beta2) * delta_t^2 * sign(v_{t-1} - delta_t^2)."""
 
@@ -204,6 +228,7 @@ class ServerYogi(_DecayingSecondMoment):
         return v - (1 - self.beta2) * sq * torch.sign(v - sq)
 
 
+@register
 class ServerAdagrad(_Adaptive):
     """FedAdagrad: v_t = v_{t-1} + delta_t^2.
 
@@ -215,33 +240,32 @@ class ServerAdagrad(_Adaptive):
     def __init__(self, lr: float, beta1: float = 0.0, tau: float = 1e-3):
         super().__init__(lr, beta1, tau)
 
+    @classmethod
+    def from_config(cls, server, params=None) -> ServerAdagrad:
+        return cls(server.lr, beta1=server.beta1, tau=server.tau)
+
     def _second_moment(self, v: torch.Tensor, sq: torch.Tensor) -> torch.Tensor:
         return v + sq
 
 
-SERVER_OPTIMIZERS: dict[str, type[ServerOptimizer]] = {
-    "sgd": ServerSGD,
-    "momentum": ServerMomentum,
-    "nesterov": ServerMomentum,
-    "adam": ServerAdam,
-    "yogi": ServerYogi,
-    "adagrad": ServerAdagrad,
-}
+@register
+class ServerNesterov(ServerMomentum):
+    """Nesterov momentum: ServerMomentum with nesterov=True."""
+
+    name = "nesterov"
 
 
 def build_server_optimizer(name: str, lr: float, momentum: float = 0.9, beta1: float = 0.9,
                            beta2: float = 0.99, tau: float = 1e-3) -> ServerOptimizer:
-    """The optimizer `algorithm.server_opt=name`, given only the hyper-parameters it uses.
+    """The registered optimizer ``name`` from explicit hyper-parameters (as the ``server``
+    section gives them); values it does not use are not checked."""
+    from types import SimpleNamespace
 
-    Values it does not use are not checked, so e.g. `server.tau` may stay unset for SGD."""
-    if not isinstance(name, str) or name not in SERVER_OPTIMIZERS:
-        raise key_error("algorithm.server_opt", f"must be one of: {', '.join(SERVER_OPTIMIZERS)}",
-                        name)
-    lr = _positive("lr", lr)
-    if name == "sgd":
-        return ServerSGD(lr)
-    if name in ("momentum", "nesterov"):
-        return ServerMomentum(lr, momentum, nesterov=name == "nesterov")
-    if name == "adagrad":
-        return ServerAdagrad(lr, beta1=beta1, tau=tau)
-    return SERVER_OPTIMIZERS[name](lr, beta1=beta1, beta2=beta2, tau=tau)
+    from fedray.algorithms.registry import lookup
+
+    cls = lookup("server_opt", name, "algorithm.server_opt") if isinstance(name, str) else None
+    if cls is None:
+        raise key_error("algorithm.server_opt", "must be a registered name", name)
+    _positive("lr", lr)
+    return cls.from_config(SimpleNamespace(lr=lr, momentum=momentum, beta1=beta1, beta2=beta2,
+                                           tau=tau))

@@ -1,0 +1,289 @@
+"""The public algorithm API: an algorithm is a client part, an aggregator and a server optimizer.
+
+fedray's runtime (fedray/runtime/) knows no algorithm. It samples clients, ships one
+broadcast per round, trains each worker's clients on one model replica (one after another,
+or vectorized in groups), folds them into one partial sum per worker, merges the partials on
+the driver and applies the server optimizer. What an algorithm adds is said through three
+small classes, each family of algorithms in one module of this package, and a user's in
+their own file (docs/algorithms.md, "Write your own algorithm"):
+
+``ClientWork``  what a client does from the global model: the extra terms of its local
+                objective (``LocalTerms``: a proximal pull, a linear correction), the
+                per-client state it keeps in the client state store (``state``), and what it
+                adds to the partial sum after training (``finish``).
+``Aggregator``  aggregation as an associative reduction: what each client contributes to its
+                worker's ``PartialSum`` (``accumulate``), and, on the driver, the finishing
+                step that turns the merged sum into the round's update (``finish``), with
+                the aggregator's own server-side state (``state``), part of which it may
+                broadcast to the clients each round (``broadcast``).
+``ServerOptimizer`` (fedray.algorithms.server_opt) SERVEROPT: the next global model from the
+                round's update, with ``state_dict`` / ``load_state_dict``.
+
+Hyper-parameters are a dataclass per part (``Params``), read from ``algorithm.<section>`` of a
+job and checked by the part (``check``), so a user's part gets the same one-line errors as a
+built-in one. Parts are named in a job by a registered name or an import path
+(``my_algos:FedDynClient``); fedray.algorithms.registry resolves both.
+
+Why this split: it is what the seeds compose (Elastic aggregation with FedAvgM or FedProx,
+Exp-alpha with FedAvgM, SCAFFOLD's client and server halves), and each piece maps onto one
+place in the data path, so the runtime keeps its speed: the terms feed the sequential, the
+torch.func and the closed-form kernels alike; contributions are summed on the worker; only
+the finishing step runs once per round on the driver.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+import torch
+
+from fedray.algorithms.reduction import PartialSum
+
+__all__ = ["Aggregator", "ClientContext", "ClientWork", "LocalTerms", "LocalUpdate",
+           "ParamError", "PartialSum", "WorkerEnv", "require"]
+
+
+class ParamError(ValueError):
+    """A hyper-parameter a part rejects: ``key`` is the field's name in the part's
+    ``Params``; the runtime reports it as ``config key 'algorithm.<section>.<key>'``."""
+
+    def __init__(self, key: str, rule: str, value: Any):
+        super().__init__(f"{key}: {rule}, got {value!r}")
+        self.key, self.rule, self.value = key, rule, value
+
+
+def require(ok: bool, key: str, rule: str, value: Any) -> None:
+    """For a part's ``check``: raise ``ParamError`` unless ``ok``."""
+    if not ok:
+        raise ParamError(key, rule, value)
+
+
+@dataclass(frozen=True)
+class LocalTerms:
+    """The terms a client's local objective adds to its training loss f_k, as they enter the
+    gradient of every local step: ``grad f_k(w) + linear + proximal (w - x)``, x the global
+    model. FedProx is ``proximal`` > 0; SCAFFOLD's correction c - c_i is ``linear``; FedDyn
+    is both. Every kernel (one client after another, torch.func's vmap, the closed-form
+    chain step) consumes this one description, through the two methods below."""
+
+    proximal: float = 0.0
+    linear: torch.Tensor | None = None  # flat, one value per parameter (or None: no term)
+
+    def add_to_(self, grad: torch.Tensor, w: torch.Tensor, anchor: torch.Tensor,
+                linear: torch.Tensor | None) -> None:
+        """grad += linear + proximal (w - anchor), for one parameter (or a stack of them):
+        ``linear`` is this parameter's slice of ``self.linear`` (stacked alike)."""
+        if linear is not None:
+            grad.add_(linear)
+        if self.proximal:
+            grad.add_(w - anchor, alpha=self.proximal)
+
+    def gradient(self, w: torch.Tensor, anchor: torch.Tensor,
+                 linear: torch.Tensor | None) -> torch.Tensor | None:
+        """linear + proximal (w - anchor), or None when there is no term. Without a proximal
+        term it is ``linear`` itself (not a copy): read it, do not modify it."""
+        if not self.proximal:
+            return linear
+        if linear is None:
+            return (w - anchor).mul_(self.proximal)
+        out = linear.expand_as(w).clone()
+        out.add_(w - anchor, alpha=self.proximal)
+        return out
+
+    @property
+    def empty(self) -> bool:
+        return self.linear is None and not self.proximal
+
+
+NO_TERMS = LocalTerms()  # plain local SGD
+
+
+@dataclass
+class LocalUpdate:
+    """What local training returns for one client."""
+
+    delta: torch.Tensor  # y - x, flat; may be a view of a buffer reused for the next client
+    num_examples: int  # training examples the client has
+    loss_sum: float  # sum over local steps of (mean batch loss * batch size)
+    examples_seen: int
+    steps: int  # local steps taken
+    in_replica: bool = False  # the trained weights were left in the worker's replica ...
+    replica_mark: int = -1  # ... at its ``loads`` count then (see WorkerEnv.trained_weights)
+
+
+@dataclass
+class WorkerEnv:
+    """What the parts see of their worker: built once per worker (``setup``), updated with
+    each round's broadcast."""
+
+    model: Any  # fedray.replica.FlatModel: the worker's replica
+    device: torch.device
+    lr: float  # client.lr
+    loss: str  # model.loss
+    eval_batch_size: int
+    batch_size_for: Callable[[int], int]  # the batch size a client of n examples trains with
+    training: Any = None  # fedray.worker.LocalTraining: lr, batch size, local epochs/steps,
+    # the loss -- what a part's own train() needs to honour the job's client section
+    global_weights: torch.Tensor | None = None  # this round's broadcast model (flat)
+    broadcast: dict[str, torch.Tensor] = field(default_factory=dict)  # Aggregator.broadcast
+
+    @property
+    def num_params(self) -> int:
+        return self.model.num_params
+
+    def trained_weights(self, update: LocalUpdate) -> torch.Tensor:
+        """The client's trained weights, in the replica (a view of it): as training left
+        them there if nothing has been loaded since (another part's measurement at the
+        global model, say), else rebuilt as x + delta."""
+        if not (update.in_replica and self.model.loads == update.replica_mark):
+            p = self.num_params
+            self.model.load_(torch.add(self.global_weights[:p], update.delta))
+            update.in_replica, update.replica_mark = True, self.model.loads
+        return self.model.flat
+
+    def risk(self, weights: torch.Tensor, x: torch.Tensor, y: torch.Tensor) -> float:
+        """The mean loss of ``weights`` on (x, y), in eval mode."""
+        from fedray.evaluation import evaluate
+
+        self.model.load_(weights)
+        s = evaluate(self.model.module, x, y, self.eval_batch_size, self.device, self.loss)
+        return s["loss_sum"] / max(1, s["count"])
+
+
+@dataclass
+class ClientContext:
+    """One client in one round, as the parts see it on the worker. ``x``, ``y`` and
+    ``batch_size`` are what it trains on (an aggregator's ``prepare`` may hold examples out);
+    ``state`` is its per-client state as of the round (None: it has none yet); ``scratch``
+    carries whatever a part computes before training and needs after it."""
+
+    cid: int
+    round: int
+    seed: int  # the client's seed for this round, from (seed, round, client id)
+    x: torch.Tensor
+    y: torch.Tensor
+    batch_size: int
+    version: int = 0  # the version of its stored state (0: none yet)
+    state: dict[str, torch.Tensor] | None = None
+    terms: LocalTerms = NO_TERMS
+    scratch: dict[str, Any] = field(default_factory=dict)
+
+
+class Part:
+    """What client parts, aggregators and server optimizers share: a registered ``name``,
+    typed hyper-parameters (``Params``, a dataclass, read from ``algorithm.<section>``) and a
+    check of them."""
+
+    name: ClassVar[str] = ""
+    section: ClassVar[str | None] = None  # the config section of its Params
+    Params: ClassVar[type | None] = None
+
+    def __init__(self, params: Any = None):
+        if params is None and self.Params is not None:
+            params = self.Params()
+        self.params = params
+        if params is not None:
+            self.check(params)
+
+    def check(self, params: Any) -> None:
+        """Raise ``ParamError`` (``require``) for a value the part cannot work with."""
+
+    def describe(self) -> dict[str, Any]:
+        """Its hyper-parameters, as recorded in config.yaml."""
+        return dataclasses.asdict(self.params) if self.params is not None else {}
+
+    def setup(self, env: WorkerEnv) -> None:
+        """On each worker, once: allocate buffers the size of the model, say."""
+
+
+class ClientWork(Part):
+    """What a client does with the global model x in a round.
+
+    Override ``terms`` to add terms to the local objective (the runtime's kernels then train
+    the client, vectorized where the model allows); override ``train`` instead for local
+    work the terms cannot say (the client then trains one after another, and the run says
+    so once). ``finish`` runs after the client's contribution is in the partial sum; what it
+    returns becomes the client's state (``state`` names its tensors)."""
+
+    state: ClassVar[tuple[str, ...]] = ()  # per-client state tensors, in the state store
+    full_batch: ClassVar[bool] = False  # one step on all of the client's data (FedSGD)
+    uses_broadcast: ClassVar[tuple[str, ...]] = ()  # Aggregator.broadcast keys it reads
+    extras: ClassVar[dict[str, str]] = {}  # extra sums it adds: name -> "params" (one value
+    # per model parameter) -- see Aggregator.extras
+
+    def terms(self, env: WorkerEnv, ctx: ClientContext) -> LocalTerms:
+        return LocalTerms()
+
+    train: Callable[[WorkerEnv, ClientContext], LocalUpdate] | None = None
+
+    def finish(self, env: WorkerEnv, ctx: ClientContext, update: LocalUpdate,
+               acc: PartialSum) -> dict[str, torch.Tensor] | None:
+        """After the client is folded in (not for a dropped update): its new state, if any."""
+        return None
+
+
+class Aggregator(Part):
+    """The round's reduction: each client's contribution to its worker's partial sum, and
+    the driver's finishing step with the aggregator's server-side state.
+
+    A PartialSum is sum_k w_k v_k with sum_k w_k (log-scaled, for softmax weights) plus
+    named extra sums (``extras``: name -> "params" for one value per model parameter, or an
+    int length); merging two is associative, so any split of clients over workers gives the
+    same result up to float64 rounding."""
+
+    extras: ClassVar[dict[str, str | int]] = {}  # extra sums it adds itself
+    requires_extras: ClassVar[tuple[str, ...]] = ()  # extra sums a client part must add
+    provides: ClassVar[tuple[str, ...]] = ()  # the keys of its broadcast
+    population: int = 1
+
+    # -- on the workers -------------------------------------------------------------------
+
+    def prepare(self, env: WorkerEnv, ctx: ClientContext) -> None:
+        """Before the client trains, e.g. hold out examples to measure on."""
+
+    def weight(self, update: LocalUpdate) -> float:
+        """A client's weight in the mean: its example count (the default)."""
+        return float(update.num_examples)
+
+    def accumulate(self, env: WorkerEnv, ctx: ClientContext, update: LocalUpdate,
+                   acc: PartialSum) -> None:
+        """Fold one trained client into the partial sum (it has examples, and the guard
+        admitted its update)."""
+        acc.add(update.delta, self.weight(update))
+
+    # -- on the driver --------------------------------------------------------------------
+
+    def init_server(self, num_params: int, population: int) -> None:
+        """Once, on the driver: size the server-side state."""
+        self.population = population
+        self.state: dict[str, torch.Tensor] = {}
+
+    def broadcast(self) -> dict[str, torch.Tensor]:
+        """What the clients read of the server state each round (e.g. SCAFFOLD's c)."""
+        return {}
+
+    def finish(self, acc: PartialSum) -> torch.Tensor:
+        """The round's update (float64) from the merged partial sum; may update ``state``."""
+        return acc.mean()
+
+    def state_dict(self) -> dict[str, torch.Tensor]:
+        return {k: v.clone() for k, v in getattr(self, "state", {}).items()}
+
+    def load_state_dict(self, state: dict[str, torch.Tensor]) -> None:
+        own = getattr(self, "state", {})
+        missing = set(own) - set(state)
+        if missing:
+            raise ValueError(f"aggregator {self.name}: state lacks {sorted(missing)}")
+        self.state = {k: state[k].clone() for k in own}
+
+
+def extra_sizes(parts: tuple[Part, ...], num_params: int) -> dict[str, int]:
+    """The extra sums the parts add to a partial sum, with their lengths."""
+    out: dict[str, int] = {}
+    for part in parts:
+        for k, v in getattr(part, "extras", {}).items():
+            out[k] = num_params if v == "params" else int(v)
+    return out

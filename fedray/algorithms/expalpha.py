@@ -1,0 +1,55 @@
+"""Exp-alpha aggregation (seed 003): clients weighted by how much their training helped them.
+
+Each client measures its training risk F_k (mean loss on its own training data, eval mode)
+before and after its local update; its weight is rho_k proportional to
+exp((F_k(after) - F_k(before)) / alpha) over the round's clients -- a softmax, which the
+partial sum keeps log-scaled (fedray.algorithms.reduction), so a small temperature alpha
+cannot overflow.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from fedray.algorithms.base import (
+    Aggregator,
+    ClientContext,
+    LocalUpdate,
+    PartialSum,
+    WorkerEnv,
+    require,
+)
+from fedray.algorithms.registry import register, register_preset
+
+
+@dataclass
+class ExpAlphaParams:
+    alpha: float = 0.2  # the temperature
+
+
+def expalpha_log_weight(risk_before: float, risk_after: float, alpha: float) -> float:
+    """log rho_k up to the round's normaliser: (F_k(W_k^{T+E}) - F_k(W^T)) / alpha."""
+    return (risk_after - risk_before) / alpha
+
+
+@register
+class ExpAlphaAggregator(Aggregator):
+    name = "expalpha"
+    section = "expalpha"
+    Params = ExpAlphaParams
+
+    def check(self, params: ExpAlphaParams) -> None:
+        require(params.alpha > 0, "alpha", "must be > 0", params.alpha)
+
+    def weight(self, update: LocalUpdate) -> float:
+        return 1.0
+
+    def accumulate(self, env: WorkerEnv, ctx: ClientContext, update: LocalUpdate,
+                   acc: PartialSum) -> None:
+        after = env.risk(env.trained_weights(update), ctx.x, ctx.y)
+        before = env.risk(env.global_weights, ctx.x, ctx.y)
+        acc.add(update.delta, 1.0, expalpha_log_weight(before, after, self.params.alpha))
+
+
+register_preset("expalpha", "local_sgd", "expalpha", "sgd")
+register_preset("expalpha_fedavgm", "local_sgd", "expalpha", "momentum")

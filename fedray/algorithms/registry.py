@@ -1,0 +1,326 @@
+"""Naming parts: registered names, import paths, presets and the ``algorithm`` config section.
+
+A job names an algorithm by a preset (``algorithm.name``) and may replace any of its parts:
+
+    algorithm:
+      name: fedprox              # a preset: client fedprox, aggregator proportional, server sgd
+      server_opt: momentum       # ... with server momentum instead
+      fedprox: {mu: 0.01}        # the hyper-parameters of a part, under its section
+
+Each part is a registered name (every module of this package registers its family's parts
+and presets when it is imported) or an import path ``module:Class``, where module is a
+dotted module name importable from the working directory or a ``.py`` file's path. A user's
+part in their own file therefore runs exactly like a built-in one; its module is shipped to
+the Ray workers by value (Ray's cloudpickle), so nothing needs installing on them.
+
+This module imports no torch: the families are imported only when a job is resolved.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import os
+import pkgutil
+import sys
+from dataclasses import dataclass
+from typing import Any
+
+from fedray.errors import ConfigError, key_error
+
+KINDS = ("client", "aggregator", "server_opt")
+_BASES = {"client": "ClientWork", "aggregator": "Aggregator", "server_opt": "ServerOptimizer"}
+_REGISTRY: dict[str, dict[str, type]] = {k: {} for k in KINDS}
+_INTERNAL = {"base", "registry", "reduction", "terms"}
+
+
+@dataclass(frozen=True)
+class Algorithm:
+    """A preset: its parts by registered name or import path."""
+
+    client: str
+    aggregator: str
+    server_opt: str = "sgd"
+
+
+PRESETS: dict[str, Algorithm] = {}
+
+# the flat keys of fedray <= 0.x, before parts had sections: old jobs and old runs' config.yaml
+LEGACY_KEYS = {"prox_mu": ("fedprox", "mu"), "scaffold_option": ("scaffold", "option"),
+               "elastic_tau": ("elastic", "tau"), "elastic_mu": ("elastic", "mu"),
+               "elastic_holdout": ("elastic", "holdout"), "alpha": ("expalpha", "alpha")}
+PART_KEYS = ("name", *KINDS)
+
+
+def _kind_of(cls: type) -> str:
+    from fedray.algorithms.base import Aggregator, ClientWork
+    from fedray.algorithms.server_opt import ServerOptimizer
+
+    for kind, base in (("client", ClientWork), ("aggregator", Aggregator),
+                       ("server_opt", ServerOptimizer)):
+        if isinstance(cls, type) and issubclass(cls, base):
+            return kind
+    raise TypeError(f"{cls!r} is not a ClientWork, Aggregator or ServerOptimizer subclass")
+
+
+def register(cls: type) -> type:
+    """Class decorator: name a part in jobs by its ``name`` attribute."""
+    kind = _kind_of(cls)
+    if not cls.name:
+        raise ValueError(f"{cls.__qualname__} needs a name to be registered")
+    _REGISTRY[kind][cls.name] = cls
+    return cls
+
+
+def register_preset(name: str, client: str, aggregator: str, server_opt: str = "sgd") -> None:
+    """A preset ``algorithm.name`` can select."""
+    PRESETS[name] = Algorithm(client, aggregator, server_opt)
+
+
+_loaded = False
+
+
+def load_builtins() -> None:
+    """Import every family module of this package: each registers its parts and presets."""
+    global _loaded
+    if _loaded:
+        return
+    import fedray.algorithms as package
+
+    for info in sorted(pkgutil.iter_modules(package.__path__),
+                       key=lambda m: (m.name != "fedavg", m.name)):  # its presets first
+        if info.name not in _INTERNAL:
+            importlib.import_module(f"{package.__name__}.{info.name}")
+    _loaded = True
+
+
+def registered(kind: str) -> dict[str, type]:
+    load_builtins()
+    return dict(_REGISTRY[kind])
+
+
+def is_import_path(ref: str) -> bool:
+    return ":" in ref
+
+
+def import_object(ref: str, key: str) -> Any:
+    """``module:attr`` (a dotted module importable from the working directory, or a .py
+    file's path) -> the object; one line naming ``key`` when it cannot be found."""
+    module_name, _, attr = ref.rpartition(":")
+    if not module_name or not attr:
+        raise key_error(key, "an import path must be module:Name", ref)
+    try:
+        if module_name.endswith(".py") or os.sep in module_name:
+            path = os.path.abspath(module_name)
+            if not os.path.isfile(path):
+                raise key_error(key, f"no such file: {path}", ref)
+            name = "fedray_user_" + os.path.splitext(os.path.basename(path))[0]
+            module = sys.modules.get(name)
+            if module is None or getattr(module, "__file__", None) != path:
+                spec = importlib.util.spec_from_file_location(name, path)
+                module = importlib.util.module_from_spec(spec)
+                sys.modules[name] = module
+                spec.loader.exec_module(module)
+        else:
+            if os.getcwd() not in sys.path and "" not in sys.path:
+                sys.path.insert(0, os.getcwd())  # as `python -m` would: modules beside the job
+            module = importlib.import_module(module_name)
+    except ConfigError:
+        raise
+    except Exception as exc:
+        raise key_error(key, f"cannot import {module_name}: {type(exc).__name__}: "
+                        f"{str(exc).splitlines()[0] if str(exc) else ''}", ref) from None
+    try:
+        obj = getattr(module, attr)
+    except AttributeError:
+        raise key_error(key, f"module {module_name} has no {attr}", ref) from None
+    _ship_by_value(module)
+    return obj
+
+
+def _ship_by_value(module: Any) -> None:
+    """A user's module travels to the Ray processes inside the pickled parts, so neither the
+    driver actor nor the workers (nor a cluster's nodes) need to import it by name."""
+    name = getattr(module, "__name__", "")
+    if name == "fedray" or name.startswith("fedray."):
+        return
+    path = getattr(module, "__file__", "") or ""
+    if "site-packages" in path or "dist-packages" in path:
+        return  # installed: every node imports it as usual
+    from ray import cloudpickle  # Ray's own copy is what pickles task arguments
+
+    try:
+        cloudpickle.register_pickle_by_value(sys.modules.get(name.partition(".")[0], module))
+    except ValueError:  # not in sys.modules under its name (already by value)
+        pass
+
+
+def lookup(kind: str, ref: str, key: str) -> type:
+    """The class a job's ``key`` names: registered, or by import path."""
+    if is_import_path(ref):
+        cls = import_object(ref, key)
+        try:
+            if _kind_of(cls) != kind:
+                raise TypeError
+        except TypeError:
+            raise key_error(key, f"must name a {_BASES[kind]} subclass "
+                            f"(fedray.algorithms.base)", ref) from None
+        return cls
+    table = registered(kind)
+    if ref not in table:
+        raise key_error(key, f"must be one of: {', '.join(table)} (or an import path "
+                        "module:Class)", ref)
+    return table[ref]
+
+
+def preset(name: str) -> Algorithm:
+    if is_import_path(name):
+        obj = import_object(name, "algorithm.name")
+        if not isinstance(obj, Algorithm):
+            raise key_error("algorithm.name", "an import path must name a "
+                            "fedray.algorithms.Algorithm", name)
+        return obj
+    load_builtins()
+    if name not in PRESETS:
+        raise key_error("algorithm.name", f"must be one of: {', '.join(PRESETS)}", name)
+    return PRESETS[name]
+
+
+@dataclass
+class Resolved:
+    """A job's algorithm: the names (as the job gives them) and the parts, built and checked."""
+
+    names: dict[str, str]  # kind -> registered name or import path
+    client: Any  # ClientWork
+    aggregator: Any  # Aggregator
+    server_opt: Any  # ServerOptimizer
+    sections: dict[str, dict]  # algorithm.<section> -> the parts' hyper-parameters
+
+    @property
+    def parts(self) -> tuple:
+        return (self.client, self.aggregator)
+
+
+def _params(cls: type, section_cfg: Any, key: str) -> Any:
+    """``cls.Params`` from the job's section (defaults filled, types checked)."""
+    from omegaconf import OmegaConf
+    from omegaconf.errors import OmegaConfBaseException
+
+    if cls.Params is None:
+        return None
+    try:
+        node = OmegaConf.structured(cls.Params)
+        if section_cfg is not None:
+            node = OmegaConf.merge(node, section_cfg)
+        return OmegaConf.to_object(node)
+    except OmegaConfBaseException as exc:
+        sub = getattr(exc, "full_key", None) or getattr(exc, "key", None) or ""
+        msg = str(getattr(exc, "msg", None) or exc).splitlines()[0].strip()
+        if type(exc).__name__ == "ConfigKeyError":
+            from dataclasses import fields
+
+            allowed = ", ".join(f.name for f in fields(cls.Params))
+            raise ConfigError(f"unknown config key '{key}.{sub}' (allowed under '{key}': "
+                              f"{allowed})") from None
+        raise key_error(f"{key}.{sub}" if sub else key, msg) from None
+
+
+def _build(cls: type, params: Any, key: str, server: Any) -> Any:
+    from fedray.algorithms.base import ParamError
+
+    try:
+        if _kind_of(cls) == "server_opt":
+            return cls.from_config(server, params)
+        return cls(params)
+    except ParamError as exc:
+        raise key_error(f"{key}.{exc.key}", exc.rule, exc.value) from None
+
+
+def resolve(algorithm: Any, server: Any = None, *, notes: list[str] | None = None) -> Resolved:
+    """The parts of a job's ``algorithm`` section (and ``server`` section, for the server
+    optimizer): the preset, with overrides applied, each part's hyper-parameters read from
+    its section and checked. Sections no part uses are an error, except the legacy flat keys
+    (``LEGACY_KEYS``), which old jobs and runs carry for every algorithm and which count
+    only for a part that uses them (each such use adds a line to ``notes``)."""
+    from omegaconf import DictConfig, OmegaConf
+
+    tree = (OmegaConf.to_container(algorithm, resolve=True)
+            if isinstance(algorithm, DictConfig) else dict(algorithm))
+    base = preset(tree.get("name") or "fedavg")
+    names = {k: tree.get(k) or getattr(base, k) for k in KINDS}
+    classes = {k: lookup(k, names[k], f"algorithm.{k}" if tree.get(k) else "algorithm.name")
+               for k in KINDS}
+    legacy = {k: tree.pop(k) for k in list(tree) if k in LEGACY_KEYS}
+    used = {cls.section for cls in classes.values() if getattr(cls, "section", None)}
+    for k, v in legacy.items():
+        section, field_name = LEGACY_KEYS[k]
+        if section in used:
+            explicit = tree.setdefault(section, {})
+            if isinstance(explicit, dict) and field_name not in explicit:
+                explicit[field_name] = v
+                if notes is not None:
+                    notes.append(f"algorithm.{k} is deprecated; it is read as "
+                                 f"algorithm.{section}.{field_name}")
+    for k, v in tree.items():
+        if k in PART_KEYS:
+            continue
+        if k not in used:
+            allowed = ", ".join([*PART_KEYS, *sorted(used)])
+            raise ConfigError(f"unknown config key 'algorithm.{k}' (allowed under 'algorithm' "
+                              f"for these parts: {allowed})")
+        if not isinstance(v, dict):
+            raise key_error(f"algorithm.{k}", "must be a section of keys", v)
+    built: dict[str, Any] = {}
+    sections: dict[str, dict] = {}
+    params_of: dict[str, Any] = {}
+    for kind, cls in classes.items():
+        section = getattr(cls, "section", None)
+        key = f"algorithm.{section}" if section else f"algorithm.{kind}"
+        if section and section in params_of and type(params_of[section]) is cls.Params:
+            params = params_of[section]  # the parts of one family share their section
+        else:
+            params = _params(cls, tree.get(section) if section else None, key)
+        built[kind] = _build(cls, params, key, server)
+        if section and params is not None:
+            params_of[section] = params
+            sections[section] = built[kind].describe() if kind != "server_opt" else \
+                _asdict(params)
+    client, aggregator = built["client"], built["aggregator"]
+    for need in client.uses_broadcast:
+        if need not in aggregator.provides:
+            raise key_error("algorithm.aggregator", f"client part {names['client']} needs an "
+                            f"aggregator that broadcasts {need} ({_providers(need)})",
+                            names["aggregator"])
+    for need in getattr(aggregator, "requires_extras", ()):
+        if need not in client.extras:
+            raise key_error("algorithm.client", f"aggregator {names['aggregator']} needs a "
+                            f"client part that sums {need} ({_providers(need, 'client')})",
+                            names["client"])
+    return Resolved(names=names, client=client, aggregator=aggregator,
+                    server_opt=built["server_opt"], sections=sections)
+
+
+def _asdict(params: Any) -> dict:
+    import dataclasses
+
+    return dataclasses.asdict(params)
+
+
+def _providers(need: str, kind: str = "aggregator") -> str:
+    attr = "provides" if kind == "aggregator" else "extras"
+    names = [n for n, c in registered(kind).items() if need in getattr(c, attr, ())]
+    return ", ".join(names) or "none registered"
+
+
+def canonical(algorithm: Any, server: Any = None, notes: list[str] | None = None) -> dict:
+    """The ``algorithm`` section as a run records it: the part keys as given, legacy keys
+    dropped, and a section with every hyper-parameter of each part that has one."""
+    from omegaconf import DictConfig, OmegaConf
+
+    tree = (OmegaConf.to_container(algorithm, resolve=True)
+            if isinstance(algorithm, DictConfig) else dict(algorithm))
+    resolved = resolve(tree, server, notes=notes)
+    out = {k: tree.get(k) for k in PART_KEYS}
+    out.update(resolved.sections)
+    return out
+

@@ -1,0 +1,50 @@
+"""The typed messages between the driver and its workers: one broadcast and one task per
+worker out, one result per worker back (architecture rule 2).
+
+Plain dataclasses of numpy arrays and numbers: Ray ships the arrays out of band, so a
+worker maps the broadcast's weights from the object store without a copy.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from fedray.algorithms.reduction import PartialMessage
+
+
+@dataclass
+class Broadcast:
+    """A round's one object: the global weights and the aggregator's broadcast state."""
+
+    weights: np.ndarray
+    server: dict[str, np.ndarray] = field(default_factory=dict)
+
+
+@dataclass
+class RoundTask:
+    """One worker's share of a round (the broadcast travels beside it, as its own object:
+    Ray resolves an object reference only as a task's direct argument)."""
+
+    round: int
+    client_ids: list[int]
+    versions: list[int] | None = None  # each client's current state version (stateful parts)
+
+
+@dataclass
+class RoundResult:
+    """A worker's round: its partial sum and what the round's metrics are built from."""
+
+    partial: PartialMessage
+    clients: int
+    examples: int
+    loss_sum: float
+    examples_seen: int
+    dropped: int
+    updates: int
+    stored: list[int]  # clients whose state was stored as version ``round``
+    busy_s: float
+    mem_mb: float
+
+    STATS = ("examples", "loss_sum", "examples_seen", "dropped", "updates", "busy_s")
