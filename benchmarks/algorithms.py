@@ -1,6 +1,6 @@
 """Every algorithm preset on one job: final and best test accuracy, side by side.
 
-Runs each preset of fedray/algorithms.py on the same job and data (by default the real
+Runs each preset of fedray.algorithms on the same job and data (by default the real
 LEAF FEMNIST sample's writers, built by ``fedray partition partitions/femnist.yaml``), with
 per-algorithm server settings from Reddi et al. where the server optimizer needs its own
 learning rate. Nothing is tuned here: it shows that every algorithm trains on real data and
@@ -55,7 +55,7 @@ def main(argv: list[str] | None = None) -> int:
     import fedray
     from fedray.config import load_config
     from fedray.errors import FedrayError
-    from fedray.runtime import ray_session
+    from fedray.runtime.session import ray_session
 
     base = {"name": "algorithms", "seed": 0, "rounds": args.rounds,
             "data": {"partition": args.store}, "model": {"name": "emnist_cnn"},

@@ -1,7 +1,7 @@
 """Stateful clients at population scale: SCAFFOLD over 100,000 clients, 100 per round.
 
 Each client's control variate c_i lives in the run directory's client state store, one
-safetensors file per client that took part (fedray/client_state.py); workers keep a bounded
+safetensors file per client that took part (fedray/state/client_state.py); workers keep a bounded
 cache. This reports the driver's and the workers' private memory after rounds 1, 10 and 50
 (they should stay flat while the store grows), and checks that exactly the clients that took
 part have a state file.
@@ -40,8 +40,8 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
 
     import fedray
-    from fedray.client_state import ClientStateStore
-    from fedray.sampling import sample_clients
+    from fedray.core.sampling import sample_clients
+    from fedray.state.client_state import ClientStateStore
 
     tmp = None
     if args.out is None:

@@ -4,7 +4,7 @@ workers to be ready.
 A sweep of many short trials, a notebook re-running a job, the test suite: all pay a run's
 fixed cost many times. Most of it is processes importing torch (1-2 s each): the driver's
 and its workers'. fedray.run starts the workers' processes beside the driver's
-(fedray.pool.launch_workers), so the two imports overlap instead of following each other.
+(fedray.runtime.pool.launch_workers), so the two imports overlap instead of following each other.
 ``pool_start_s`` (summary.json) is what is left of the wait once the driver has its spec.
 
     python benchmarks/startup.py              # 6 runs of a 3-round job, in one Ray session

@@ -25,7 +25,7 @@ sys.path.insert(0, ROOT)
 READ = """
 import sys, time, numpy as np
 t0 = time.perf_counter()
-from fedray.store import StoreSource
+from fedray.data.store import StoreSource
 src = StoreSource(sys.argv[1])
 t1 = time.perf_counter()
 ids = np.random.default_rng(0).choice(src.population, size=int(sys.argv[2]), replace=False)
@@ -49,7 +49,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--keep", action="store_true", help="keep the store afterwards")
     args = p.parse_args(argv)
 
-    from fedray import recipe
+    from fedray.data import recipe
 
     if not args.reuse:
         t0 = time.perf_counter()

@@ -42,10 +42,10 @@ import torch.nn.functional as F
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
+from fedray.core.models import build_model  # noqa: E402
+from fedray.core.sampling import sample_clients  # noqa: E402
+from fedray.core.seeding import TAG_INIT, client_seed, derive_seed  # noqa: E402
 from fedray.data.synthetic import SyntheticFEMNIST  # noqa: E402
-from fedray.models import build_model  # noqa: E402
-from fedray.sampling import sample_clients  # noqa: E402
-from fedray.seeding import TAG_INIT, client_seed, derive_seed  # noqa: E402
 
 SMALL, LARGE = (12, 2), (5, 1)  # default (rounds, warmup) per workload size
 WORKLOADS = {
@@ -187,8 +187,8 @@ def measure(name: str, clients, args) -> dict:
     updates per second, and the ratios are ratios of medians."""
     import tempfile
 
-    from fedray.models import build_model as build
-    from fedray.vectorized import unsupported_reason
+    from fedray.core.models import build_model as build
+    from fedray.kernels.vectorized import unsupported_reason
 
     w = WORKLOADS[name]
     k, lr = w["clients_per_round"], w["lr"]

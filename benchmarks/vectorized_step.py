@@ -1,12 +1,12 @@
 """A worker's vectorized step, in-process: the closed-form step of Linear/ReLU chains
-(fedray.vectorized.chain_sgd_step) against torch.func's vmap(grad(...)) on the same groups.
+(fedray.kernels.vectorized.chain_sgd_step) against torch.func's vmap(grad(...)) on the same groups.
 
 No Ray, one thread, as a worker of one CPU runs: each side trains the same clients
 (synthetic FEMNIST writers of 30-90 examples, fedray.data.synthetic; batch 20, 1 local epoch
 or ``--epochs``) in groups of the size a worker would use, from the same weights with the
 same batch orders. The sides are the closed form with the first layer's weights stacked per
 client (``stacks``) and, for single-layer chains (logistic regression), kept as sums over the
-examples (``sums``, fedray.vectorized.FirstLayerSums), and torch.func. They (and the group
+examples (``sums``, fedray.kernels.vectorized.FirstLayerSums), and torch.func. They (and the group
 sizes, given several ``--group``) alternate, ``--repeat`` times, and the medians are printed
 with the side the workers' automatic choice takes and the largest difference between the
 sides' updates (float rounding only: all are the same local SGD).
@@ -34,17 +34,17 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 
 import torch  # noqa: E402
 
-from fedray.client_update import local_sgd  # noqa: E402
+from fedray.core.flat_model import FlatModel  # noqa: E402
+from fedray.core.models import build_model  # noqa: E402
 from fedray.data.synthetic import SyntheticFEMNIST  # noqa: E402
-from fedray.models import build_model  # noqa: E402
-from fedray.replica import FlatModel  # noqa: E402
-from fedray.runtime import keep_freed_memory  # noqa: E402
-from fedray.vectorized import (  # noqa: E402
+from fedray.kernels.sequential import local_sgd  # noqa: E402
+from fedray.kernels.vectorized import (  # noqa: E402
     group_size,
     group_sizes,
     linear_chain,
     vmap_local_sgd,
 )
+from fedray.runtime.session import keep_freed_memory  # noqa: E402
 
 SHAPE, CLASSES = SyntheticFEMNIST.input_shape, SyntheticFEMNIST.num_classes
 # the learning rates of benchmarks/throughput.py: 0.05 is past the stable step size of
@@ -65,7 +65,7 @@ SIDES = {"stacks": {"defer_first": False}, "sums": {"defer_first": True},
 def train(model: FlatModel, w0: torch.Tensor, clients, group: int, epochs: int, lr: float,
           **options) -> list[torch.Tensor]:
     """Every client's delta, trained in consecutive groups of about ``group``, cut as a
-    worker cuts its clients (fedray.vectorized.group_sizes)."""
+    worker cuts its clients (fedray.kernels.vectorized.group_sizes)."""
     deltas, s = [], 0
     for size in group_sizes(len(clients), group):
         part = clients[s:s + size]
@@ -86,7 +86,7 @@ def measure(name: str, clients, groups: list[int | None], repeat: int,
     chain = linear_chain(model.module, "cross_entropy")
     assert chain is not None  # else every side is torch.func
     # FirstLayerSums for a chain with a ReLU is not what workers use (it can flip a unit
-    # at 0; fedray.vectorized), so it is timed only for single-layer chains
+    # at 0; fedray.kernels.vectorized), so it is timed only for single-layer chains
     sides = [s for s in SIDES if s != "sums" or len(chain.layers) == 1]
     w0 = model.flat.clone()
     lr = LR[name]
@@ -123,7 +123,7 @@ def measure(name: str, clients, groups: list[int | None], repeat: int,
 
 def against_sequential(name: str, clients, group: int | None, epochs: int = 1,
                        tol: float = 1e-5) -> dict:
-    """Every side's updates against sequential training's (client_update.local_sgd), client
+    """Every side's updates against sequential training's (kernels.sequential.local_sgd), client
     by client: the largest difference, and how many clients differ by more than ``tol``.
     FirstLayerSums is checked for every chain here, also where workers never use it (before
     a ReLU), to show why they don't."""
@@ -156,7 +156,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
     ap.add_argument("--clients", type=int, default=200, help="clients per side (default 200)")
     ap.add_argument("--group", type=int, nargs="+", default=[None],
                     help="clients per group, one or more sizes (default: the worker's, "
-                         "fedray.vectorized.group_size)")
+                         "fedray.kernels.vectorized.group_size)")
     ap.add_argument("--epochs", type=int, default=1, help="local epochs (default 1)")
     ap.add_argument("--repeat", type=int, default=7,
                     help="timed passes per side, alternating (default 7)")

@@ -5,14 +5,18 @@ The stable Python entry point is ``fedray.run`` (see docs/api.md).
 
 __version__ = "0.1.0"
 
-__all__ = ["RunResult", "run", "__version__"]
+__all__ = ["STOP", "Callback", "RunResult", "run", "__version__"]
 
 
 def __getattr__(name: str):
-    # fedray.run pulls in torch (1.5-2 s); the CLI's --help, --version and the errors it
-    # reports before a job starts do not need it
+    # fedray.run pulls in torch, which takes seconds; the CLI's --help, --version and the
+    # errors it reports before a job starts do not need it
     if name in ("run", "RunResult"):
         from fedray import api
 
         return getattr(api, name)
+    if name in ("Callback", "STOP"):
+        from fedray.tracking import callbacks
+
+        return getattr(callbacks, name)
     raise AttributeError(f"module 'fedray' has no attribute {name!r}")

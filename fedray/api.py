@@ -4,13 +4,13 @@
     result = fedray.run({"rounds": 3}, model_fn=MyNet, client_data={0: (x0, y0), ...},
                         test_data=(x_test, y_test))
     result = fedray.run(resume="runs/a")  # continue a killed run from its checkpoint
-    result = fedray.run(job, callbacks=[MyCallback()])  # fedray.callbacks
+    result = fedray.run(job, callbacks=[MyCallback()])  # fedray.tracking.callbacks
 
 It validates the whole config before Ray starts, runs the driver actor to the end, one round
 at a time, calling the run's callbacks in this process after each, and returns the final
 weights (a state_dict) and the per-round metrics. With ``runtime.backend: inline`` the
 driver and its workers are objects of this process instead, and Ray is not used at all
-(fedray.inline).
+(fedray.runtime.inline).
 """
 
 from __future__ import annotations
@@ -23,10 +23,17 @@ from typing import TYPE_CHECKING, Any
 
 from omegaconf import DictConfig, OmegaConf
 
-from fedray.callbacks import Callback, Callbacks, FunctionCallback, RunInfo, check, from_config
 from fedray.config import ConfigSource, load_config, validate, with_algorithm
 from fedray.errors import FedrayError, key_error
-from fedray.storage import RunClaim, absolute_url, filesystem, storage_failure
+from fedray.state.storage import RunClaim, absolute_url, filesystem, storage_failure
+from fedray.tracking.callbacks import (
+    Callback,
+    Callbacks,
+    FunctionCallback,
+    RunInfo,
+    check,
+    from_config,
+)
 
 if TYPE_CHECKING:  # torch is imported where a run starts: a bad config fails without it
     import torch
@@ -70,7 +77,7 @@ def prepare(config: ConfigSource | None, overrides: list[str] | tuple = (),
         population = cfg.data.synthetic.num_clients
         has_client_test = cfg.data.synthetic.test_fraction > 0
     else:  # a partition store: make the path absolute so every process means the same place
-        from fedray.store import read_manifest
+        from fedray.data.store import read_manifest
 
         url = absolute_url(cfg.data.partition)
         filesystem(url, "data.partition", durable=True)  # workers read it, not this process
@@ -93,7 +100,7 @@ def prepare(config: ConfigSource | None, overrides: list[str] | tuple = (),
             raise key_error("sampling.always", f"client {empty[0]} has no training examples, "
                             "so it can never contribute", list(cfg.sampling.always))
     if cfg.output.mlflow:
-        from fedray.mlflow_tracking import require_mlflow
+        from fedray.tracking.mlflow_tracking import require_mlflow
 
         require_mlflow()
     if cfg.eval.federated_clients and not has_client_test:
@@ -110,8 +117,9 @@ def prepare_resume(run_dir: str, config: ConfigSource | None = None,
     """The config to resume ``run_dir`` under, and its absolute URL; nothing is written.
 
     Without ``config`` the run's own config.yaml is used. Either way the result must equal the
-    config the run started with, except keys named in ``allow_changes`` (fedray.checkpoint)."""
-    from fedray.checkpoint import check_same_config, masked_keys, saved_config
+    config the run started with, except keys named in ``allow_changes``
+    (fedray.state.checkpoint)."""
+    from fedray.state.checkpoint import check_same_config, masked_keys, saved_config
 
     url = absolute_url(run_dir)
     saved = saved_config(url)
@@ -147,7 +155,7 @@ def _write_failure(url: str, exc: OSError, kept: bool) -> FedrayError:
     reason = f"writing the run failed: {exc.strerror or type(exc).__name__}"
     if not kept:
         return key_error("output.dir", f"{reason}; nothing was kept in {url}")
-    from fedray.checkpoint import read_checkpoint
+    from fedray.state.checkpoint import read_checkpoint
 
     try:
         ckpt = read_checkpoint(url)
@@ -172,8 +180,9 @@ def _unwrap_remote_error(exc: BaseException) -> BaseException:
 def _placement() -> tuple[Any, dict[str, float]]:
     """Where the driver goes, and the resources its workers may use.
 
-    Inside a placement group that captures child tasks -- a Ray Tune trial of fedray.sweep --
-    the driver and its workers live in the group's bundles, and only those count. Otherwise
+    Inside a placement group that captures child tasks -- a Ray Tune trial of
+    fedray.cluster.sweep -- the driver and its workers live in the group's bundles, and only
+    those count. Otherwise
     the driver stays on this node (it reads the run's local inputs) and the workers may use
     the whole cluster."""
     import ray
@@ -204,13 +213,13 @@ def run(config: ConfigSource | None = None, model_fn: Callable[[], nn.Module] | 
     torch.nn.Module (default: ``model.name``). client_data: ``{client_id: (x, y)}`` arrays
     to train on instead of ``data.partition``; test_data: a central ``(x, y)`` test set.
     progress: called with each round's metrics as they arrive (a function, or a Callback).
-    callbacks: fedray.callbacks.Callback instances, called in this process after those of
+    callbacks: fedray.tracking.callbacks.Callback instances, called in this process after those of
     ``output.callbacks``; ``on_round_end`` returning STOP ends the run after its round.
     resume: a run directory to
     continue from its last checkpoint (``config`` then defaults to its config.yaml and must
     not differ from it, except keys listed in ``allow_changes``: docs/fault_tolerance.md).
 
-    The run holds its directory for its whole length (fedray.storage.RunClaim); a new run
+    The run holds its directory for its whole length (fedray.state.storage.RunClaim); a new run
     that fails before its first round leaves nothing behind, and one whose writes fail later
     (a full disk) says which checkpoint is intact.
     """
@@ -224,7 +233,7 @@ def run(config: ConfigSource | None = None, model_fn: Callable[[], nn.Module] | 
     hooks = run_callbacks(cfg, progress, given)  # a class that cannot start fails now
     manifest = None
     if client_data is None and cfg.data.partition != "synthetic":
-        from fedray.store import read_manifest, verify_store
+        from fedray.data.store import read_manifest, verify_store
 
         manifest = read_manifest(cfg.data.partition)  # read once, for checks and the source
         if cfg.data.verify:
@@ -256,11 +265,11 @@ def run_callbacks(cfg: DictConfig, progress: Callable[[dict], None] | Callback |
     then ``fedray.run(callbacks=...)``."""
     items: list[Callback] = []
     if cfg.output.tensorboard:
-        from fedray.tensorboard import TensorBoardCallback
+        from fedray.tracking.tensorboard import TensorBoardCallback
 
         items.append(TensorBoardCallback())
     if cfg.output.mlflow:
-        from fedray.mlflow_tracking import MLflowCallback
+        from fedray.tracking.mlflow_tracking import MLflowCallback
 
         items.append(MLflowCallback())
     if progress is not None:
@@ -298,8 +307,8 @@ def _run_claimed(cfg: DictConfig, url: str, model_fn: Callable | None,
     """The run, once its directory is claimed: Ray, the driver and its workers, every round
     (appended to ``metrics`` as they arrive)."""
     from fedray.algorithms.registry import resolve
+    from fedray.core.models import build_model
     from fedray.data.source import build_source
-    from fedray.models import build_model
 
     if cfg.runtime.backend == "inline":
         source = build_source(cfg, client_data, test_data, manifest)
@@ -312,9 +321,9 @@ def _run_claimed(cfg: DictConfig, url: str, model_fn: Callable | None,
 
     import ray
 
-    from fedray.driver import Driver
-    from fedray.pool import launch_workers, pool_size
-    from fedray.runtime import ray_session
+    from fedray.runtime.driver import Driver
+    from fedray.runtime.pool import launch_workers, pool_size
+    from fedray.runtime.session import ray_session
 
     with ray_session(cfg):
         source = build_source(cfg, client_data, test_data, manifest)
@@ -350,13 +359,13 @@ def _run_inline(cfg: DictConfig, url: str, source: Any, make_model: Callable,
                 callbacks: Callbacks, resume: str | None,
                 metrics: list[dict]) -> tuple[dict, dict]:
     """``runtime.backend: inline``: the Driver class and ``runtime.num_workers`` (default
-    1) workers as objects of this process (fedray.inline), no Ray call on the way. The
+    1) workers as objects of this process (fedray.runtime.inline), no Ray call on the way. The
     driver and the workers set torch's thread count and global seed, as they do in their
     own processes; this process gets both back when the run ends."""
     import torch
 
     from fedray.algorithms.registry import resolve
-    from fedray.driver import Driver
+    from fedray.runtime.driver import Driver
 
     num_workers = cfg.runtime.num_workers or 1
     if cfg.runtime.worker.num_gpus > 0:

@@ -12,7 +12,7 @@ from collections.abc import Iterator
 
 from fedray import __version__
 from fedray.errors import FedrayError
-from fedray.redact import mask
+from fedray.state.redact import mask
 
 RUN_HELP = """Run a federated job: JOB.yaml merged with key=value overrides.
 
@@ -161,7 +161,7 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _sweep(args: argparse.Namespace) -> int:
-    from fedray.sweep import RESULTS_FILE, format_rows, run_sweep
+    from fedray.cluster.sweep import RESULTS_FILE, format_rows, run_sweep
 
     if args.resume and args.sweep:  # positional words after --resume DIR
         raise FedrayError("--resume takes no key=value overrides: a sweep resumes as it "
@@ -181,7 +181,7 @@ def _sweep(args: argparse.Namespace) -> int:
 
 
 def _follow_exit(job_id: str, address: str | None) -> int:
-    from fedray.submit import follow
+    from fedray.cluster.submit import follow
 
     state = follow(job_id, address)
     print(f"job {job_id}: {state}", flush=True)
@@ -189,7 +189,7 @@ def _follow_exit(job_id: str, address: str | None) -> int:
 
 
 def _submit(args: argparse.Namespace) -> int:
-    from fedray.submit import job_server, submit
+    from fedray.cluster.submit import job_server, submit
 
     job_id = submit(args.job, list(args.overrides), args.address, args.job_id)
     where = job_server(args.address)
@@ -199,7 +199,7 @@ def _submit(args: argparse.Namespace) -> int:
 
 
 def _job_verb(args: argparse.Namespace) -> int:
-    from fedray import submit
+    from fedray.cluster import submit
 
     if args.command == "status":
         info = submit.status(args.job_id, args.address)
@@ -216,8 +216,8 @@ def _job_verb(args: argparse.Namespace) -> int:
 
 
 def _report(args: argparse.Namespace) -> int:
-    from fedray.report import build_report
-    from fedray.storage import filesystem
+    from fedray.state.storage import filesystem
+    from fedray.tracking.report import build_report
 
     filesystem(args.out, "--out", durable=True, what=None)  # a report this process forgets
     table = build_report(args.runs, args.out, metric=args.metric, group_by=args.group_by,
@@ -228,8 +228,8 @@ def _report(args: argparse.Namespace) -> int:
 
 
 def _partition(args: argparse.Namespace) -> int:
-    from fedray import recipe
-    from fedray.describe import describe
+    from fedray.data import recipe
+    from fedray.data.describe import describe
 
     if args.describe:
         if args.recipe:
@@ -251,7 +251,7 @@ def _partition(args: argparse.Namespace) -> int:
 def _run(args: argparse.Namespace) -> int:
     import fedray
     from fedray.api import prepare, prepare_resume
-    from fedray.progress import Progress
+    from fedray.tracking.progress import Progress
 
     job, overrides = args.job, list(args.overrides)
     if job is not None and "=" in job and not os.path.exists(job):
@@ -310,7 +310,7 @@ class Terminated(KeyboardInterrupt):
 def _stop_signals() -> Iterator[None]:
     """Ctrl-C and SIGTERM stop a command in order: the first unwinds it (Ray shut down, a
     new run's directory removed, temporary files gone); a second one while that is under
-    way exits at once with the same status, and fedray.reaper ends what Ray left running.
+    way exits at once with the same status, and fedray.runtime.reaper ends what Ray left running.
     Without this, SIGTERM met Ray's handler (a C++ stack dump, then abort) and a second
     Ctrl-C could land inside Ray's shutdown and end the process with status 1."""
     stopping: list[int] = []

@@ -51,7 +51,7 @@ class DataConfig:
 @dataclass
 class ModelConfig:
     name: str = "emnist_cnn"
-    loss: str = "cross_entropy"  # cross_entropy | mse | bce (fedray/losses.py)
+    loss: str = "cross_entropy"  # cross_entropy | mse | bce (fedray/core/losses.py)
 
 
 @dataclass
@@ -62,9 +62,9 @@ class AlgorithmConfig:
     by that part when the job is validated (fedray.algorithms.registry.resolve)."""
 
     name: str = "fedavg"  # a preset; the parts below override it
-    client: str | None = None  # client work: local_sgd, fedsgd, fedprox, scaffold, feddyn
-    aggregator: str | None = None  # proportional, uniform, scaffold, elastic, expalpha, ...
-    server_opt: str | None = None  # sgd, momentum, nesterov, adam, yogi, adagrad
+    client: str | None = None  # client work (docs/algorithms.md lists the registered ones)
+    aggregator: str | None = None  # the round's reduction
+    server_opt: str | None = None  # the server optimizer (SERVEROPT)
 
 
 @dataclass
@@ -107,7 +107,7 @@ class WorkerConfig:
     num_gpus: float = 0.0
     cache_mb: int = 256  # per-worker LRU of client data
     state_cache_mb: float = 64.0  # per-worker LRU of client state (SCAFFOLD's c_i)
-    # train a worker's clients in groups, one batched step per group (fedray/vectorized.py):
+    # train a worker's clients in groups, one batched step per group (fedray/kernels/vectorized.py):
     # auto (where the model supports it and it pays off), on, off
     vectorize: str = "auto"
 
@@ -154,7 +154,7 @@ class OutputConfig:
     # log params and per-round metrics to MLflow (needs `pip install mlflow`); the tracking
     # server is MLFLOW_TRACKING_URI's, or ./mlruns
     mlflow: bool = False
-    # fedray.callbacks.Callback subclasses as module:Class (a dotted module or a .py path),
+    # fedray.tracking.callbacks.Callback subclasses as module:Class (a dotted module or a .py path),
     # instantiated with no arguments and called in the process that runs the job
     callbacks: list[str] = field(default_factory=list)
 
@@ -390,14 +390,14 @@ def validate(cfg: DictConfig, population: int, *, custom_model: bool = False) ->
     r(e.batch_size >= 1, "eval.batch_size", "must be >= 1", e.batch_size)
     r(cfg.checkpoint.every >= 0, "checkpoint.every", "must be >= 0", cfg.checkpoint.every)
     r(bool(cfg.output.dir), "output.dir", "must be a path or URL", cfg.output.dir)
-    from fedray.callbacks import callback_class
+    from fedray.tracking.callbacks import callback_class
 
     for ref in cfg.output.callbacks:  # importable, and a Callback (instantiated at the start)
         callback_class(ref)
-    # last: the model and loss registries import torch (1-2 s), which a typo in any other
+    # last: the model and loss registries import torch, which a typo in any other
     # key should not wait for
-    from fedray.losses import LOSSES
-    from fedray.models import MODELS
+    from fedray.core.losses import LOSSES
+    from fedray.core.models import MODELS
 
     if not custom_model:
         r(cfg.model.name in MODELS, "model.name", f"must be one of: {', '.join(MODELS)}",

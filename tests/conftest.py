@@ -55,7 +55,7 @@ def tiny_job(tmp_path, **over) -> dict:
         "sampling": {"clients_per_round": 8},
         # two workers on the session's 2 CPUs; sequential clients: a worker's first
         # vectorized step imports torch._dynamo (about 1 s), which dozens of few-second runs
-        # would pay for nothing (tests/test_runtime.py runs this job vectorized, and auto)
+        # would pay for nothing (tests/runtime/test_session.py runs this job vectorized, and auto)
         "runtime": {"worker": {"num_cpus": 1.0, "vectorize": "off"}},
         "output": {"dir": str(tmp_path / "run")},
     }

@@ -7,9 +7,9 @@ import pytest
 from omegaconf import OmegaConf
 
 from fedray.api import prepare
+from fedray.cluster.sweep import SweepConfig, check_trials, load_sweep
 from fedray.config import load_config
 from fedray.errors import FedrayError
-from fedray.sweep import SweepConfig, check_trials, load_sweep
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 

@@ -21,8 +21,8 @@ import pyarrow as pa
 import pytest
 
 from fedray.config import load_config, to_yaml
-from fedray.recipe import build
-from fedray.storage import LOCK_FILE
+from fedray.data.recipe import build
+from fedray.state.storage import LOCK_FILE
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 DOC = ROOT / "docs" / "errors.md"

@@ -17,12 +17,12 @@ import numpy as np
 import pytest
 import torch
 import yaml
+from linear_regression import W0, D, linear_model_fn, regression_clients
 from tolerance import ULPS_PER_STEP, f32_atol
-from torch import nn
 
 import fedray
 from fedray.errors import ConfigError
-from fedray.run_dir import load_weights, read_metrics
+from fedray.state.run_dir import load_weights, read_metrics
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 QFFL = "examples.qffl:QFedAvg"
@@ -42,8 +42,6 @@ def _env(**extra: str) -> dict[str, str]:
 
 # -- the numbers: deterministic full-batch linear regression ------------------------------
 
-D = 3
-W0 = np.array([0.3, -0.2, 0.1])
 LR, STEPS = 0.1, 3
 
 
@@ -51,27 +49,12 @@ def make_clients() -> dict[int, tuple[np.ndarray, np.ndarray]]:
     """Three heterogeneous regression clients (own scale, own true weights, own size), and
     a fourth whose loss is exactly 0 at every model (all-zero features and targets): q-FFL's
     F_k = 0, where 0^(q-1) has no value for q < 1."""
-    g = np.random.default_rng(0)
-    out = {}
-    for i in range(3):
-        n = 8 + 3 * i
-        x = (g.normal(size=(n, D)) * (0.5 + 0.5 * i)).astype(np.float32)
-        y = (x @ (g.normal(size=D) * 2) + 0.1 * g.normal(size=n)).astype(np.float32)
-        out[i] = (x, y)
+    out = regression_clients([8, 11, 14])
     out[3] = (np.zeros((5, D), np.float32), np.zeros(5, np.float32))
     return out
 
 
 CLIENTS = make_clients()
-
-
-def linear_model_fn():
-    def model_fn():  # a closure: shipped to the workers by value
-        m = nn.Linear(D, 1, bias=False)
-        with torch.no_grad():
-            m.weight.copy_(torch.tensor(W0, dtype=torch.float32).view(1, -1))
-        return m
-    return model_fn
 
 
 def run_linear(tmp_path, name: str, algorithm: dict, rounds: int) -> np.ndarray:
@@ -309,8 +292,8 @@ def test_what_submit_and_sweep_ship(tmp_path, monkeypatch):
     import io
     import zipfile
 
-    from fedray.submit import _stage_file, algorithm_refs, job_refs, user_modules
-    from fedray.sweep import load_sweep, pack_modules
+    from fedray.cluster.submit import _stage_file, algorithm_refs, job_refs, user_modules
+    from fedray.cluster.sweep import load_sweep, pack_modules
 
     monkeypatch.chdir(REPO)
     refs = algorithm_refs({"name": "fedavg", "client": "fedray.algorithms.fedprox:FedProx",

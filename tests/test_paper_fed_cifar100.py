@@ -10,7 +10,7 @@ import sys
 import numpy as np
 import pytest
 
-import fedray.partitioners
+import fedray.data.partitioners
 from fedray.data.partition import Partition
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
@@ -54,7 +54,7 @@ def test_generated_store_meets_every_invariant(invariants, tmp_path, capsys):
 
 
 def test_a_client_with_99_examples_is_caught(invariants, tmp_path, monkeypatch, capsys):
-    real = fedray.partitioners.partition
+    real = fedray.data.partitioners.partition
 
     def one_example_moved(*args, **kwargs) -> Partition:
         p = real(*args, **kwargs)
@@ -63,7 +63,7 @@ def test_a_client_with_99_examples_is_caught(invariants, tmp_path, monkeypatch, 
         train[0] = train[0][:-1]
         return Partition(p.client_names, train, p.test, p.train_labels, p.info)
 
-    monkeypatch.setattr(fedray.partitioners, "partition", one_example_moved)
+    monkeypatch.setattr(fedray.data.partitioners, "partition", one_example_moved)
     out = tmp_path / "out"
     code = invariants.main([*QUICK, "--out", str(out), "--replicates", "4",
                             "--reference-clients", "1000"])

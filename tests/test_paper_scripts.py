@@ -102,7 +102,7 @@ def test_quadratics_through_the_runtime(quad, ray_cluster, tmp_path):
 def test_toy_through_the_runtime(toy, ray_cluster, tmp_path):
     """Two clients a round, and the frozen slope never moves while the bias trains."""
     import fedray
-    from fedray.run_dir import load_tensors
+    from fedray.state.run_dir import load_tensors
 
     clients = toy.make_clients(0)
     x, y = toy.pooled(clients)

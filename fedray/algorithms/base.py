@@ -119,13 +119,13 @@ class WorkerEnv:
     """What the parts see of their worker: built once per worker (``setup``), updated with
     each round's broadcast."""
 
-    model: Any  # fedray.replica.FlatModel: the worker's replica
+    model: Any  # fedray.core.flat_model.FlatModel: the worker's replica
     device: torch.device
     lr: float  # client.lr
     loss: str  # model.loss
     eval_batch_size: int
     batch_size_for: Callable[[int], int]  # the batch size a client of n examples trains with
-    training: Any = None  # fedray.worker.LocalTraining: lr, batch size, local epochs/steps,
+    training: Any = None  # fedray.runtime.worker.LocalTraining: lr, batch size, local epochs/steps,
     # the loss -- what a part's own train() needs to honour the job's client section
     global_weights: torch.Tensor | None = None  # this round's broadcast model (flat)
     broadcast: dict[str, torch.Tensor] = field(default_factory=dict)  # Aggregator.broadcast
@@ -146,11 +146,11 @@ class WorkerEnv:
 
     def risk(self, weights: torch.Tensor, x: torch.Tensor, y: torch.Tensor) -> float:
         """The mean loss of ``weights`` on (x, y), in eval mode."""
-        from fedray.evaluation import evaluate
+        from fedray.core.evaluation import evaluate
 
         self.model.load_(weights)
-        s = evaluate(self.model.module, x, y, self.eval_batch_size, self.device, self.loss)
-        return s["loss_sum"] / max(1, s["count"])
+        return evaluate(self.model.module, x, y, self.eval_batch_size, self.device,
+                        self.loss).mean_loss
 
 
 @dataclass

@@ -25,9 +25,9 @@ from fedray.algorithms.base import (
     require,
 )
 from fedray.algorithms.registry import register, register_preset
-from fedray.client_update import batch_slices
-from fedray.replica import FlatModel
-from fedray.seeding import TAG_HOLDOUT, derive_seed
+from fedray.core.flat_model import FlatModel
+from fedray.core.seeding import TAG_HOLDOUT, derive_seed
+from fedray.kernels.sequential import batch_slices
 
 
 @dataclass

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from fedray.tensors import readonly_tensor
+from fedray.core.tensors import readonly_tensor
 
 Vector = np.ndarray | torch.Tensor
 

@@ -29,8 +29,8 @@ from fedray.algorithms.base import (
     require,
 )
 from fedray.algorithms.registry import register, register_preset
-from fedray.client_update import full_gradient
-from fedray.seeding import TAG_CONTROL, derive_seed
+from fedray.core.seeding import TAG_CONTROL, derive_seed
+from fedray.kernels.sequential import full_gradient
 
 
 @dataclass

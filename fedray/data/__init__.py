@@ -7,7 +7,7 @@ _MODULE = {"ClientCache": "source", "ClientSource": "source", "MemorySource": "s
 
 
 def __getattr__(name: str):
-    # the sources import torch (1-2 s); the loaders and the store's manifest checks, which
+    # the sources import torch; the loaders and the store's manifest checks, which
     # `fedray run` and `fedray partition` use to reject bad input first, do not need it
     if name in _MODULE:
         import importlib

@@ -15,8 +15,8 @@ from typing import Any, Protocol
 import numpy as np
 import torch
 
+from fedray.core.tensors import readonly_tensor
 from fedray.errors import FedrayError
-from fedray.tensors import readonly_tensor
 
 Arrays = tuple[np.ndarray, np.ndarray]
 
@@ -147,7 +147,7 @@ def build_source(cfg: Any, client_data: Mapping | None = None,
         return MemorySource(client_data, test_data,
                             in_process=cfg.runtime.get("backend") == "inline")
     if cfg.data.partition != "synthetic":
-        from fedray.store import StoreSource
+        from fedray.data.store import StoreSource
 
         return StoreSource(cfg.data.partition, manifest, max_open_shards=cfg.data.open_shards)
     from fedray.data.synthetic import SyntheticFEMNIST

@@ -20,8 +20,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from fedray.core.seeding import rng
 from fedray.data.dataset import Dataset, Split
-from fedray.seeding import rng
 
 NUM_CLASSES = 62
 SIDE = 28

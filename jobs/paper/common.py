@@ -12,7 +12,7 @@ from typing import Any
 
 import fedray
 from fedray.config import load_config
-from fedray.runtime import ray_session
+from fedray.runtime.session import ray_session
 
 # (job file, overrides, run directory, extra keyword arguments of fedray.run)
 Run = tuple[str, list[str], str, dict[str, Any]]

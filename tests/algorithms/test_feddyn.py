@@ -6,7 +6,7 @@ mean over the round's |P_t| clients differ, and a client's gradient state g_k sk
 rounds it sits out.
 
 The runs use the inline backend (runtime.backend=inline: the driver and its workers in this
-process, bit-identical to Ray's at the same worker count: tests/test_inline.py), so each
+process, bit-identical to Ray's at the same worker count: tests/runtime/test_inline.py), so each
 takes milliseconds; test_one_vs_three_workers keeps one run on three Ray worker processes,
 which write and read the one client state store. One straight run (``straight``) is the
 reference check, the resumed run's baseline and the worker-count test's one worker."""
@@ -16,46 +16,28 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from linear_regression import W0, D, linear_model_fn, regression_clients
 from tolerance import ULPS_PER_STEP, f32_atol, merge_ulps
-from torch import nn
 
 import fedray
 from fedray.api import RunResult
-from fedray.checkpoint import read_checkpoint
-from fedray.client_state import ClientStateStore
-from fedray.run_dir import SERVER_STATE_FILE, load_tensors, read_metrics
-from fedray.sampling import sample_clients
+from fedray.core.sampling import sample_clients
+from fedray.state.checkpoint import read_checkpoint
+from fedray.state.client_state import ClientStateStore
+from fedray.state.run_dir import SERVER_STATE_FILE, load_tensors, read_metrics
 
-D = 3  # Linear(3, 1) without bias: 3 parameters, vectorizable (a linear chain)
 SEED = 7
 ROUNDS, STEPS, PER_ROUND = 4, 3, 3
 LR, ALPHA = 0.1, 0.1
-W0 = np.array([0.3, -0.2, 0.1])
 
 
 def make_clients(num: int = 5, seed: int = 0) -> dict[int, tuple[np.ndarray, np.ndarray]]:
     """Heterogeneous regression clients: own feature scale, own true weights, own size."""
-    g = np.random.default_rng(seed)
-    out = {}
-    for i in range(num):
-        n = 6 + 3 * i
-        x = (g.normal(size=(n, D)) * (0.5 + 0.25 * i)).astype(np.float32)
-        y = (x @ (g.normal(size=D) * 2) + 0.1 * g.normal(size=n)).astype(np.float32)
-        out[i] = (x, y)
-    return out
+    return regression_clients([6 + 3 * i for i in range(num)], seed, scale_step=0.25)
 
 
 CLIENTS = make_clients()
 POPULATION = len(CLIENTS)
-
-
-def linear_model_fn():
-    def model_fn():  # a closure: shipped to the workers by value
-        m = nn.Linear(D, 1, bias=False)
-        with torch.no_grad():
-            m.weight.copy_(torch.tensor(W0, dtype=torch.float32).view(1, -1))
-        return m
-    return model_fn
 
 
 def job(out_dir, *, rounds: int = ROUNDS, workers: int = 1, vectorize: str = "off",

@@ -4,14 +4,14 @@ NumPy float64 re-implementation of Wang et al. (NeurIPS 2020), on linear-regress
 client trains ``local_epochs`` epochs of minibatches of BATCH examples, so a client of n
 examples takes EPOCHS * ceil(n / BATCH) steps (4 to 10 here). The minibatches are random, but
 a client's batch order depends only on (seed, round, client id): the reference draws the same
-one with fedray.client_update.batch_schedule, and is then deterministic. 5 clients, 3 a
+one with fedray.kernels.sequential.batch_schedule, and is then deterministic. 5 clients, 3 a
 round (partial participation), so p_k is normalised over the round's clients.
 
 The FedProx client (algorithm.client = fedprox) shrinks earlier steps' gradients, which
 changes ||a_k||_1; with the same number of steps for every client FedNova is FedAvg.
 
 The runs use the inline backend (runtime.backend=inline: the driver and its workers in this
-process, bit-identical to Ray's at the same worker count: tests/test_inline.py), so each
+process, bit-identical to Ray's at the same worker count: tests/runtime/test_inline.py), so each
 takes milliseconds; test_one_vs_three_workers keeps one run on three Ray worker processes,
 whose partial sums (and extra sums of |D_k| ||a_k||_1) the driver merges."""
 
@@ -21,49 +21,31 @@ import math
 
 import numpy as np
 import pytest
-import torch
+from linear_regression import W0, linear_model_fn, regression_clients
 from tolerance import ULPS_PER_STEP, f32_atol, merge_ulps
-from torch import nn
 
 import fedray
 from fedray.api import RunResult
-from fedray.client_update import batch_schedule
-from fedray.sampling import sample_clients
-from fedray.seeding import client_seed
+from fedray.core.sampling import sample_clients
+from fedray.core.seeding import client_seed
+from fedray.kernels.sequential import batch_schedule
 
-D = 3  # Linear(3, 1) without bias: 3 parameters, vectorizable (a linear chain)
 SEED = 5
 ROUNDS, PER_ROUND = 4, 3
 LR, MU = 0.05, 2.0  # lr * mu = 0.1: the proximal term changes ||a_k||_1 by 15% to 35%
 BATCH, EPOCHS = 4, 2
-W0 = np.array([0.3, -0.2, 0.1])
 
 
 def make_clients(num: int = 5, seed: int = 1) -> dict[int, tuple[np.ndarray, np.ndarray]]:
     """Heterogeneous regression clients: own feature scale, own true weights, own size
     (5 to 17 examples: 2 to 5 batches of BATCH an epoch)."""
-    g = np.random.default_rng(seed)
-    out = {}
-    for i, n in enumerate((5, 7, 10, 13, 17)[:num]):
-        x = (g.normal(size=(n, D)) * (0.5 + 0.25 * i)).astype(np.float32)
-        y = (x @ (g.normal(size=D) * 2) + 0.1 * g.normal(size=n)).astype(np.float32)
-        out[i] = (x, y)
-    return out
+    return regression_clients((5, 7, 10, 13, 17)[:num], seed, scale_step=0.25)
 
 
 CLIENTS = make_clients()
 POPULATION = len(CLIENTS)
 SIZES = np.array([len(CLIENTS[i][1]) for i in sorted(CLIENTS)], dtype=np.float64)
 STEPS = [EPOCHS * math.ceil(n / BATCH) for n in SIZES.astype(int)]  # [4, 4, 6, 8, 10]
-
-
-def linear_model_fn():
-    def model_fn():  # a closure: shipped to the workers by value
-        m = nn.Linear(D, 1, bias=False)
-        with torch.no_grad():
-            m.weight.copy_(torch.tensor(W0, dtype=torch.float32).view(1, -1))
-        return m
-    return model_fn
 
 
 def run(out_dir, algorithm: dict, *, client: dict | None = None, workers: int = 1,

@@ -7,7 +7,7 @@ store is not TFF's Pachinko split -- 500 train and 100 test clients of exactly 1
 every example used once, coarse labels right, per-client label skew as Dirichlet(0.1) over the
 20 coarse labels and Dirichlet(10) over each coarse label's 5 fine labels -- the accuracy
 comparisons measure something else. This script builds the store exactly as a user would
-(``fedray.recipe.build`` on the recipe), reads it back (the manifest and the Arrow shards), and
+(``fedray.data.recipe.build`` on the recipe), reads it back (the manifest and the Arrow shards), and
 checks it against the definition:
 
 * structure: client counts and sizes, every example assigned exactly once (by image content,
@@ -16,14 +16,14 @@ checks it against the definition:
   with different pixels but the same labels gives the same per-client label histograms (the
   split depends on the labels only);
 * statistics, against two Monte Carlo references computed here, independently of
-  ``fedray.partitioners``:
+  ``fedray.data.partitioners``:
   - the *Dirichlet reference*: many clients drawn from Dirichlet(0.1) / Dirichlet(10) with
     multinomial sampling and no depletion -- the process as TFF states it, before any label
     runs out. It is compared with the store's clients that were built before any fine label
     was exhausted;
   - the *sequential reference*: the whole process replayed one example at a time, with the
     same label counts, removing exhausted labels and renormalising (as the docstring of
-    ``fedray.partitioners.pachinko`` states it), replicated many times. Because the split
+    ``fedray.data.partitioners.pachinko`` states it), replicated many times. Because the split
     assigns every example, the last clients can only draw from the few labels left: they
     have fewer distinct coarse labels and a larger top share than the Dirichlet reference.
     This reference has the depletion in it, so it judges all clients, first and last.
@@ -220,8 +220,8 @@ def generate_cifar(root: Path, per_fine_train: int, label_seed: int, pixel_seed:
 def build_store(cifar: Path, out: Path, seed: int,
                 log: Callable[[str], None]) -> tuple[str, dict]:
     """Build the store with the shipped recipe; returns its URL and the manifest read back."""
-    from fedray.recipe import build
-    from fedray.store import read_manifest
+    from fedray.data.recipe import build
+    from fedray.data.store import read_manifest
 
     url, _ = build(RECIPE, [f"source.path={cifar}", f"out={out}", f"seed={seed}"],
                    log=lambda s: log(f"    {s.strip()}"))
@@ -318,7 +318,7 @@ def sequential_reference(label_counts: np.ndarray, clients: int, per: int, coars
     label, q ~ Dirichlet(fine_alpha) over its 5 fine labels; each of its ``per`` examples is a
     coarse label from p restricted to coarse labels with examples left (renormalised), then a
     fine label from that label's q restricted to fine labels with examples left. Written from
-    the definition, sharing no code with fedray.partitioners. Returns [replicates, clients,
+    the definition, sharing no code with fedray.data.partitioners. Returns [replicates, clients,
     100] fine-label counts.
     """
     nc, w = NUM_COARSE, FINE_PER_COARSE
@@ -376,7 +376,7 @@ def _fmt(v: float) -> str:
 
 def check_structure(rep: Report, m: dict, ds, url: str, expect: dict) -> dict[str, dict]:
     """Counts, sizes, exactly-once assignment, the coarse column, the shards."""
-    from fedray.store import verify_store
+    from fedray.data.store import verify_store
 
     per = expect["per"]
     info = m.get("info", {})
@@ -676,7 +676,7 @@ def print_table(rep: Report) -> None:
 
 def run(a: argparse.Namespace, command: str) -> int:
     from fedray.data.cifar100 import load_cifar100
-    from fedray.recipe import load_recipe
+    from fedray.data.recipe import load_recipe
 
     t0 = time.perf_counter()
 

@@ -146,7 +146,7 @@ def main(argv: list[str] | None = None) -> int:
     runs_dir = os.path.abspath(args.runs)
     run_all(plan(runs_dir, args.seeds, args.rounds))
 
-    from fedray.report import build_report
+    from fedray.tracking.report import build_report
 
     os.makedirs(args.out, exist_ok=True)
     runs_dir = args.runs.rstrip("/")  # as given, so the reports name the runs as the user did

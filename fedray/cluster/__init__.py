@@ -1,0 +1,1 @@
+"""Many runs and remote runs: Ray Tune sweeps and Ray Jobs submission."""

@@ -1,0 +1,242 @@
+"""``fedray submit / status / logs / stop``: fedray jobs on a Ray cluster, through Ray Jobs.
+
+``fedray submit JOB.yaml`` sends the job file, this machine's fedray package and the user's
+modules the job names by import path (Ray's runtime_env ``working_dir`` and ``py_modules``,
+``user_modules``) to the cluster's job server, where
+``python -m fedray.cli run job.yaml key=value ...`` runs as the job's entrypoint, joining the
+cluster through the RAY_ADDRESS Ray Jobs sets. The cluster's nodes must already have fedray's
+dependencies (ray_cluster.yaml's setup_commands install them); the shipped package makes the
+code the one you just edited. The job runs on the head, so its paths are the cluster's:
+``output.dir`` and a partition store must be URLs (s3://, gs://) or absolute paths on storage
+every node shares -- a relative path would land in the job's temporary working directory and
+be lost with it, so it is refused here, before anything is sent.
+"""
+
+from __future__ import annotations
+
+import importlib.machinery
+import os
+import shlex
+import shutil
+import sys
+import sysconfig
+import tempfile
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import Any
+
+from fedray.algorithms.registry import PART_KEYS
+from fedray.errors import FedrayError, key_error, one_line
+
+DEFAULT_ADDRESS = "http://127.0.0.1:8265"
+TERMINAL = ("SUCCEEDED", "FAILED", "STOPPED")
+
+
+def job_server(address: str | None) -> str:
+    """The job server's HTTP address: --address, else RAY_ADDRESS when it is one (as `ray job`
+    reads it), else the local head's default."""
+    address = address or os.environ.get("RAY_ADDRESS") or DEFAULT_ADDRESS
+    if "://" not in address:
+        address = f"http://{address}"
+    return address
+
+
+def client(address: str | None):
+    from ray.job_submission import JobSubmissionClient
+
+    url = job_server(address)
+    try:
+        return JobSubmissionClient(url)
+    except (ConnectionError, RuntimeError, ValueError) as exc:
+        raise FedrayError(f"--address {url}: cannot reach Ray's job server: "
+                          f"{one_line(exc)}") from None
+
+
+def _local_relative(url: str) -> bool:
+    return "://" not in url and not os.path.isabs(os.path.expanduser(url))
+
+
+def check_cluster_paths(cfg) -> None:
+    """Paths a job on the cluster can use: URLs or absolute paths, never relative ones."""
+    if _local_relative(cfg.output.dir):
+        raise FedrayError(f"config key 'output.dir': a job on a cluster writes where every node "
+                          f"can reach: give a URL (s3://bucket/runs/x) or an absolute path on "
+                          f"shared storage, got {cfg.output.dir!r}")
+    part = cfg.data.partition
+    if part not in ("synthetic", "memory") and _local_relative(part):
+        raise FedrayError(f"config key 'data.partition': a job on a cluster reads its store "
+                          f"where every node can reach: give a URL or an absolute path on shared "
+                          f"storage, got {part!r}")
+
+
+@dataclass(frozen=True)
+class UserModule:
+    """A user's module that a job names a part in (``algorithm.aggregator:
+    examples.qffl:QFedAvg``), as found on this machine."""
+
+    key: str  # the config key that names it
+    ref: str  # the module part of the import path, as given: examples.qffl, or algos/x.py
+    path: str  # what to ship: its top-level package's directory, or its .py file (absolute)
+    by_file: bool  # named by a .py file's path rather than a module name
+
+
+def algorithm_refs(algorithm: Any) -> list[tuple[str, str]]:
+    """(config key, import path) of each part of an ``algorithm`` section named by import
+    path (``module:Class``) rather than by a registered name."""
+    out = []
+    for k in PART_KEYS:
+        ref = algorithm.get(k) if algorithm is not None else None
+        if isinstance(ref, str) and ":" in ref:
+            out.append((f"algorithm.{k}", ref))
+    return out
+
+
+def job_refs(cfg: Any) -> list[tuple[str, str]]:
+    """(config key, import path) of everything of the user's a job names: its algorithm's
+    parts and its ``output.callbacks`` (which run in the process that runs the job)."""
+    output = cfg.get("output") or {}
+    callbacks = [("output.callbacks", r) for r in output.get("callbacks") or []
+                 if isinstance(r, str) and ":" in r]
+    return algorithm_refs(cfg.get("algorithm")) + callbacks
+
+
+def _installed(path: str) -> bool:
+    """Installed with Python or into it: every node of a cluster imports it by name."""
+    roots = {sysconfig.get_paths()[k] for k in ("stdlib", "platstdlib")}
+    return ("site-packages" in path or "dist-packages" in path
+            or any(path.startswith(r + os.sep) for r in roots))
+
+
+def user_modules(refs: Iterable[tuple[str, str]], cwd: str | None = None) -> list[UserModule]:
+    """The user's modules behind import paths, found from ``cwd`` first, as ``fedray run``
+    imports them (fedray.algorithms.registry.import_object), without running their code.
+
+    A module name ships its *top-level* package (or module file): ``examples.qffl`` ships
+    the directory ``examples/``, so the module's own imports of its siblings work on the
+    cluster too. fedray itself and installed packages are left out (the nodes have them)."""
+    cwd = cwd or os.getcwd()
+    out: dict[str, UserModule] = {}
+    for key, ref in refs:
+        module = ref.rpartition(":")[0]
+        if not module:
+            continue  # registry.import_object refuses it with the key's name
+        if module.endswith(".py") or os.sep in module:
+            path = os.path.abspath(os.path.join(cwd, module))
+            if not os.path.isfile(path):
+                raise key_error(key, f"no such file: {path}", ref)
+            out.setdefault(path, UserModule(key, module, path, True))
+            continue
+        top = module.split(".")[0]
+        if top == "fedray":
+            continue
+        spec = importlib.machinery.PathFinder.find_spec(top, [cwd, *sys.path])
+        if spec is None:
+            raise key_error(key, f"cannot find module {top} (looked in {cwd} and on "
+                            "sys.path)", ref)
+        paths = list(spec.submodule_search_locations or []) or [spec.origin or ""]
+        for path in paths:
+            if path and os.path.exists(path) and not _installed(path):
+                out.setdefault(path, UserModule(key, module, os.path.abspath(path), False))
+    return list(out.values())
+
+
+def submit(job: str, overrides: list[str], address: str | None = None,
+           submission_id: str | None = None, agent_wait_s: float = 120.0) -> str:
+    """Submit ``fedray run JOB.yaml overrides`` to the cluster; return the job's id. A head
+    whose job agent is not up yet (just after ``ray up``) is retried for ``agent_wait_s``."""
+    import fedray
+    from fedray.config import FedrayConfig, load_structured
+
+    # typos and types fail here, not on the cluster; without load_config's default output.dir
+    cfg = load_structured(FedrayConfig, job, overrides)
+    if cfg.output.dir is None:
+        raise FedrayError("config key 'output.dir': set it for a cluster job (a URL such as "
+                          "s3://bucket/runs/x, or an absolute path on shared storage)")
+    check_cluster_paths(cfg)
+    modules = user_modules(job_refs(cfg))
+    jobs = client(address)
+    package = os.path.dirname(os.path.abspath(fedray.__file__))
+    staging = tempfile.mkdtemp(prefix="fedray-submit-")
+    try:
+        shutil.copyfile(job, os.path.join(staging, "job.yaml"))
+        py_modules = [package] + [m.path for m in modules if not m.by_file]
+        for m in modules:
+            if m.by_file:
+                _stage_file(m, staging)
+        entrypoint = shlex.join(["python", "-m", "fedray.cli", "run", "job.yaml", *overrides,
+                                 "--quiet"])
+        deadline = time.monotonic() + agent_wait_s
+        while True:
+            try:
+                return jobs.submit_job(
+                    entrypoint=entrypoint, submission_id=submission_id,
+                    runtime_env={"working_dir": staging, "py_modules": py_modules,
+                                 "excludes": ["__pycache__"]},
+                    metadata={"fedray_job": os.path.basename(job), "fedray_name": cfg.name})
+            except RuntimeError as exc:  # the job server's refusal (a duplicate id, ...)
+                # a head that has just started has no job agent yet: wait for it
+                if "No available agent" in str(exc) and time.monotonic() < deadline:
+                    time.sleep(2.0)
+                    continue
+                raise FedrayError(f"submit {job}: {one_line(exc)}") from None
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+
+
+def _stage_file(module: UserModule, staging: str) -> None:
+    """A part named by a relative .py path goes into the job's working directory at that
+    path, where the entrypoint (which runs there) finds it; an absolute path is left as it
+    is: like output.dir, it must be on storage every node shares."""
+    if os.path.isabs(module.ref):
+        return
+    rel = os.path.normpath(module.ref)
+    if rel.startswith(os.pardir):
+        raise key_error(module.key, "a job on a cluster finds a .py file inside the directory "
+                        "you submit from, or at an absolute path on shared storage; or name "
+                        "its module instead (package.module:Class)", module.ref)
+    target = os.path.join(staging, rel)
+    os.makedirs(os.path.dirname(target), exist_ok=True)
+    shutil.copyfile(module.path, target)
+
+
+def _call(what: str, job_id: str, fn: Callable[[], Any]) -> Any:
+    try:
+        return fn()
+    except RuntimeError as exc:
+        raise FedrayError(f"{what} {job_id}: {one_line(exc)}") from None
+
+
+def status(job_id: str, address: str | None = None) -> dict[str, Any]:
+    info = _call("status", job_id, lambda: client(address).get_job_info(job_id))
+    return {"job_id": job_id, "status": str(info.status.value if hasattr(info.status, "value")
+                                            else info.status),
+            "message": info.message or "", "entrypoint": info.entrypoint}
+
+
+def logs(job_id: str, address: str | None = None) -> str:
+    return _call("logs", job_id, lambda: client(address).get_job_logs(job_id))
+
+
+def stop(job_id: str, address: str | None = None) -> bool:
+    return bool(_call("stop", job_id, lambda: client(address).stop_job(job_id)))
+
+
+def follow(job_id: str, address: str | None = None, out: Callable[[str], None] = print,
+           poll_s: float = 2.0, timeout_s: float | None = None) -> str:
+    """Print the job's log as it grows until the job ends; return its final status."""
+    jobs = client(address)
+    shown = 0
+    start = time.monotonic()
+    while True:
+        state = _call("status", job_id, lambda: jobs.get_job_status(job_id))
+        state = str(getattr(state, "value", state))
+        text = _call("logs", job_id, lambda: jobs.get_job_logs(job_id))
+        if len(text) > shown:
+            out(text[shown:].rstrip("\n"))
+            shown = len(text)
+        if state in TERMINAL:
+            return state
+        if timeout_s is not None and time.monotonic() - start > timeout_s:
+            raise FedrayError(f"job {job_id}: still {state} after {timeout_s:.0f}s")
+        time.sleep(poll_s)

@@ -1,0 +1,590 @@
+"""``fedray sweep``: many fedray runs over a grid or a random sample of config values, on Ray Tune.
+
+A sweep is a job plus the config keys to vary (``sampling.clients_per_round`` in {10, 50, 100,
+500} x ``seed`` in {0, 1, 2}, say). Each trial is one ordinary fedray run -- its own driver and
+worker actors, reserved together through the trial's placement group (an empty bundle for the
+trial's own process, one bundle per worker), so trials never compete for a worker's CPUs or
+GPU share and an autoscaler sees exactly what a waiting trial needs. Trials read the job's
+partition store in place. Every round's metrics go to Tune (for ASHA early stopping and Tune's
+own logs) and to the trial's run directory ``SWEEP_DIR/trials/<trial id>/`` (metrics.jsonl,
+TensorBoard events, checkpoints). After the sweep, ``results.csv`` (one row per trial) and
+a report (``report/``: a curve per setting with a band over seeds, fedray.tracking.report)
+are written.
+
+A sweep killed halfway continues with ``fedray sweep --resume SWEEP_DIR``: Tune restores which
+trials finished, and each unfinished trial resumes its run directory from its last fedray
+checkpoint rather than from round 1.
+
+A job may name the user's own algorithm parts by import path (``examples.qffl:QFedAvg``).
+Tune starts each trial in a process of its own, in a directory of its own, maybe on another
+node, where the caller's modules are not on the import path: the modules' files travel with
+the trial's arguments (``pack_modules``, through Ray's object store, so to any node) and each
+trial puts them on its import path before its run imports the job's parts.
+
+Layout of SWEEP_DIR (any fsspec URL Tune and fedray can both write: a local path, s3://, gs://):
+``sweep.yaml`` (the sweep with its job inlined, so a resume needs no other file),
+``tune/`` (Tune's experiment state), ``trials/<trial id>/`` (fedray run directories),
+``results.csv`` and ``report/``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import csv
+import importlib
+import io
+import itertools
+import os
+import shutil
+import sys
+import tempfile
+import time
+import zipfile
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import fsspec
+from omegaconf import DictConfig, OmegaConf
+
+from fedray.errors import ConfigError, FedrayError
+from fedray.state.redact import mask
+from fedray.state.storage import LOCK_FILE, absolute_url, check_writable, filesystem
+
+SWEEP_FILE = "sweep.yaml"
+TUNE_DIR = "tune"
+TRIALS_DIR = "trials"
+RESULTS_FILE = "results.csv"
+REPORT_DIR = "report"
+DISTRIBUTIONS = ("uniform", "loguniform", "randint")
+MAX_MODULES_MB = 64  # the user's modules shipped with every trial
+
+
+@dataclass
+class SchedulerConfig:
+    name: str | None = None  # null: every trial runs to the end; asha: early stopping
+    grace_period: int = 5  # ASHA: rounds every trial runs before it may be stopped
+    reduction_factor: float = 4.0  # ASHA: keep the best 1/reduction_factor at each rung
+
+
+@dataclass
+class SweepConfig:
+    name: str = "sweep"
+    job: Any = None  # the job: a YAML path (relative to the sweep file) or the job's keys
+    overrides: list[str] = field(default_factory=list)  # key=value for every trial
+    search: str = "grid"  # grid | random
+    # grid: repeats of the whole grid; random: trials drawn
+    num_samples: int = 1
+    seed: int = 0  # random search: the seed values are drawn with
+    # config key -> list of values (grid; random: a uniform choice), or, random only,
+    # {uniform|loguniform: [low, high]} or {randint: [low, high)}
+    parameters: dict[str, Any] = field(default_factory=dict)
+    metric: str = "test_accuracy"  # what ASHA and the report compare
+    mode: str = "max"  # max | min
+    scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
+    workers_per_trial: int = 1  # worker actors per trial (each runtime.worker.num_cpus/gpus)
+    max_concurrent_trials: int = 0  # 0: as many as the cluster's resources fit
+    output: str | None = None  # the sweep directory; null: runs/<name>-<timestamp>
+
+
+def _job_config(sweep: DictConfig, base_dir: str) -> DictConfig:
+    """The sweep's job with its overrides, paths made absolute; validated later per trial."""
+    from fedray.config import load_config
+
+    job = sweep.job
+    if job is None:
+        raise ConfigError("sweep key 'job': the job to sweep, e.g. job=jobs/quickstart.yaml")
+    if isinstance(job, str):
+        path = job if os.path.isabs(job) else os.path.join(base_dir, job)
+        if not os.path.isfile(path) and os.path.isfile(job):
+            path = job  # relative to the working directory, as a command-line path would be
+        source: Any = path
+    else:
+        source = OmegaConf.to_container(job, resolve=True)
+    return load_config(source, list(sweep.overrides))
+
+
+def load_sweep(source: Any, overrides: list[str] | tuple = ()) -> tuple[DictConfig, DictConfig]:
+    """The sweep (its job inlined) and the job config; reads no data, starts nothing."""
+    from fedray.config import load_structured
+
+    sweep = load_structured(SweepConfig, source, overrides, what="sweep", kind="sweep")
+    base_dir = os.path.dirname(os.path.abspath(source)) if isinstance(source, str | os.PathLike
+                                                                      ) else os.getcwd()
+    job = _job_config(sweep, base_dir)
+    if job.data.partition not in ("synthetic", "memory"):  # trials run elsewhere: Tune
+        # starts each in its own working directory, maybe on another node
+        job = OmegaConf.merge(job, {"data": {"partition": absolute_url(job.data.partition)}})
+    job = OmegaConf.merge(job, {"algorithm": _absolute_files(job.algorithm)})  # likewise
+    sweep.job = OmegaConf.to_container(job, resolve=True)
+    sweep.overrides = []
+    r = _require
+    r(sweep.search in ("grid", "random"), "search", "must be grid or random", sweep.search)
+    r(sweep.num_samples >= 1, "num_samples", "must be >= 1", sweep.num_samples)
+    r(sweep.mode in ("max", "min"), "mode", "must be max or min", sweep.mode)
+    r(sweep.workers_per_trial >= 1, "workers_per_trial", "must be >= 1", sweep.workers_per_trial)
+    r(sweep.max_concurrent_trials >= 0, "max_concurrent_trials", "must be >= 0",
+      sweep.max_concurrent_trials)
+    sweep.parameters = _flat_parameters(sweep.parameters)
+    r(bool(sweep.parameters), "parameters", "must name at least one config key to vary, e.g. "
+      "seed: [0, 1, 2]", dict(sweep.parameters))
+    s = sweep.scheduler
+    r(s.name in (None, "asha"), "scheduler.name", "must be null or asha", s.name)
+    r(s.grace_period >= 1, "scheduler.grace_period", "must be >= 1", s.grace_period)
+    r(s.reduction_factor > 1, "scheduler.reduction_factor", "must be > 1", s.reduction_factor)
+    for key, spec in sweep.parameters.items():
+        where = f"parameters.{key}"
+        if isinstance(spec, DictConfig):
+            r(sweep.search == "random", where, "a distribution needs search: random",
+              OmegaConf.to_container(spec))
+            r(len(spec) == 1 and next(iter(spec)) in DISTRIBUTIONS, where,
+              f"must be a list of values or one of {', '.join(DISTRIBUTIONS)}: [low, high]",
+              OmegaConf.to_container(spec))
+            kind, bounds = next(iter(spec.items()))
+            ok = (isinstance(bounds, list | tuple) or hasattr(bounds, "__len__")) and len(
+                bounds) == 2 and bounds[0] < bounds[1] and (kind != "loguniform" or bounds[0] > 0)
+            r(ok, where, f"{kind} needs [low, high] with low < high"
+              + (" and low > 0" if kind == "loguniform" else ""), list(bounds))
+            r(kind != "randint" or all(isinstance(b, int) for b in bounds), where,
+              "randint needs whole numbers [low, high) (high excluded)", list(bounds))
+        else:
+            r(hasattr(spec, "__len__") and not isinstance(spec, str) and len(spec) >= 1, where,
+              "must be a non-empty list of values", spec)
+        r(key not in ("output.dir", "runtime.num_workers"), where,
+          "is set by the sweep for each trial", spec)
+    if sweep.output is None:
+        sweep.output = f"runs/{sweep.name}-{time.strftime('%Y%m%d-%H%M%S')}"
+
+    OmegaConf.set_readonly(job, True)
+    sweep.output = absolute_url(sweep.output)
+    OmegaConf.set_readonly(sweep, True)
+    return sweep, job
+
+
+def _absolute_files(algorithm: DictConfig) -> dict[str, str]:
+    """Parts named by a relative .py path, with the path made absolute: a trial's working
+    directory is not the caller's (on a cluster the file must be on shared storage; a part
+    named by module name is shipped instead, ``pack_modules``)."""
+    from fedray.cluster.submit import algorithm_refs
+
+    out = {}
+    for key, ref in algorithm_refs(algorithm):
+        module, _, attr = ref.rpartition(":")
+        if (module.endswith(".py") or os.sep in module) and not os.path.isabs(module):
+            out[key.split(".", 1)[1]] = f"{os.path.abspath(module)}:{attr}"
+    return out
+
+
+def _flat_parameters(node: DictConfig, prefix: str = "") -> dict[str, Any]:
+    """``{client: {lr: [..]}}`` (nested YAML, or ``parameters.client.lr=[..]`` on the command
+    line) means ``{"client.lr": [..]}``; a one-key mapping naming a distribution is a value."""
+    out: dict[str, Any] = {}
+    for key, spec in node.items():
+        if isinstance(spec, DictConfig) and not (len(spec) == 1
+                                                 and next(iter(spec)) in DISTRIBUTIONS):
+            out.update(_flat_parameters(spec, f"{prefix}{key}."))
+        else:
+            out[f"{prefix}{key}"] = spec
+    return out
+
+
+def _require(ok: bool, key: str, rule: str, value: Any) -> None:
+    if not ok:
+        raise ConfigError(f"sweep key '{key}': {rule}, got {value!r}")
+
+
+def _candidates(sweep: DictConfig) -> list[dict[str, Any]]:
+    """Settings to validate before anything starts: the whole grid, or for random search each
+    listed value and the ends and middle of each range (a value the job refuses fails here)."""
+    values = {}
+    for key, spec in sweep.parameters.items():
+        if isinstance(spec, DictConfig):
+            kind, (lo, hi) = next(iter(spec.items()))
+            # both ends, and for a continuous range a float inside it (an int key refuses it)
+            values[key] = [lo, hi - 1] if kind == "randint" else [lo, hi, (lo + hi) / 2.0]
+        else:
+            values[key] = list(OmegaConf.to_container(spec) if not isinstance(spec, list)
+                               else spec)
+    if sweep.search == "grid":
+        return [dict(zip(values, combo, strict=True))
+                for combo in itertools.product(*values.values())]
+    return [{k: v} for k, vs in values.items() for v in vs]
+
+
+def trial_config(job: dict, params: dict[str, Any], run_dir: str, workers: int) -> dict:
+    """One trial's job: the sweep's job with the trial's values set."""
+    cfg = OmegaConf.create(job)
+    for key, value in params.items():
+        OmegaConf.update(cfg, key, value, merge=False)
+    OmegaConf.update(cfg, "output.dir", run_dir, merge=False)
+    OmegaConf.update(cfg, "runtime.num_workers", workers, merge=False)
+    return OmegaConf.to_container(cfg, resolve=True)
+
+
+def check_trials(sweep: DictConfig, job: DictConfig) -> int:
+    """Validate every setting the sweep can produce; return how many trials it will run."""
+    from fedray.api import prepare
+
+    base = OmegaConf.to_container(job, resolve=True)
+    candidates = _candidates(sweep)
+    for params in candidates:
+        try:
+            prepare(trial_config(base, params, "unused", sweep.workers_per_trial))
+        except ConfigError as exc:  # say which sweep value made the job invalid
+            what = ", ".join(f"{k}={v!r}" for k, v in params.items())
+            raise ConfigError(f"sweep setting {what}: {exc}") from None
+    if sweep.search == "random":
+        return sweep.num_samples
+    return sweep.num_samples * len(candidates)
+
+
+def _search_space(sweep: DictConfig) -> dict[str, Any]:
+    from ray import tune
+
+    space: dict[str, Any] = {}
+    for key, spec in sweep.parameters.items():
+        if isinstance(spec, DictConfig):
+            kind, (lo, hi) = next(iter(spec.items()))
+            space[key] = getattr(tune, kind)(lo, hi)
+        else:
+            values = list(spec)
+            space[key] = (tune.grid_search(values) if sweep.search == "grid"
+                          else tune.choice(values))
+    return space
+
+
+def _url(root: str, *parts: str) -> str:
+    return "/".join([root.rstrip("/"), *parts])
+
+
+def _trial(params: dict, *, job: dict, sweep_dir: str, workers: int,
+           modules: bytes | None = None) -> None:
+    """A Tune function trainable: run (or resume) one fedray run, reporting every round.
+    ``modules``: the user's modules the job names (``pack_modules``)."""
+    from ray import tune
+
+    import fedray
+
+    trial_id = tune.get_context().get_trial_id()
+    run_dir = _url(sweep_dir, TRIALS_DIR, trial_id)
+    fs, path = fsspec.core.url_to_fs(run_dir)
+    resume = None
+    if fs.exists(f"{path}/config.yaml"):
+        resume = run_dir  # an interrupted sweep: continue from the run's checkpoint
+        if fs.exists(f"{path}/{LOCK_FILE}"):  # Tune runs a trial once at a time: the lock
+            fs.rm(f"{path}/{LOCK_FILE}")  # is its killed run's, maybe from another node
+    elif fs.exists(path):
+        fs.rm(path, recursive=True)  # killed before the run wrote anything to resume from
+    cfg = trial_config(job, params, run_dir, workers)
+    with _modules_on_path(modules):
+        fedray.run(cfg, resume=resume, progress=lambda m: tune.report(dict(m)))
+
+
+def _module_refs(sweep: DictConfig, job: DictConfig) -> list[tuple[str, str]]:
+    """The import paths the job names (fedray.cluster.submit.job_refs), and the algorithm parts a
+    sweep parameter sets."""
+    from fedray.cluster.submit import PART_KEYS, job_refs
+
+    refs = job_refs(job)
+    for key, spec in sweep.parameters.items():
+        if key in {f"algorithm.{k}" for k in PART_KEYS} and not isinstance(spec, DictConfig):
+            refs += [(key, v) for v in spec if isinstance(v, str) and ":" in v]
+    return refs
+
+
+def pack_modules(refs: list[tuple[str, str]]) -> bytes | None:
+    """The user's modules behind the import paths (fedray.cluster.submit.user_modules: each module
+    name's top-level package or file; .py paths stay where they are), zipped to travel with
+    every trial; None when the job names none. Only source files go: __pycache__ and
+    hidden directories are left out."""
+    from fedray.cluster.submit import user_modules
+
+    modules = [m for m in user_modules(refs) if not m.by_file]
+    if not modules:
+        return None
+    buf = io.BytesIO()
+    with zipfile.ZipFile(buf, "w", zipfile.ZIP_DEFLATED) as zf:
+        names: set[str] = set()
+        for m in modules:
+            if os.path.isfile(m.path):
+                files = [(m.path, os.path.basename(m.path))]
+            else:
+                top = os.path.basename(m.path.rstrip(os.sep))
+                files = []
+                for root, dirs, found in os.walk(m.path):
+                    dirs[:] = sorted(d for d in dirs if d != "__pycache__"
+                                     and not d.startswith("."))
+                    rel = os.path.relpath(root, m.path)
+                    files += [(os.path.join(root, f),
+                               os.path.normpath(os.path.join(top, rel, f)))
+                              for f in sorted(found) if not f.endswith((".pyc", ".pyo"))]
+            for path, name in files:
+                if name not in names:  # a namespace package's portions: the first wins
+                    names.add(name)
+                    zf.write(path, name)
+    data = buf.getvalue()
+    if len(data) > MAX_MODULES_MB * 2**20:
+        raise FedrayError(f"the modules of {', '.join(r for _, r in refs)} take "
+                          f"{len(data) / 2**20:.0f} MiB zipped, more than the "
+                          f"{MAX_MODULES_MB} MiB shipped with every trial; install them on "
+                          "the cluster's nodes instead")
+    return data
+
+
+@contextlib.contextmanager
+def _modules_on_path(modules: bytes | None):
+    """The trial's process imports the user's modules from a directory of its own: their
+    files unzipped there, the directory first on sys.path while the run lasts (the run's
+    driver and workers get the parts pickled by value, fedray.algorithms.registry)."""
+    if not modules:
+        yield
+        return
+    root = tempfile.mkdtemp(prefix="fedray-modules-")
+    try:
+        with zipfile.ZipFile(io.BytesIO(modules)) as zf:
+            zf.extractall(root)
+        sys.path.insert(0, root)
+        importlib.invalidate_caches()
+        yield
+    finally:
+        with contextlib.suppress(ValueError):
+            sys.path.remove(root)
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def _placement(job: DictConfig, workers: int):
+    from ray import tune
+
+    w = job.runtime.worker
+    bundle = {"CPU": float(w.num_cpus)} | ({"GPU": float(w.num_gpus)} if w.num_gpus else {})
+    # an empty first bundle: the trial's own process (it only waits on its driver) takes none
+    return tune.PlacementGroupFactory([{}] + [dict(bundle) for _ in range(workers)])
+
+
+def _check_fits(job: DictConfig, workers: int, resources: dict[str, float]) -> None:
+    """On a fixed-size Ray (no autoscaler), a trial that can never be placed would wait
+    forever; say so instead (the pool's own fit check, for a pool of workers_per_trial)."""
+    from fedray.runtime.pool import pool_size
+
+    try:
+        pool_size(OmegaConf.merge(job, {"runtime": {"num_workers": workers}}), resources)
+    except FedrayError as exc:
+        raise FedrayError(f"workers_per_trial={workers}: {exc}") from None
+
+
+def _progress_callback(sweep: DictConfig, total: int, log: Callable[[str], None]):
+    """One line per trial start and end, instead of Tune's tables."""
+    from ray.tune import Callback
+
+    keys = list(sweep.parameters)
+    metric = sweep.metric
+
+    class Progress(Callback):
+        def __init__(self) -> None:
+            self.ended = 0
+            self.last: dict[str, dict] = {}
+
+        def _what(self, trial) -> str:
+            values = ", ".join(f"{k}={trial.config.get(k)}" for k in keys)
+            return f"trial {trial.trial_id} ({values})"
+
+        def on_trial_start(self, iteration, trials, trial, **info):
+            log(f"{self._what(trial)} started")
+
+        def on_trial_result(self, iteration, trials, trial, result, **info):
+            if result.get(metric) is not None:
+                self.last[trial.trial_id] = result
+
+        def _end(self, trial, how: str) -> None:
+            self.ended += 1
+            last = self.last.get(trial.trial_id, {})
+            value = (f", {metric} {last[metric]:.4f} at round {last.get('round')}"
+                     if metric in last else "")
+            log(f"{self._what(trial)} {how}{value} [{self.ended}/{total} ended]")
+
+        def on_trial_complete(self, iteration, trials, trial, **info):
+            self._end(trial, "ended")
+
+        def on_trial_error(self, iteration, trials, trial, **info):
+            self._end(trial, "FAILED (see results.csv)")
+
+    return Progress()
+
+
+def _trial_dirname(trial) -> str:
+    """Tune's directory of a trial is named by its id, like its fedray run directory."""
+    return trial.trial_id
+
+
+def _tuner(sweep: DictConfig, job: DictConfig, restore: bool, progress):
+    from ray import tune
+    from ray.tune.schedulers import ASHAScheduler
+    from ray.tune.search import BasicVariantGenerator
+
+    os.environ["TUNE_DISABLE_STRICT_METRIC_CHECKING"] = "1"  # evaluation rounds carry the
+    # metric; the other rounds are reported too, and ASHA skips them
+    trainable = tune.with_resources(
+        tune.with_parameters(_trial, job=OmegaConf.to_container(job, resolve=True),
+                             sweep_dir=sweep.output, workers=sweep.workers_per_trial,
+                             modules=pack_modules(_module_refs(sweep, job))),
+        _placement(job, sweep.workers_per_trial))
+    tune_dir = _url(sweep.output, TUNE_DIR)
+    if restore:
+        return tune.Tuner.restore(tune_dir, trainable, resume_unfinished=True,
+                                  resume_errored=True)
+    scheduler = None
+    if sweep.scheduler.name == "asha":
+        scheduler = ASHAScheduler(time_attr="round", metric=sweep.metric, mode=sweep.mode,
+                                  max_t=job.rounds, grace_period=sweep.scheduler.grace_period,
+                                  reduction_factor=sweep.scheduler.reduction_factor)
+    tune_config = tune.TuneConfig(
+        num_samples=sweep.num_samples, scheduler=scheduler,
+        search_alg=BasicVariantGenerator(random_state=sweep.seed),
+        max_concurrent_trials=sweep.max_concurrent_trials or None,
+        trial_dirname_creator=_trial_dirname, trial_name_creator=_trial_dirname)
+    run_config = tune.RunConfig(name=TUNE_DIR, storage_path=sweep.output, verbose=0,
+                                failure_config=tune.FailureConfig(max_failures=0),
+                                callbacks=[progress])
+    return tune.Tuner(trainable, param_space=_search_space(sweep), tune_config=tune_config,
+                      run_config=run_config)
+
+
+@dataclass
+class SweepResult:
+    rows: list[dict[str, Any]]  # one per trial, as in results.csv
+    sweep_dir: str
+    wall_s: float
+    report_table: str | None  # the report's Markdown table (None: no trial has the metric)
+
+    @property
+    def failed(self) -> list[str]:
+        """Trials that ended with an error (``fedray sweep --resume`` re-runs them)."""
+        return [row["trial"] for row in self.rows if row["status"].startswith("error")]
+
+
+def _rows(sweep: DictConfig, job: DictConfig, grid) -> list[dict[str, Any]]:
+    from fedray.state.run_dir import read_metrics
+
+    keys = list(sweep.parameters)
+    rows = []
+    for result in grid:
+        trial_id = os.path.basename(result.path.rstrip("/"))  # _trial_dirname
+        run_dir = _url(sweep.output, TRIALS_DIR, trial_id)
+        try:
+            metrics = read_metrics(run_dir)
+        except FileNotFoundError:
+            metrics = []
+        values = [m[sweep.metric] for m in metrics if m.get(sweep.metric) is not None]
+        best = (max if sweep.mode == "max" else min)(values) if values else None
+        rounds = metrics[-1]["round"] if metrics else 0
+        if result.error is not None:
+            status = "error: " + str(result.error).strip().splitlines()[-1][:200]
+        elif rounds < job.rounds:
+            status = "stopped early"
+        else:
+            status = "finished"
+        rows.append({"trial": trial_id, **{k: result.config.get(k) for k in keys},
+                     "status": status, "rounds": rounds,
+                     f"final_{sweep.metric}": values[-1] if values else None,
+                     f"best_{sweep.metric}": best,
+                     "elapsed_s": round(metrics[-1]["elapsed_s"], 1) if metrics else None,
+                     "run_dir": run_dir})
+    return sorted(rows, key=lambda row: row["trial"])
+
+
+def _csv(rows: list[dict[str, Any]]) -> str:
+    buf = io.StringIO()
+    writer = csv.DictWriter(buf, fieldnames=list(rows[0]) if rows else ["trial"])
+    writer.writeheader()
+    writer.writerows(rows)
+    return buf.getvalue()
+
+
+def format_rows(rows: list[dict[str, Any]]) -> str:
+    """The results as an aligned text table (run_dir left out: it is in results.csv)."""
+    if not rows:
+        return "(no trials)"
+    cols = [c for c in rows[0] if c != "run_dir"]
+
+    def cell(v: Any) -> str:
+        return f"{v:.4f}" if isinstance(v, float) else "-" if v is None else str(v)
+
+    table = [cols] + [[cell(row[c]) for c in cols] for row in rows]
+    widths = [max(len(line[i]) for line in table) for i in range(len(cols))]
+    return "\n".join("  ".join(v.ljust(w) for v, w in zip(line, widths, strict=True)).rstrip()
+                     for line in table)
+
+
+def _report(sweep: DictConfig, rows: list[dict[str, Any]]) -> str | None:
+    """The comparison: a curve per setting of the non-seed keys, a band over seeds."""
+    from fedray.tracking.report import build_report
+
+    done = [row["run_dir"] for row in rows if row[f"final_{sweep.metric}"] is not None]
+    if not done:
+        return None
+    group_by = [k for k in sweep.parameters if k != "seed"] or None
+    out = _url(sweep.output, REPORT_DIR)
+    fs, path = fsspec.core.url_to_fs(out)
+    if fs.exists(path):
+        fs.rm(path, recursive=True)  # a resumed sweep's report covers every trial again
+    return build_report(done, out, metric=sweep.metric, group_by=group_by,
+                        title=f"{sweep.name}: {sweep.metric}")
+
+
+def run_sweep(source: Any = None, overrides: list[str] | tuple = (), *,
+              resume: str | None = None, log: Callable[[str], None] | None = None
+              ) -> SweepResult:
+    """Run a sweep (``source``: a SWEEP.yaml path or its keys) or resume one (``resume``: its
+    directory) to the end, and write results.csv and the report. Failed trials do not raise:
+    they are rows with an ``error: ...`` status (``SweepResult.failed``)."""
+    from fedray.runtime.session import ray_session
+
+    log = log or (lambda s: print(s, file=sys.stderr, flush=True))
+    if resume is not None:
+        url = absolute_url(resume)
+        fs, path = filesystem(url, "--resume", durable=True, what=None)
+        if not fs.exists(f"{path}/{SWEEP_FILE}"):
+            raise FedrayError(f"--resume {url}: not a fedray sweep directory (no {SWEEP_FILE})")
+        saved = OmegaConf.create(fs.cat_file(f"{path}/{SWEEP_FILE}").decode())
+        from fedray.state.checkpoint import masked_keys
+
+        masked = masked_keys(saved)
+        if masked:  # sweep.yaml never holds secrets, so it cannot restore them
+            raise FedrayError(f"--resume {url}: its {SWEEP_FILE} has masked credentials in "
+                              f"{', '.join(masked)}; pass credentials through the environment "
+                              "(e.g. AWS_ACCESS_KEY_ID for s3://), not in URLs or config keys")
+        if overrides:
+            raise FedrayError("--resume takes no key=value overrides: a sweep resumes as it "
+                              "started")
+        sweep, job = load_sweep(OmegaConf.merge(saved, {"output": url}))
+    else:
+        if source is None:
+            raise FedrayError("fedray sweep needs SWEEP.yaml (or --resume SWEEP_DIR)")
+        sweep, job = load_sweep(source, overrides)
+        fs, path = filesystem(sweep.output, "output", durable=True, what="sweep")
+        check_writable(fs, path, sweep.output, "output", what="sweep")
+        if fs.exists(path) and fs.ls(path):
+            raise FedrayError(f"sweep output {sweep.output} already holds files; choose a new "
+                              f"output or continue it with --resume {sweep.output}")
+    trials = check_trials(sweep, job)
+    start = time.perf_counter()
+    with ray_session(job):
+        import ray
+
+        if not job.runtime.address and not os.environ.get("RAY_ADDRESS"):
+            _check_fits(job, sweep.workers_per_trial, ray.cluster_resources())
+        if resume is None:
+            fs.makedirs(path, exist_ok=True)
+            with fs.open(f"{path}/{SWEEP_FILE}", "w") as f:
+                f.write(mask(OmegaConf.to_yaml(sweep)))
+        log(f"sweep {sweep.name}: {trials} trials of {job.rounds} rounds, "
+            f"{sweep.workers_per_trial} worker(s) each; Tune's state in "
+            f"{mask(_url(sweep.output, TUNE_DIR))}")
+        progress = _progress_callback(sweep, trials, log)
+        grid = _tuner(sweep, job, resume is not None, progress).fit()
+    rows = _rows(sweep, job, grid)
+    with fs.open(f"{path}/{RESULTS_FILE}", "w") as f:
+        f.write(_csv(rows))
+    table = _report(sweep, rows)
+    return SweepResult(rows=rows, sweep_dir=sweep.output,
+                       wall_s=time.perf_counter() - start, report_table=table)

@@ -1,0 +1,60 @@
+"""Evaluation sums: loss and correct predictions, reduced like training updates.
+
+Workers return sums (loss_sum, correct, count) for their share of a test set; the driver adds
+them. Central (one held-out set split over workers) and federated (each sampled client's own
+held-out data) evaluation share this one function.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from fedray.core.losses import correct_fn, loss_fn
+
+
+@dataclass
+class EvalSums:
+    """A share of an evaluation, as a worker sends it back: sums, so shares add up."""
+
+    loss_sum: float = 0.0
+    correct: int = 0
+    count: int = 0
+
+    def __add__(self, other: EvalSums) -> EvalSums:
+        return EvalSums(self.loss_sum + other.loss_sum, self.correct + other.correct,
+                        self.count + other.count)
+
+    @property
+    def mean_loss(self) -> float:
+        return self.loss_sum / max(1, self.count)
+
+    @property
+    def accuracy(self) -> float:
+        return self.correct / max(1, self.count)
+
+
+@torch.no_grad()
+def evaluate(module: nn.Module, x: torch.Tensor, y: torch.Tensor, batch_size: int,
+             device: torch.device, loss: str = "cross_entropy") -> EvalSums:
+    module.eval()
+    criterion, count_correct = loss_fn(loss), correct_fn(loss)
+    loss_sum, correct = 0.0, 0
+    for i in range(0, len(y), batch_size):
+        xb = x[i:i + batch_size].to(device, non_blocking=True)
+        yb = y[i:i + batch_size].to(device, non_blocking=True)
+        out = module(xb)
+        loss_sum += float(criterion(out, yb, reduction="sum"))
+        if count_correct is not None:
+            correct += count_correct(out, yb)
+    return EvalSums(loss_sum, correct, int(len(y)))
+
+
+def merge_sums(parts: list[EvalSums]) -> EvalSums:
+    """The shares added in the order given (floats: the same order, the same result)."""
+    out = EvalSums()
+    for p in parts:
+        out = out + p
+    return out

@@ -1,0 +1,76 @@
+"""Client sampling: which virtual clients take part in a round.
+
+Uniform without replacement within a round and independently across rounds (so with
+replacement across rounds), from a stream seeded by (seed, round) alone: the same job
+samples the same clients whatever the cluster looks like.
+
+Cross-device clients also vanish and straggle. ``select_round`` models both, still from
+(seed, round, client) alone: a sampled client drops out with probability ``dropout``, and
+with over-selection the server samples ``ceil(k * (1 + over_selection))`` clients and keeps
+the ``k`` survivors that would finish first. A client's simulated finish time is its number
+of train examples times a log-normal speed factor (sigma 1) of its own; the late ones are
+not trained at all, since a real server would throw their work away.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from fedray.core.seeding import TAG_DROPOUT, TAG_FED_EVAL, TAG_SAMPLE, TAG_SPEED, rng
+
+
+def sample_clients(seed: int, round_idx: int, population: int, k: int,
+                   always: Sequence[int] = ()) -> np.ndarray:
+    """``k`` client indices for a round; the ``always`` clients are among them every round.
+
+    Why ``always``: some experiments pin a client into every round (seed 001's toy keeps its
+    outlier in every round and samples only the regular client). The other ``k - len(always)``
+    are drawn uniformly from the rest; with no ``always`` the draw is exactly the plain one.
+    """
+    g = rng(seed, TAG_SAMPLE, round_idx)
+    if not len(always):
+        return np.sort(g.choice(population, size=k, replace=False)).astype(np.int64)
+    pinned = np.unique(np.asarray(always, dtype=np.int64))
+    # the i-th unpinned id, without materializing all of them (populations reach millions)
+    x = g.choice(population - len(pinned), size=k - len(pinned), replace=False)
+    drawn = x + np.searchsorted(pinned - np.arange(len(pinned)), x, side="right")
+    return np.sort(np.concatenate([pinned, drawn])).astype(np.int64)
+
+
+@dataclass
+class RoundSelection:
+    participants: np.ndarray  # sorted ids that train this round
+    sampled: int  # ids drawn (k, or more with over-selection)
+    dropped_out: int  # sampled ids that dropped out
+    late: int  # survivors beyond the first k to finish (over-selection), not trained
+
+
+def select_round(seed: int, round_idx: int, population: int, k: int, *,
+                 always: Sequence[int] = (), dropout: float = 0.0,
+                 over_selection: float = 0.0, sizes: np.ndarray | None = None
+                 ) -> RoundSelection:
+    """The clients that train in a round, after dropout and over-selection."""
+    n = min(population, math.ceil(k * (1.0 + over_selection))) if over_selection else k
+    ids = sample_clients(seed, round_idx, population, n, always)
+    alive = ids
+    if dropout > 0:
+        alive = ids[[rng(seed, TAG_DROPOUT, round_idx, int(c)).random() >= dropout
+                     for c in ids]]
+    late = 0
+    if len(alive) > k:
+        speed = np.array([rng(seed, TAG_SPEED, round_idx, int(c)).lognormal(0.0, 1.0)
+                          for c in alive])
+        finish = np.asarray(sizes, dtype=np.float64)[alive] * speed
+        late = len(alive) - k
+        alive = np.sort(alive[np.argsort(finish, kind="stable")[:k]])
+    return RoundSelection(alive, len(ids), len(ids) - len(alive) - late, late)
+
+
+def federated_eval_clients(seed: int, population: int, k: int) -> np.ndarray:
+    """A fixed set of k clients whose held-out data is evaluated every eval round."""
+    ids = rng(seed, TAG_FED_EVAL).choice(population, size=k, replace=False)
+    return np.sort(ids).astype(np.int64)

@@ -1,0 +1,96 @@
+"""``fedray partition --describe``: what a partition store holds, as text and as a picture.
+
+How heterogeneous a federation is decides most FL results, and it is easier to see than to
+read: the PNG shows every client's label mix (clients sorted by their majority label) and
+the distribution of client sizes.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from fedray.data.store import read_manifest, verify_store
+from fedray.errors import FedrayError
+
+
+def _entropy_bits(hist: np.ndarray) -> np.ndarray:
+    p = hist / np.maximum(1, hist.sum(axis=-1, keepdims=True))
+    with np.errstate(divide="ignore", invalid="ignore"):
+        terms = np.where(p > 0, -p * np.log2(p), 0.0)
+    return terms.sum(axis=-1)
+
+
+def _stats(counts: np.ndarray) -> str:
+    return (f"{int(counts.sum()):,} examples; per client min {int(counts.min())} / median "
+            f"{float(np.median(counts)):g} / max {int(counts.max())}")
+
+
+def describe(url: str, plot: str | None = None, verify: bool = True) -> str:
+    """A short report on the store at ``url``, after checking its manifest's structure and
+    (``verify``) every shard against it; writes the label-distribution PNG to ``plot`` if
+    given (never otherwise: describing a store changes nothing)."""
+    m = read_manifest(url)
+    if verify:
+        verify_store(url, m)
+    clients = m["clients"]
+    lines = [f"store:        {url}",
+             f"source:       {m['source'].get('name')} ({m['source'].get('path') or 'generated'})",
+             f"partitioner:  {m['partitioner']}, seed {m['seed']}",
+             f"clients:      {m['num_clients']:,}",
+             f"classes:      {m['num_classes']}, inputs {tuple(m['input_shape'])} {m['dtype']}"]
+    train_hist = np.asarray(clients["train"]["label_histogram"], dtype=np.int64)
+    lines.append(f"train:        {_stats(train_hist.sum(axis=1))}")
+    if "test" in clients:
+        test_counts = np.asarray(clients["test"]["count"])
+        lines.append(f"test:         {_stats(test_counts)} (per-client test data)")
+    elif m.get("central_test"):
+        lines.append(f"test:         {m['central_test']['rows']:,} examples (central test set)")
+    ent = _entropy_bits(train_hist)
+    lines.append(f"label entropy: per client mean {ent.mean():.2f} bits (min {ent.min():.2f}, "
+                 f"max {ent.max():.2f}); all clients together "
+                 f"{float(_entropy_bits(train_hist.sum(axis=0))):.2f} bits; uniform over the "
+                 f"classes would be {np.log2(m['num_classes']):.2f} bits")
+    size = sum(s["bytes"] for s in m["shards"])
+    lines.append(f"shards:       {len(m['shards'])} files, {size / 2**20:.1f} MB"
+                 + ("; checksums ok" if verify else ""))
+    if m.get("info"):
+        info = {k: v for k, v in m["info"].items() if not isinstance(v, (list, dict))}
+        if info:
+            lines.append(f"partitioner info: {info}")
+    if plot:
+        try:
+            _plot(train_hist, m, plot)
+        except OSError as exc:
+            raise FedrayError(f"--plot {plot}: cannot write it: "
+                              f"{exc.strerror or type(exc).__name__}") from None
+        lines.append(f"plot:         {plot}")
+    return "\n".join(lines)
+
+
+def _plot(hist: np.ndarray, manifest: dict, path: str, max_clients: int = 400) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    n = len(hist)
+    shown = np.unique(np.linspace(0, n - 1, min(n, max_clients)).astype(int))
+    h = hist[shown]
+    props = h / np.maximum(1, h.sum(axis=1, keepdims=True))
+    order = np.lexsort((-props.max(axis=1), props.argmax(axis=1)))
+    fig, (ax0, ax1) = plt.subplots(1, 2, figsize=(13, 4.8), width_ratios=[3, 1])
+    im = ax0.imshow(props[order].T, aspect="auto", interpolation="nearest", cmap="viridis")
+    ax0.set_xlabel(f"client ({len(shown)} of {n:,}, sorted by majority label)")
+    ax0.set_ylabel("label")
+    ax0.set_title("label proportions per client (train)")
+    fig.colorbar(im, ax=ax0, fraction=0.04, pad=0.01)
+    ax1.hist(hist.sum(axis=1), bins=40, color="tab:blue")
+    ax1.set_xlabel("train examples per client")
+    ax1.set_ylabel("clients")
+    ax1.set_title("client sizes")
+    source = manifest["source"].get("name")
+    fig.suptitle(f"{source} / {manifest['partitioner'].get('name')}: "
+                 f"{manifest['num_clients']:,} clients")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)

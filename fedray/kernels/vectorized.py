@@ -1,0 +1,542 @@
+"""Vectorized client work: one batched forward/backward trains a group of clients at once.
+
+Cross-device clients are small, so training them one after another is bound by per-step
+Python and kernel-launch overhead, not arithmetic. Here a group of G clients' weights is
+stacked, one [G, *shape] tensor per parameter, and every local step runs one
+``vmap(grad(...))`` over the group (torch.func), each client with its own data, batch order
+(``batch_schedule``, the same one sequential training follows), learning rate and number
+of steps. Chains of Linear and ReLU layers (logistic regression, the MLPs;
+``linear_chain``) take the same step written out as batched matrix products
+(``chain_sgd_step``), which is faster per group (docs/performance.md). A client's batch is
+padded to the group's batch size and its padding masked out of the mean loss; clients train
+longest-first, so a step computes only the ones that still have steps to take. The result
+is each client's local SGD, equal to ``sequential.local_sgd`` up to float rounding (the
+batched kernels sum in another order), with the algorithm's ``LocalTerms`` (a proximal pull,
+a per-client linear term) and ``full_batch`` as the sequential kernel takes them. What an
+aggregator measures around the local update (sensitivity, risks) the worker measures per
+client.
+
+Only models whose training step is a pure function of the weights and the batch qualify:
+no dropout (its masks are drawn per call, not per client seed), no buffers (batch-norm
+statistics) and no hooks (a gradient-clipping ``register_hook``, a forward hook: the batched
+step would silently skip them). ``unsupported_reason`` says why a model does not.
+
+Workers use it under ``runtime.worker.vectorize`` (``vectorize_plan``): the worker prepares
+a group of clients, trains them here, then folds each into its partial sum as the sequential
+path does (fedray/runtime/worker.py). Groups are cut in the worker's client order. A client's update
+is the same computation in any group, but not the same floating-point operations: batched
+kernels of other shapes (another group size, so another worker count) may sum in another
+order, which moves its update by a few float32 ulps (tests/kernels/test_vectorized.py measures it).
+Trained one client after another (``vectorize: off``), a client's arithmetic is identical in
+any worker, and only the float64 merge of the workers' partial sums changes with their
+number.
+Measured speed-ups, and where it does not pay, are in docs/performance.md.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from torch import nn
+from torch.func import functional_call, grad, vmap
+
+from fedray.algorithms.base import NO_TERMS, LocalTerms
+from fedray.core.flat_model import FlatModel
+from fedray.core.losses import loss_fn
+from fedray.errors import key_error
+from fedray.kernels.sequential import batch_schedule
+
+_RANDOM = (nn.Dropout, nn.Dropout1d, nn.Dropout2d, nn.Dropout3d, nn.AlphaDropout,
+           nn.FeatureAlphaDropout)
+
+
+_MODULE_HOOKS = {"_forward_pre_hooks": "forward pre-hook", "_forward_hooks": "forward hook",
+                 "_backward_pre_hooks": "backward pre-hook", "_backward_hooks": "backward hook"}
+
+
+def _hook(module: nn.Module) -> str | None:
+    """The first hook that batched training would not run: the torch.func step trains
+    functional copies of the parameters (hooks registered on the originals, e.g. gradient
+    clipping through ``p.register_hook``, never fire) and the closed-form chain step never
+    calls the modules at all, so no forward or backward hook of any kind would run."""
+    from torch.nn.modules import module as nn_module
+
+    for attr, what in _MODULE_HOOKS.items():
+        if getattr(nn_module, f"_global{attr}", None):
+            return f"a global module {what} is registered"
+    for name, m in module.named_modules():
+        for attr, what in _MODULE_HOOKS.items():
+            if getattr(m, attr, None):
+                return f"{f'module {name}' if name else 'the model'} has a {what}"
+    for name, p in module.named_parameters():
+        if p._backward_hooks or getattr(p, "_post_accumulate_grad_hooks", None):
+            return f"parameter {name} has a gradient hook"
+    return None
+
+
+def unsupported_reason(module: nn.Module) -> str | None:
+    """Why ``module`` cannot be trained vectorized, or None when it can: randomness drawn
+    per call, buffers, or hooks (``_hook``) would make the batched step compute something
+    other than what the module computes when trained one client after another."""
+    hook = _hook(module)
+    if hook is not None:
+        return hook
+    for name, m in module.named_modules():
+        if isinstance(m, _RANDOM):
+            return f"it has dropout ({name or 'the model'}: {type(m).__name__})"
+        if isinstance(m, nn.modules.batchnorm._BatchNorm):
+            return f"it has batch-norm statistics ({name}: {type(m).__name__})"
+    buffers = [n for n, _ in module.named_buffers()]
+    if buffers:
+        return f"it has buffers ({', '.join(buffers[:3])})"
+    return None
+
+
+_CONV = (nn.Conv1d, nn.Conv2d, nn.Conv3d, nn.ConvTranspose1d, nn.ConvTranspose2d,
+         nn.ConvTranspose3d)
+# A group's stacked weights stay within this many bytes. On the CPU larger groups are bound
+# by memory bandwidth (each step streams every client's weights several times): groups of a
+# few MB of stacked weights trained fastest (docs/performance.md, "Group size"). A GPU wants
+# large batched kernels, and has the memory: 512 MiB is 20 LEAF CNNs (26 MB each) with their
+# gradients and activations in about 2 GiB, so 8 workers still share a GPU comfortably.
+GROUP_BYTES = {"cpu": 6 * 2**20, "gpu": 512 * 2**20}
+MAX_GROUP = 128
+
+
+def vectorize_plan(module: nn.Module, mode: str, gpu: bool) -> tuple[bool, str | None]:
+    """Whether workers train this model vectorized under ``runtime.worker.vectorize`` =
+    ``mode``, and, when auto decides against it, the one line that says why. ``on`` for a
+    model that cannot be vectorized is an error. On the CPU, auto keeps convolutional models
+    sequential: vmap turns their convolutions into grouped ones, which measured slower than
+    one client after another, while logistic regression and the MLP measured faster than
+    sequential training (docs/performance.md, "Vectorized clients")."""
+    if mode == "off":
+        return False, None
+    reason = unsupported_reason(module)
+    if reason is not None:
+        if mode == "on":
+            raise ValueError(str(key_error("runtime.worker.vectorize", "this model cannot be "
+                                           f"trained vectorized: {reason}", "on")))
+        return False, (f"runtime.worker.vectorize=auto: clients train one after another, "
+                       f"as this model cannot be vectorized: {reason}")
+    if mode == "auto" and not gpu and any(isinstance(m, _CONV) for m in module.modules()):
+        return False, ("runtime.worker.vectorize=auto: clients train one after another: on "
+                       "the CPU, batched training measured slower for models with "
+                       "convolutions; set it to on to force it")
+    return True, None
+
+
+def group_size(num_params: int, gpu: bool = False) -> int:
+    """How many clients a worker trains in one group: as many as fit in GROUP_BYTES."""
+    budget = GROUP_BYTES["gpu" if gpu else "cpu"]
+    return max(1, min(MAX_GROUP, budget // (4 * max(1, num_params))))
+
+
+def group_sizes(n: int, target: int) -> list[int]:
+    """How a worker's ``n`` clients of a round split into groups of about ``target``:
+    round(n / target) groups of equal size (give or take one). A group's step costs about
+    the same however few clients remain in it, so 50 clients at a target of 24 train as
+    25 + 25, not 24 + 24 + 2, whose third group would cost nearly as much as a full one."""
+    if n <= 0:
+        return []
+    count = max(1, round(n / max(1, target)))
+    base, extra = divmod(n, count)
+    return [base + 1] * extra + [base] * (count - extra)
+
+
+@dataclass
+class GroupResult:
+    deltas: torch.Tensor  # [G, P]: the clients' y - x, in training order (see rows)
+    rows: list[int]  # client i's delta is deltas[rows[i]]
+    num_examples: list[int]
+    loss_sums: list[float]  # per client: sum over steps of (mean batch loss * batch size)
+    examples_seen: list[int]
+    steps: list[int]
+    path: str = "torch.func"  # the step taken: "torch.func"; chain_sgd_step with the first
+    # layer's weights stacked ("stacks") or as FirstLayerSums ("sums")
+
+    def delta(self, i: int) -> torch.Tensor:
+        """Client i's y - x (a view)."""
+        return self.deltas[self.rows[i]]
+
+
+def _batched_loss(name: str):
+    """The per-example training loss, in a form whose vmap batching rule is fast: cross
+    entropy as log_softmax + gather (F.cross_entropy's reduction="none" falls back to a slow
+    path under vmap); the others as ``fedray.core.losses`` defines them."""
+    if name == "cross_entropy":
+        def ce(out: torch.Tensor, y: torch.Tensor, reduction: str = "none") -> torch.Tensor:
+            return -torch.log_softmax(out, -1).gather(-1, y.unsqueeze(-1)).squeeze(-1)
+        return ce
+    return loss_fn(name)
+
+
+def _sgd_(w: torch.Tensor, lr: torch.Tensor, g: torch.Tensor) -> None:
+    """w -= lr * g in place, each client (row of w) with its own lr."""
+    w.addcmul_(lr.view(len(w), *([1] * (w.dim() - 1))), g, value=-1.0)
+
+
+@dataclass(frozen=True)
+class LinearChain:
+    """A model that is an nn.Sequential of [Flatten,] Linear, then (ReLU, Linear) any number
+    of times: logistic regression and the MLPs. ``layers`` holds each Linear's (weight, bias)
+    positions among the model's parameters (bias None when it has none)."""
+
+    flatten: bool
+    layers: tuple[tuple[int, int | None], ...]
+
+
+_CLOSED_FORM_LOSSES = ("cross_entropy", "mse")
+
+
+def linear_chain(module: nn.Module, loss: str) -> LinearChain | None:
+    """The model's LinearChain when ``chain_sgd_step`` can train it (the layers above, no
+    weights shared between them, trained with cross-entropy or mse); else None.
+
+    Why a second way to the same step: for these models the gradients are a few batched
+    matrix products per layer, and written out they skip torch.func's per-op wrapping and
+    let each weight's gradient go straight into the weight. Groups of logistic regressions
+    and MLPs trained faster this way than through ``vmap(grad(...))``, and the first step
+    does not import torch._dynamo, which costs each worker process its start-up time
+    (docs/performance.md)."""
+    # exact types: a subclass may compute something else in its forward
+    if loss not in _CLOSED_FORM_LOSSES or type(module) is not nn.Sequential:
+        return None
+    children = list(module)
+    flatten = bool(children) and type(children[0]) is nn.Flatten
+    if flatten and (children[0].start_dim, children[0].end_dim) != (1, -1):
+        return None
+    children = children[1:] if flatten else children
+    if len(children) % 2 == 0:  # none, or not ending in a Linear
+        return None
+    for k, layer in enumerate(children):
+        if type(layer) is not (nn.ReLU if k % 2 else nn.Linear):
+            return None
+    linears = children[::2]
+    tensors = [p for lin in linears for p in (lin.weight, lin.bias) if p is not None]
+    if len({id(p) for p in tensors}) != len(tensors):  # a layer used twice, or tied weights:
+        return None  # their gradients would have to be summed before the update
+    position = {id(p): k for k, p in enumerate(module.parameters())}
+    layers = tuple((position[id(lin.weight)],
+                    None if lin.bias is None else position[id(lin.bias)])
+                   for lin in linears)
+    return LinearChain(flatten=flatten, layers=layers)
+
+
+class FirstLayerSums:
+    """A group's first-layer weights W_i = W + D_i, with W the global weight, kept as sums
+    over each client's examples instead of as a [G, out, in] stack.
+
+    Why: a Linear layer's gradient is (output gradient)^T (input), and the first layer's
+    inputs are the client's own examples. So after t steps D_i = E_i^T X_i - beta_i C_i,
+    where X_i [n_i, in] are client i's examples, E_i [n_i, out] sums -lr times the output
+    gradient each example received (times (1 - lr mu) per later step: a proximal term mu),
+    and C_i is the client's linear term. The layer's outputs at step t are then x W^T (one
+    product over every example of the group, against the one shared W) plus (x X_i^T) E_i, read from
+    the Gram matrix X_i X_i^T, computed once; the delta is one product per client at the
+    end. With a stack, every step's forward reads each client's weights and every step's
+    update (a rank-batch product) reads and writes them, in small products; here the
+    products are large, each example goes through W once, and each client's weights are
+    written once.
+
+    ``xs``: the group's examples, flattened, back to back in training order; ``plan``:
+    [G, steps, width] indices into it; ``starts``/``sizes``: each client's span there (one
+    per client, in training order); ``lr``: [G]; ``corr``: [G, out, in] or None."""
+
+    def __init__(self, weight: torch.Tensor, xs: torch.Tensor, plan: torch.Tensor,
+                 starts: list[int], sizes: list[int], lr: torch.Tensor, proximal: float,
+                 corr: torch.Tensor | None):
+        g, span, out = len(sizes), max(sizes), weight.shape[0]
+        self.xs, self.starts, self.sizes = xs, starts, sizes
+        self.base = xs @ weight.T  # [N, out]: every example through the global weight
+        self.gram = xs.new_zeros((g, span, span))
+        # x C_i^T of each example, and beta_i: how much of -C_i the weights hold so far
+        self.corr, self.corr_out = corr, None if corr is None else xs.new_zeros((g, span, out))
+        for i, n in enumerate(sizes):
+            x = xs[starts[i]:starts[i] + n]
+            self.gram[i, :n, :n] = x @ x.T
+            if corr is not None:
+                self.corr_out[i, :n] = x @ corr[i].T
+        self.local = plan - torch.tensor(starts, device=plan.device)[:, None, None]
+        self.plan = plan
+        self.e = xs.new_zeros((g, span, out))
+        self.lr = lr
+        self.decay = (1.0 - lr * proximal) if proximal else None
+        self.beta = lr.new_zeros(g)
+
+    def _rows(self, a: int, t: int, src: torch.Tensor) -> torch.Tensor:
+        """Rows of ``src`` [G, span, k] for the first ``a`` clients' batches of step t."""
+        loc = self.local[:a, t]
+        return src[:a].gather(1, loc.unsqueeze(-1).expand(-1, -1, src.shape[-1]))
+
+    def outputs(self, a: int, t: int) -> torch.Tensor:
+        """The first ``a`` clients' batches of step t through their current first-layer
+        weights (without the bias): [a, width, out]."""
+        out = self.base[self.plan[:a, t]]
+        if t:
+            out.baddbmm_(self._rows(a, t, self.gram), self.e[:a])
+            if self.corr_out is not None:
+                out.sub_(self._rows(a, t, self.corr_out) * self.beta[:a, None, None])
+        return out
+
+    def absorb(self, a: int, t: int, grad_lr: torch.Tensor) -> None:
+        """Step t's update for the first ``a`` clients: ``grad_lr`` [a, width, out] is lr
+        times the gradient of the loss at the layer's outputs (0 on padding)."""
+        e = self.e[:a]
+        if self.decay is not None:  # y - x shrinks by (1 - lr mu) per step (proximal)
+            e.mul_(self.decay[:a, None, None])
+            self.beta[:a].mul_(self.decay[:a])
+        if self.corr is not None:
+            self.beta[:a].add_(self.lr[:a])
+        loc = self.local[:a, t]
+        e.scatter_add_(1, loc.unsqueeze(-1).expand(-1, -1, e.shape[-1]), grad_lr.neg())
+
+    def delta(self, out: torch.Tensor) -> None:
+        """Every client's D_i into ``out`` [G, out, in] (each out[i] contiguous)."""
+        for i, n in enumerate(self.sizes):
+            if n:
+                torch.mm(self.e[i, :n].T, self.xs[self.starts[i]:self.starts[i] + n],
+                         out=out[i])
+            else:
+                out[i].zero_()
+        if self.corr is not None:
+            out.sub_(self.corr * self.beta[:, None, None])
+
+
+# How much more a stacked first layer's flop costs than FirstLayerSums' (small batched
+# products against large ones): measured break-even for logistic regression (out = 62) on
+# clients of 30-90 examples, 1 epoch of batches of 20, 1 CPU thread.
+STACK_COST = 1.2
+
+
+def defer_first_layer(sizes: list[int], seen: list[int], out_features: int) -> bool:
+    """Whether a group keeps its first layer as FirstLayerSums rather than stacked: when
+    its products, sum_i (2 n_i out + n_i^2) in (each example through W, the Gram matrix and
+    the delta), cost less than a stack's 2 seen_i out in per client (a forward and an
+    update per example of every batch, padding included) at STACK_COST times the price.
+    It pays for several passes over small clients and for wider layers, not for clients much
+    larger than the layer's output, whose Gram matrix grows as n^2 (docs/performance.md has
+    the measurements)."""
+    sums = sum(n * (2 * out_features + n) for n in sizes)
+    return sums <= STACK_COST * 2 * out_features * sum(seen)
+
+
+def chain_sgd_step(chain: LinearChain, loss: str, ws: list[torch.Tensor], xb: torch.Tensor | None,
+                   yb: torch.Tensor, m: torch.Tensor, lr: torch.Tensor,
+                   extra_grad: Callable[[int, torch.Tensor], torch.Tensor | None],
+                   first: FirstLayerSums | None = None, t: int = 0) -> torch.Tensor:
+    """One local SGD step of a group of LinearChain models, in place, by hand: the gradient
+    of each client's masked mean batch loss (what ``vmap(grad(client_loss))`` gives), plus
+    ``extra_grad(k, w)`` (the LocalTerms), times the client's lr, taken from its weights.
+    Returns each client's mean batch loss.
+
+    ``ws``: the stacked parameters, [a, *shape] each, contiguous; ``xb``: [a, B, ...] inputs;
+    ``yb``: [a, B] labels (mse: [a, B, ...] targets); ``m``: [a, B], 1 for a real example and
+    0 for padding; ``lr``: [a]. A weight's gradient goes straight into the weight (one
+    baddbmm, lr folded into the small output gradient) instead of being materialized and
+    then added, which halved the time of the MLP's first layer (docs/performance.md).
+
+    ``first``: the first layer's weight is not in ``ws`` but kept as sums over the clients'
+    examples (``FirstLayerSums``), which give its outputs at step ``t`` and take its update;
+    ``xb`` is then not read."""
+    a, b = m.shape
+    h = None if first is not None else xb.reshape(a, b, -1)
+    inputs = []
+    for k, (wi, bi) in enumerate(chain.layers):
+        if k:
+            h = torch.relu(h)
+        inputs.append(h)
+        if k == 0 and first is not None:
+            h = first.outputs(a, t)
+            if bi is not None:
+                h += ws[bi][:, None]
+            continue
+        w_t = ws[wi].transpose(1, 2)
+        h = torch.bmm(h, w_t) if bi is None else torch.baddbmm(ws[bi].unsqueeze(1), h, w_t)
+    share = m / m.sum(1, keepdim=True)  # each example's weight in its client's mean loss
+    if loss == "cross_entropy":
+        logp = torch.log_softmax(h, -1)
+        per_example = -logp.gather(-1, yb.unsqueeze(-1)).squeeze(-1)
+        d = logp.exp_()  # d loss / d logits = softmax - onehot(y)
+        d.scatter_add_(-1, yb.unsqueeze(-1), torch.full_like(per_example, -1.0).unsqueeze(-1))
+    else:  # mse: 1/2 |out - y|^2 per example, as fedray.core.losses defines it
+        d = h - yb.reshape(a, b, -1).to(h.dtype)
+        per_example = 0.5 * d.pow(2).sum(-1)
+    losses = (per_example * share).sum(1)
+    d = d * share.unsqueeze(-1)
+    rate = lr.view(a, 1, 1)
+    for k in range(len(chain.layers) - 1, -1, -1):
+        wi, bi = chain.layers[k]
+        x = inputs[k]
+        deferred = k == 0 and first is not None
+        # what the step needs of the weights before it changes them
+        extras = [(j, extra_grad(j, ws[j])) for j in ((bi,) if deferred else (wi, bi))
+                  if j is not None]
+        d_in = torch.bmm(d, ws[wi]).mul_(x > 0) if k else None  # back through w and the ReLU
+        d_lr = d * rate
+        if deferred:
+            first.absorb(a, t, d_lr)
+        else:
+            ws[wi].baddbmm_(d_lr.transpose(1, 2), x, alpha=-1.0)
+        if bi is not None:
+            ws[bi].sub_(d_lr.sum(1))
+        for j, e in extras:
+            if e is not None:
+                _sgd_(ws[j], lr, e)
+        d = d_in
+    return losses
+
+
+def vmap_local_sgd(model: FlatModel, global_weights: torch.Tensor,
+                   data: list[tuple[torch.Tensor, torch.Tensor]], *, lrs: list[float],
+                   batch_size: int | list[int], local_epochs: int, local_steps: int | None,
+                   seeds: list[int], terms: LocalTerms = NO_TERMS,
+                   full_batch: bool = False, loss: str = "cross_entropy",
+                   closed_form: bool = True, defer_first: bool | None = None) -> GroupResult:
+    """Local SGD of every client in ``data`` from ``global_weights``, batched.
+
+    Per client i: its (x, y), lr ``lrs[i]``, batch size (one for all, or one each), batch
+    order from ``seeds[i]``. ``terms`` (fedray.algorithms.base.LocalTerms) are the group's
+    extra local-objective terms: one proximal weight for all, and a linear term stacked
+    [G, P], row i client i's. ``model``
+    supplies the architecture (its module is called functionally; its weights are not
+    touched).
+
+    The clients are trained longest-first, so the ones still stepping at step t are a prefix
+    of the group and a step computes only theirs. Every batch is padded to the largest batch
+    size of the group (not of the step), so a client's arithmetic has the same shapes
+    whichever clients share its group.
+
+    A LinearChain model (``linear_chain``) takes its steps from ``chain_sgd_step`` unless
+    ``closed_form`` is False; every other model, from torch.func's ``vmap(grad(...))``.
+    ``defer_first``: keep the chain's first layer as ``FirstLayerSums`` (True) or stacked
+    (False); None decides by ``defer_first_layer``, and only for single-layer chains (see
+    below). ``GroupResult.path`` says which step was taken."""
+    reason = unsupported_reason(model.module)
+    if reason is not None:
+        raise ValueError(f"cannot train this model vectorized: {reason}")
+    proximal, linear = terms.proximal, terms.linear
+    device = model.device
+    criterion = _batched_loss(loss)
+    module = model.module
+    module.train()
+    g = len(data)
+    sizes = [len(y) for _, y in data]
+    batches = batch_size if isinstance(batch_size, list) else [batch_size] * g
+    schedules = [batch_schedule(n, b, local_epochs, local_steps, s, full_batch)
+                 for n, b, s in zip(sizes, batches, seeds, strict=True)]
+    steps = [len(s) for s in schedules]
+    order = sorted(range(g), key=lambda i: -steps[i])  # stable: ties keep their order
+    width = max([max(1, n) if full_batch else b for n, b in zip(sizes, batches, strict=True)]
+                + [1])
+    horizon = max(steps + [0])
+
+    # the clients' data back to back, in training order, and each client's batches as
+    # [steps, width] rows into it (padding points at its first example and is masked out),
+    # so a step's batches are one gather
+    plan = np.zeros((g, max(1, horizon), width), dtype=np.int64)
+    mask = np.zeros((g, max(1, horizon), width), dtype=np.float32)
+    starts = np.zeros(g, dtype=np.int64)
+    start = 0
+    for row, i in enumerate(order):
+        plan[row] = starts[row] = start
+        if steps[i]:
+            lengths = np.fromiter((len(idx) for idx in schedules[i]), np.int64, steps[i])
+            at = np.repeat(np.arange(steps[i]), lengths)  # (step, column) of each index
+            col = np.arange(len(at)) - np.repeat(np.cumsum(lengths) - lengths, lengths)
+            plan[row, at, col] += torch.cat(schedules[i]).numpy()
+            mask[row, at, col] = 1.0
+        start += sizes[i]
+    # each client's (pinned, on a GPU) tensors copied asynchronously, joined on the device
+    xs = torch.cat([data[i][0].to(device, non_blocking=True) for i in order])
+    ys = torch.cat([data[i][1].to(device, non_blocking=True) for i in order])
+    counts = mask.sum(2, dtype=np.float64)  # [G, steps]: examples per batch
+    plan = torch.from_numpy(plan).to(device, non_blocking=True)
+    mask = torch.from_numpy(mask).to(device, non_blocking=True)
+    active = [sum(1 for i in order if steps[i] > t) for t in range(horizon)]
+
+    chain = linear_chain(module, loss) if closed_form else None
+    if chain is not None and not chain.flatten and xs.dim() != 2:
+        chain = None  # a Linear applied to the last axis of multi-axis inputs
+    lr = torch.tensor([lrs[i] for i in order], dtype=torch.float32, device=device)
+    if defer_first is None and chain is not None:
+        out_features = list(module.parameters())[chain.layers[0][0]].shape[0]
+        # not before a ReLU: there, rounding differences the size of float32's can flip a
+        # unit whose input is within them of 0 (benchmarks/vectorized_step.py
+        # --against-sequential: 1 of 1,000 MLP clients 1.9e-3 off sequential training after
+        # 5 epochs; none with the stack, whose products round as sequential training's do)
+        defer_first = len(chain.layers) == 1 and defer_first_layer(
+            sizes, [width * k for k in steps], out_features)
+    defer = chain.layers[0][0] if defer_first and chain is not None and horizon else None
+
+    names = [n for n, _ in module.named_parameters()]
+    anchor = global_weights[: model.num_params].to(device)
+    # one contiguous [G, *shape] stack per parameter: a batched product can then write a
+    # weight in place (a strided view of one [G, P] tensor made it copy)
+    params, anchors, corr, offset = [], [], [], 0
+    c = None if linear is None else linear[order].to(device)
+    for k, (_, p) in enumerate(module.named_parameters()):
+        span = slice(offset, offset + p.numel())
+        anchors.append(anchor[span].view(p.shape))
+        params.append(None if k == defer else anchors[-1].expand(g, *p.shape).clone())
+        if c is not None:
+            corr.append(c[:, span].view(g, *p.shape))
+        offset += p.numel()
+    first = None
+    if defer is not None:
+        first = FirstLayerSums(anchors[defer], xs.reshape(len(xs), -1), plan[:, :horizon],
+                               starts.tolist(), [sizes[i] for i in order], lr, proximal,
+                               corr[defer] if c is not None else None)
+
+    def extra_grad(k: int, w: torch.Tensor) -> torch.Tensor | None:
+        """The terms' gradient (a linear term, a proximal pull) for parameter k of the first
+        len(w) clients, or None."""
+        return terms.gradient(w, anchors[k], corr[k][: len(w)] if c is not None else None)
+
+    def client_loss(ws: tuple[torch.Tensor, ...], xb: torch.Tensor, yb: torch.Tensor,
+                    m: torch.Tensor):
+        out = functional_call(module, dict(zip(names, ws, strict=True)), (xb,))
+        mean = (criterion(out, yb, reduction="none") * m).sum() / m.sum()
+        return mean, mean.detach()
+
+    step_fn = None if chain is not None else vmap(grad(client_loss, has_aux=True))
+    step_losses = torch.zeros((g, max(1, horizon)), dtype=torch.float32, device=device)
+    for t in range(horizon):
+        a = active[t]
+        index = plan[:a, t]
+        if chain is not None:
+            ws = [None if p is None else p[:a] for p in params]
+            xb = xs[index] if first is None else None
+            step_losses[:a, t] = chain_sgd_step(chain, loss, ws, xb, ys[index],
+                                                mask[:a, t], lr[:a], extra_grad, first, t)
+            continue
+        ws = [p[:a] for p in params]
+        grads, step_losses[:a, t] = step_fn(tuple(ws), xs[index], ys[index], mask[:a, t])
+        with torch.no_grad():
+            for k, (w, gr) in enumerate(zip(ws, grads, strict=True)):
+                e = extra_grad(k, w)
+                if e is not None:
+                    gr += e
+                _sgd_(w, lr[:a], gr)
+    loss_sums = (step_losses.double().cpu().numpy() * counts).sum(1)
+    weights = torch.empty((g, model.num_params), device=device)
+    offset = 0
+    for p, w0 in zip(params, anchors, strict=True):
+        out = weights[:, offset:offset + w0.numel()].view(g, *w0.shape)
+        if p is None:
+            first.delta(out)
+        else:
+            torch.sub(p, w0, out=out)
+        offset += w0.numel()
+    row_of = [0] * g
+    for row, i in enumerate(order):
+        row_of[i] = row
+    seen = [int(counts[row_of[i]].sum()) for i in range(g)]
+    return GroupResult(deltas=weights, rows=row_of, num_examples=sizes,
+                       loss_sums=[float(loss_sums[row_of[i]]) for i in range(g)],
+                       examples_seen=seen, steps=steps,
+                       path="torch.func" if chain is None else
+                       "stacks" if first is None else "sums")

@@ -1,0 +1,427 @@
+"""The driver actor: owns the global model and the worker pool, and runs the rounds.
+
+One round (docs/architecture.md has the picture):
+  1. sample ``sampling.clients_per_round`` client ids from (seed, round), less those that
+     drop out or finish late (``sampling.dropout`` / ``over_selection``, fedray.core.sampling);
+  2. assign them to workers, balanced by example count (fedray.core.assignment);
+  3. put the global weights into the object store once; every worker reads that one copy;
+  4. each worker trains its clients one after another and returns one partial weighted sum;
+  5. merge the partial sums (in worker order, so reruns are bit-identical), apply the
+     server optimizer, write the round's metrics, and return them to fedray.run, which
+     calls the run's callbacks (fedray.tracking.callbacks) and asks for the next round or stops;
+  6. every ``checkpoint.every`` rounds, write a checkpoint (fedray.state.checkpoint).
+The driver never holds more than one worker's partial result at a time. A worker that dies
+mid-round has its clients re-run (fedray.runtime.pool); per-client state is versioned by round
+(fedray.state.client_state), so a re-run, or a run resumed from a checkpoint, reads exactly what
+the first run read. With ``runtime.backend: inline`` the same class runs in the calling
+process, its pool and its broadcasts without Ray (fedray.runtime.inline).
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import time
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import ray
+import torch
+from omegaconf import OmegaConf
+from torch import nn
+
+from fedray import __version__
+from fedray.algorithms.base import ClientWork, PartialSum, extra_sizes
+from fedray.algorithms.registry import Resolved, resolve
+from fedray.core.assignment import assign_balanced
+from fedray.core.evaluation import merge_sums
+from fedray.core.flat_model import FlatModel
+from fedray.core.losses import correct_fn
+from fedray.core.models import fit_problem
+from fedray.core.sampling import federated_eval_clients, select_round
+from fedray.core.seeding import TAG_INIT, derive_seed
+from fedray.data.source import ClientSource
+from fedray.errors import FedrayError, key_error
+from fedray.kernels.vectorized import vectorize_plan
+from fedray.runtime.inline import InlinePool, frozen, frozen_tree
+from fedray.runtime.messages import Broadcast, RoundResult, RoundTask
+from fedray.runtime.pool import WorkerPool
+from fedray.runtime.session import private_mb
+from fedray.runtime.worker import LocalTraining, WorkerResources, WorkerSpec
+from fedray.state.checkpoint import CHECKPOINT_FILE, Checkpoint, encode, read_checkpoint
+from fedray.state.client_state import ClientStateStore
+from fedray.state.run_dir import CLIENT_STATE_DIR, SERVER_STATE_FILE, WEIGHTS_FILE, RunDir
+
+
+def _data_name(cfg: Any) -> str:
+    """The data a run trains on, as an error message names it."""
+    if cfg.data.partition == "memory":
+        return "client_data"
+    if cfg.data.partition == "synthetic":
+        return "the synthetic population"
+    return f"the store {cfg.data.partition}"
+
+
+def is_eval_round(r: int, every: int, rounds: int) -> bool:
+    return r == rounds or (every > 0 and r % every == 0)
+
+
+# the per-round metrics the summary is built from (kept for every round, and rebuilt from a
+# checkpoint's metrics lines on resume)
+_HISTORY_KEYS = ("updates_per_s", "test_accuracy", "dropped_updates", "worker_failures")
+
+
+class Driver:
+    def __init__(self) -> None:
+        # the driver merges and steps; workers do the heavy work
+        torch.set_num_threads(1)
+
+    def setup(self, cfg: dict, source: ClientSource, make_model: Callable[[], nn.Module],
+              num_workers: int, run_dir: str, resume: bool = False,
+              launched: list | None = None, algorithm: Resolved | None = None) -> list[str]:
+        """Build the global model and the worker pool, and open the run directory (resuming
+        from its checkpoint when ``resume``). The pool configures the ``launched`` workers
+        (fedray.run starts them beside this actor: pool.launch_workers), or starts its own.
+        Returns the notes the user should see (fedray.run prints them). ``algorithm``: the
+        job's parts, resolved by the caller (a user's module travels inside them, by value);
+        None resolves ``cfg``'s here.
+
+        Not in __init__: an exception there kills the actor with an opaque error, while one
+        raised here reaches fedray.run as the FedrayError it is."""
+        self.cfg = OmegaConf.create(cfg)
+        c = self.cfg
+        self.source = source
+        self.notes: list[str] = []
+        torch.manual_seed(derive_seed(c.seed, TAG_INIT))
+        # fedray.run(model_fn=...) names its model "custom"
+        where = ("model_fn: the model" if c.model.name == "custom" else
+                 f"config key 'model.name': the {c.model.name} model")
+        data = _data_name(c)
+        try:
+            self.template = FlatModel(make_model())
+        except (ValueError, RuntimeError) as exc:
+            raise FedrayError(f"{where} cannot be built for the inputs of {data}, of shape "
+                              f"{tuple(source.input_shape)}: {exc}") from None
+        problem = fit_problem(self.template.module, tuple(source.input_shape),
+                              source.num_classes, c.model.loss, data)
+        if problem is not None:  # before any round, and before the run directory is written
+            raise FedrayError(f"{where} {problem}")
+        self.weights = self.template.flat.clone()
+        self.algorithm = algorithm if algorithm is not None else resolve(c.algorithm, c.server)
+        client = self.algorithm.client
+        # the workers' copies, before the driver's aggregator grows its server state
+        worker_parts = copy.deepcopy((client, self.algorithm.aggregator))
+        self.aggregator = self.algorithm.aggregator
+        self.aggregator.init_server(self.template.num_params, source.population)
+        self.server_opt = self.algorithm.server_opt
+        self.sizes = source.train_sizes()
+        self.run_dir = RunDir(run_dir)
+        state_url = self.run_dir.url_of(CLIENT_STATE_DIR)
+        # per-client state (the client part's): which version of each client's state is current
+        stateful = bool(client.state)
+        self.state_store = ClientStateStore(state_url, cache_mb=0) if stateful else None
+        self.versions = np.zeros(source.population, np.int32) if stateful else None
+        self._superseded: list[tuple[int, int]] = []  # versions the last checkpoint needs
+        self.last_checkpoint = 0
+        self.start_round = 1
+        self.resumed_from: int | None = None
+        self.history: list[dict] = []
+        cl, w = c.client, c.runtime.worker
+        spec = WorkerSpec(
+            make_model=make_model, source=source, seed=c.seed,
+            training=LocalTraining(lr=cl.lr, batch_size=cl.batch_size,
+                                   local_epochs=cl.local_epochs, local_steps=cl.local_steps,
+                                   eval_batch_size=c.eval.batch_size, loss=c.model.loss,
+                                   steps_per_epoch=cl.steps_per_epoch,
+                                   max_update_norm=c.guard.max_update_norm),
+            resources=WorkerResources(num_cpus=w.num_cpus, cache_mb=w.cache_mb,
+                                      state_cache_mb=w.state_cache_mb,
+                                      vectorize=self._vectorize_plan(client)),
+            client=worker_parts[0], aggregator=worker_parts[1], state_url=state_url)
+        if resume:  # before the pool starts: a checkpoint that cannot be used fails fast
+            self._restore()
+        start = time.perf_counter()
+        if c.runtime.backend == "inline":  # plain objects of this process (fedray.runtime.inline)
+            self.pool = InlinePool(spec, num_workers, c.runtime.max_retries)
+        else:
+            self.pool = WorkerPool(spec, num_workers, c.runtime.worker.num_cpus,
+                                   c.runtime.worker.num_gpus, c.runtime.max_retries,
+                                   launched=launched)
+        self.pool_start_s = time.perf_counter() - start
+        self.test_ref, self.test_len = None, 0
+        if c.eval.central:
+            test = source.central_test()
+            if test is not None:
+                self.test_ref, self.test_len = self._put(test), len(test[1])
+        self.fed_eval_ids = (federated_eval_clients(c.seed, source.population,
+                                                    c.eval.federated_clients)
+                             if c.eval.federated_clients else None)
+        self.run_dir.create(OmegaConf.to_yaml(self.cfg, resolve=True))
+        return self.notes
+
+    def _vectorize_plan(self, client: ClientWork) -> bool:
+        """runtime.worker.vectorize resolved for this model and client part, once for every
+        worker; auto's choice of sequential training is said once, here."""
+        w = self.cfg.runtime.worker
+        if client.train is not None and w.vectorize != "off":
+            if w.vectorize == "on":
+                raise key_error("runtime.worker.vectorize", f"algorithm.client "
+                                f"{self.algorithm.names['client']} trains clients with its own "
+                                "train(), which cannot be batched", "on")
+            self.notes.append(f"runtime.worker.vectorize=auto: clients train one after "
+                              f"another, as algorithm.client {self.algorithm.names['client']} "
+                              "trains them with its own train() rather than LocalTerms")
+            self.vectorized = False
+            return False
+        try:
+            on, why_not = vectorize_plan(self.template.module, w.vectorize, w.num_gpus > 0)
+        except ValueError as exc:
+            raise FedrayError(str(exc)) from None
+        if why_not is not None:
+            self.notes.append(why_not)
+        self.vectorized = on
+        return on
+
+    def _restore(self) -> None:
+        """Continue from the run directory's checkpoint (or from round 1 if it has none)."""
+        c = self.cfg
+        ckpt = read_checkpoint(self.run_dir.url)
+        where = self.run_dir.url_of(CHECKPOINT_FILE)
+        if ckpt is not None:
+            if ckpt.round > c.rounds:
+                raise key_error("rounds", f"the run's checkpoint is already after round "
+                                f"{ckpt.round}", c.rounds)
+            if ckpt.weights.numel() != self.weights.numel():
+                raise FedrayError(f"checkpoint {where} holds {ckpt.weights.numel()} weights; "
+                                  f"the model has {self.weights.numel()}")
+            if self.versions is not None and (ckpt.client_versions is None or len(
+                    ckpt.client_versions) != len(self.versions)):
+                raise FedrayError(f"checkpoint {where} has no client state versions for "
+                                  f"{len(self.versions)} clients")
+            self.weights = ckpt.weights.to(torch.float32).clone()
+            part = {p: {k.removeprefix(p): v for k, v in ckpt.server_state.items()
+                        if k.startswith(p)} for p in ("server_opt.", "aggregator.")}
+            self.server_opt.load_state_dict(part["server_opt."])
+            self.aggregator.load_state_dict(part["aggregator."])
+            if self.versions is not None:
+                self.versions = ckpt.client_versions.astype(np.int32)
+            self.resumed_from = self.last_checkpoint = ckpt.round
+            self.start_round = ckpt.round + 1
+        self.run_dir.remove_temporaries()
+        lines = ckpt.metrics_lines if ckpt is not None else []
+        self.run_dir.restore_metrics(lines)
+        self.history = [self._history_entry(json.loads(line)) for line in lines]
+        if self.state_store is not None:  # versions written after the checkpoint, or unused
+            v = self.versions
+            self.state_store.sweep(lambda cid: int(v[cid]) if cid < len(v) else 0)
+
+    @staticmethod
+    def _history_entry(m: dict) -> dict:
+        return {k: m[k] for k in (*_HISTORY_KEYS, "round") if k in m} | {
+            k: v for k, v in m.items() if k.startswith(("test_", "fed_test_"))}
+
+    def _checkpoint(self, r: int) -> None:
+        """Write the checkpoint after round ``r``; then the client state versions only the
+        previous checkpoint needed can go."""
+        self.run_dir.write_bytes(CHECKPOINT_FILE, encode(Checkpoint(
+            round=r, weights=self.weights, server_state=self.server_state(),
+            client_versions=self.versions, metrics_lines=self.run_dir.metrics_lines)))
+        self.last_checkpoint = r
+        if self._superseded:
+            self.state_store.delete(self._superseded)
+            self._superseded = []
+
+    def _record_versions(self, r: int, stored: list[int]) -> None:
+        """Clients whose state was written in round ``r`` now read version ``r``. Their old
+        version is kept while the last checkpoint refers to it (a resume reads it), and
+        dropped at once otherwise -- the round is over, no re-run can need it."""
+        if not stored:
+            return
+        stale = []
+        for cid in stored:
+            old = int(self.versions[cid])
+            if old:
+                (self._superseded if old <= self.last_checkpoint else stale).append((cid, old))
+            self.versions[cid] = r
+        if stale:
+            self.state_store.delete(stale)
+
+    def workers_info(self) -> list[dict]:
+        return self.pool.info()
+
+    def _put(self, obj: Any) -> Any:
+        """``obj`` as the workers receive it: one object-store copy that every worker on a
+        node reads zero-copy, or with runtime.backend=inline (no Ray) a read-only copy,
+        which is what a Ray worker gets out of the store."""
+        if self.cfg.runtime.backend == "inline":
+            return frozen_tree(obj)
+        return ray.put(obj)
+
+    def _broadcast(self) -> Any:
+        return self._put(self.weights.numpy())
+
+    def _broadcast_round(self) -> Any:
+        """The round's one object: the global weights and the aggregator's broadcast state
+        (a server control variate, say)."""
+        weights = self.weights.numpy()
+        server = {k: v.numpy() for k, v in self.aggregator.broadcast().items()}
+        if self.cfg.runtime.backend == "inline":
+            return Broadcast(frozen(weights), frozen_tree(server))
+        return ray.put(Broadcast(weights, server))
+
+    def _train_round(self, r: int) -> dict[str, Any]:
+        c = self.cfg
+        sm = c.sampling
+        sel = select_round(c.seed, r, self.source.population, sm.clients_per_round,
+                           always=sm.always, dropout=sm.dropout,
+                           over_selection=sm.over_selection, sizes=self.sizes)
+        ids = sel.participants
+        groups = assign_balanced(ids, self.sizes[ids], len(self.pool))
+        broadcast = self._broadcast_round()
+        v = self.versions
+        tasks = [(slot, (broadcast, RoundTask(r, g, None if v is None else v[g].tolist())),
+                  f"round {r}: clients {g}") for slot, g in enumerate(groups) if g]
+        acc = PartialSum(self.weights.numel(), extras=extra_sizes(
+            self.algorithm.parts, self.template.num_params))
+        stats = dict.fromkeys(RoundResult.STATS, 0.0)
+        worker_mem = 0.0
+        stored: list[int] = []
+        # fixed order: the float64 sum is bit-identical across reruns and re-runs
+        for res in self.pool.gather("train", tasks):
+            acc.merge(res.partial)
+            for k in stats:
+                stats[k] += getattr(res, k)
+            worker_mem = max(worker_mem, res.mem_mb)
+            stored += res.stored
+            del res
+        if v is not None:
+            self._record_versions(r, stored)
+        if acc.weight > 0:  # a round without examples (or all dropped) leaves the model as is
+            self.weights = self.server_opt.step(self.weights, self.aggregator.finish(acc))
+        return {"clients": len(ids), "dropped_out": sel.dropped_out, "late": sel.late,
+                "examples": int(stats["examples"]), "updates": int(stats["updates"]),
+                "dropped_updates": int(stats["dropped"]),
+                "worker_failures": self.pool.round_failures,
+                "train_loss": stats["loss_sum"] / max(1, stats["examples_seen"]),
+                "worker_busy_s": stats["busy_s"], "worker_mem_mb": worker_mem}
+
+    def evaluate(self, r: int) -> dict[str, float]:
+        """Central and federated evaluation of the current global model."""
+        if self.test_ref is None and self.fed_eval_ids is None:
+            return {}
+        n = len(self.pool)
+        weights_ref = self._broadcast()
+        pending: dict[str, tuple[str, list]] = {}
+        if self.test_ref is not None:
+            bounds = np.linspace(0, self.test_len, n + 1).astype(int)
+            pending["test"] = ("evaluate_range", [
+                (slot, (weights_ref, self.test_ref, int(lo), int(hi)),
+                 f"round {r} evaluation: test rows {lo}..{hi - 1}")
+                for slot, (lo, hi) in enumerate(zip(bounds[:-1], bounds[1:], strict=True))
+                if hi > lo])
+        if self.fed_eval_ids is not None:
+            ids = self.fed_eval_ids
+            groups = assign_balanced(ids, self.source.test_sizes()[ids], n)
+            pending["fed_test"] = ("evaluate_clients", [
+                (slot, (weights_ref, g), f"round {r} evaluation: clients {g}")
+                for slot, g in enumerate(groups) if g])
+        out: dict[str, float] = {}
+        for prefix, (method, tasks) in pending.items():
+            s = merge_sums(list(self.pool.gather(method, tasks)))
+            out[f"{prefix}_loss"] = s.mean_loss
+            if correct_fn(self.cfg.model.loss) is not None:  # regression (mse) has no accuracy
+                out[f"{prefix}_accuracy"] = s.accuracy
+        return out
+
+    def begin(self) -> dict[str, Any]:
+        """Start the run's clock. Where the rounds start, and the rounds before that (a
+        resumed run's, from its checkpoint): what fedray.run tells its callbacks."""
+        self._run_start = time.perf_counter()
+        self._next_round = self.start_round
+        return {"start_round": self.start_round, "resumed_from": self.resumed_from,
+                "past_metrics": [json.loads(line) for line in self.run_dir.metrics_lines]}
+
+    def run_round(self, r: int, with_weights: bool = False
+                  ) -> tuple[dict[str, Any], dict[str, torch.Tensor] | None]:
+        """Round ``r`` (the one after the last): train, evaluate when due, append its
+        metrics and checkpoint when due. Returns its metrics and, when the caller's
+        callbacks ask for it, the new global model as a state_dict.
+
+        One call per round, rather than a stream of rounds: the caller decides after each
+        round whether there is another (a callback can stop the run), so the driver never
+        trains a round that is then thrown away."""
+        c = self.cfg
+        if r != self._next_round:  # a caller's bug: rounds are not independent
+            raise FedrayError(f"round {r} asked of a driver whose next round is "
+                              f"{self._next_round}")
+        self._next_round += 1
+        t0 = time.perf_counter()
+        self.pool.begin_round()
+        m: dict[str, Any] = {"round": r}
+        m.update(self._train_round(r))
+        train_s = time.perf_counter() - t0
+        m["train_s"] = train_s
+        m["updates_per_s"] = m["clients"] / train_s
+        if is_eval_round(r, c.eval.every, c.rounds):
+            m.update(self.evaluate(r))
+            m["worker_failures"] = self.pool.round_failures
+        m["wall_s"] = time.perf_counter() - t0
+        m["elapsed_s"] = time.perf_counter() - self._run_start
+        m["driver_mem_mb"] = private_mb()
+        self.run_dir.append_metrics(m)
+        self.history.append(self._history_entry(m))
+        if r == c.rounds or (c.checkpoint.every and r % c.checkpoint.every == 0):
+            self._checkpoint(r)
+        return m, (self.state_dict() if with_weights else None)
+
+    def finish(self, stopped_after: int | None = None) -> dict[str, Any]:
+        """After the last round, or after round ``stopped_after`` when a callback stopped
+        the run there (its checkpoint is written now if it was not due, so that
+        ``--resume`` continues from it): the weights, the server state and the summary."""
+        c = self.cfg
+        if stopped_after is not None and self.last_checkpoint != stopped_after:
+            self._checkpoint(stopped_after)
+        summary = self._summary(time.perf_counter() - self._run_start, stopped_after)
+        if c.output.save_weights:
+            self.run_dir.save_weights(self.state_dict())
+        self.run_dir.save_tensors(SERVER_STATE_FILE, self.server_state())
+        self.run_dir.write_json("summary.json", summary)
+        return summary
+
+    def _summary(self, total_s: float, stopped_after: int | None = None) -> dict[str, Any]:
+        c = self.cfg
+        history = self.history
+        last = history[-1] if history else {}
+        accs = [h["test_accuracy"] for h in history if "test_accuracy" in h]
+        ups = [h["updates_per_s"] for h in history]
+        final = {k: v for k, v in last.items() if k.startswith(("test_", "fed_test_"))}
+        return {
+            "name": c.name, "rounds": c.rounds, "population": self.source.population,
+            "algorithm": {"name": c.algorithm.name, **self.algorithm.names},
+            "clients_per_round": c.sampling.clients_per_round, "num_workers": len(self.pool),
+            "workers": self.workers_info(),
+            "final": final, "best_test_accuracy": max(accs) if accs else None,
+            "dropped_updates": sum(h.get("dropped_updates", 0) for h in history),
+            "worker_failures": sum(h.get("worker_failures", 0) for h in history),
+            "resumed_from_round": self.resumed_from,
+            "stopped_early_after_round": stopped_after,
+            "total_s": total_s, "pool_start_s": self.pool_start_s,
+            "vectorized": self.vectorized,
+            "median_updates_per_s": float(np.median(ups)) if ups else None,
+            "driver_mem_mb": private_mb(),
+            "weights_file": WEIGHTS_FILE if c.output.save_weights else None,
+            "fedray_version": __version__,
+        }
+
+    def server_state(self) -> dict[str, torch.Tensor]:
+        """The server optimizer's and the aggregator's state (momentum, Adam moments,
+        a control variate), as flat tensors named ``server_opt.*`` and ``aggregator.*``."""
+        out = {f"aggregator.{k}": v for k, v in self.aggregator.state_dict().items()}
+        for k, v in self.server_opt.state_dict().items():
+            out[f"server_opt.{k}"] = v if isinstance(v, torch.Tensor) else torch.tensor(v)
+        return out
+
+    def state_dict(self) -> dict[str, torch.Tensor]:
+        self.template.load_(self.weights)
+        return self.template.state_dict()

@@ -1,0 +1,171 @@
+"""The worker pool: how many workers fit, and creating them with their resource shares.
+
+A worker reserves ``runtime.worker.num_cpus`` CPUs and ``runtime.worker.num_gpus`` GPUs
+(0.25 -> four workers share one GPU; Ray sets CUDA_VISIBLE_DEVICES for them). The default
+pool is as many workers as the cluster's resources allow, but never more than the clients of
+one round, since a worker without clients only adds broadcast cost.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator
+from typing import Any
+
+from omegaconf import DictConfig
+
+from fedray.errors import FedrayError, key_error
+
+
+def pool_size(cfg: DictConfig, resources: dict[str, float]) -> int:
+    w = cfg.runtime.worker
+    cpus = float(resources.get("CPU", 0.0))
+    gpus = float(resources.get("GPU", 0.0))
+    eps = 1e-9
+    if w.num_gpus > 0 and gpus + eps < w.num_gpus:
+        raise key_error("runtime.worker.num_gpus", f"the Ray cluster has {gpus:g} GPUs",
+                        w.num_gpus)
+    fit = math.floor(cpus / w.num_cpus + eps)
+    if w.num_gpus > 0:
+        fit = min(fit, math.floor(gpus / w.num_gpus + eps))
+    requested = cfg.runtime.num_workers
+    if requested is not None:
+        if requested > fit:
+            need = f"{requested * w.num_cpus:g} CPUs"
+            if w.num_gpus > 0:
+                need += f" and {requested * w.num_gpus:g} GPUs"
+            raise key_error("runtime.num_workers", f"{requested} workers need {need}; the Ray "
+                            f"cluster has {cpus:g} CPUs and {gpus:g} GPUs", requested)
+        return requested
+    if fit < 1:
+        raise key_error("runtime.worker.num_cpus", f"the Ray cluster has only {cpus:g} CPUs, "
+                        "not enough for one worker", w.num_cpus)
+    return max(1, min(fit, cfg.sampling.clients_per_round))
+
+
+def _failure_types() -> tuple[type[BaseException], ...]:
+    """Ray errors that mean "the process running the task is gone", not "the task failed":
+    a killed or OOM-killed worker, a lost node. Re-running elsewhere can succeed; a
+    FedrayError raised by the task itself (a corrupt file, say) would only fail again."""
+    from ray import exceptions as rx
+
+    return (rx.RayActorError, rx.WorkerCrashedError, rx.NodeDiedError, rx.OutOfMemoryError,
+            rx.ObjectLostError)
+
+
+def launch_workers(count: int, num_cpus: float, num_gpus: float) -> list:
+    """Start ``count`` worker actors without waiting for them and without a spec.
+
+    Their processes boot and import torch at once; ``create_workers`` later
+    gives them the spec. fedray.run launches them next to the driver, which would otherwise
+    import torch first and start its workers only then, which made short runs measurably
+    slower (docs/performance.md, "Run start-up")."""
+    import ray
+
+    from fedray.runtime.worker import ClientWorker
+
+    actor = ray.remote(ClientWorker).options(num_cpus=num_cpus, num_gpus=num_gpus,
+                                             max_concurrency=1)
+    return [actor.remote() for _ in range(count)]
+
+
+def create_workers(spec, count: int, num_cpus: float, num_gpus: float,
+                   ready_timeout_s: float = 300.0, launched: list | None = None) -> list:
+    """``count`` workers that have built their model for ``spec``: the ``launched`` ones
+    (from ``launch_workers``), or new ones."""
+    import ray
+
+    workers = launched if launched is not None else launch_workers(count, num_cpus, num_gpus)
+    spec_ref = spec if isinstance(spec, ray.ObjectRef) else ray.put(spec)
+    ready, pending = ray.wait([w.configure.remote(spec_ref) for w in workers],
+                              num_returns=len(workers), timeout=ready_timeout_s)
+    if pending:
+        for w in workers:
+            ray.kill(w)
+        raise FedrayError(f"only {len(ready)} of {len(workers)} workers started within "
+                          f"{ready_timeout_s:.0f}s: the cluster lacks the resources they reserve")
+    ray.get(ready)  # surface a worker's construction error, if any
+    return workers
+
+
+class WorkerPool:
+    """The run's worker actors, one per slot, and the one way tasks are sent to them.
+
+    A round is split into one task per slot (its clients), gathered in slot order. When the
+    process behind a slot dies mid-task, the slot gets a fresh worker (or, if none can start
+    within ``replace_timeout_s``, a surviving worker takes the slot over) and the task is
+    re-run there. A task's result depends only on its inputs -- every client's randomness
+    comes from (seed, round, client), its stored state is versioned -- so the re-run returns
+    the same partial sum, merged at the same place: the round is bit-identical to an
+    unfaulted one. ``max_retries`` re-runs are allowed per round (``begin_round`` resets the
+    count); then the round fails, naming the task's clients and the error.
+    """
+
+    def __init__(self, spec, count: int, num_cpus: float, num_gpus: float, max_retries: int,
+                 replace_timeout_s: float = 60.0, launched: list | None = None):
+        import ray
+
+        self._spec_ref = ray.put(spec)
+        self._resources = (num_cpus, num_gpus)
+        self.max_retries = max_retries
+        self.replace_timeout_s = replace_timeout_s
+        self.workers = create_workers(self._spec_ref, count, num_cpus, num_gpus,
+                                      launched=launched)
+        self.failures = 0  # tasks lost to dead workers, this run
+        self.round_failures = 0  # ... this round
+
+    def __len__(self) -> int:
+        return len(self.workers)
+
+    def begin_round(self) -> None:
+        self.round_failures = 0
+
+    def _replace(self, slot: int) -> None:
+        try:
+            self.workers[slot] = create_workers(self._spec_ref, 1, *self._resources,
+                                                ready_timeout_s=self.replace_timeout_s)[0]
+        except (FedrayError, *_failure_types()):  # no room for a new one (a node is gone),
+            # or it died too: a survivor takes the slot (a dead one fails, and is replaced)
+            self.workers[slot] = self.workers[(slot + 1) % len(self.workers)]
+
+    def gather(self, method: str, tasks: list[tuple[int, tuple, str]]) -> Iterator[Any]:
+        """Run ``worker.method(*args)`` for each ``(slot, args, what)`` and yield the results
+        in the order given, re-running a task whose worker died; ``what`` names the task's
+        work (its clients) in the error raised when the round's re-runs are spent."""
+        import ray
+
+        failure = _failure_types()
+        refs = [getattr(self.workers[slot], method).remote(*args) for slot, args, _ in tasks]
+        for (slot, args, what), ref in zip(tasks, refs, strict=True):
+            while True:
+                try:
+                    result = ray.get(ref)
+                    break
+                except failure as exc:
+                    self.failures += 1
+                    self.round_failures += 1
+                    if self.round_failures > self.max_retries:
+                        reason = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+                        raise FedrayError(
+                            f"{what}: worker {slot} died ({type(exc).__name__}: {reason}) and "
+                            f"runtime.max_retries={self.max_retries} re-runs this round are "
+                            "spent") from None
+                    self._replace(slot)
+                    ref = getattr(self.workers[slot], method).remote(*args)
+            yield result
+
+    def info(self) -> list[dict]:
+        """Each slot's worker (process, device, node); a worker whose process is gone is
+        reported as such instead of failing the caller: the run summary asks after the
+        last round, and a worker lost then (a preempted node) has no work left to redo."""
+        import ray
+
+        failure = _failure_types()
+        refs = [w.info.remote() for w in self.workers]
+        out = []
+        for ref in refs:
+            try:
+                out.append(ray.get(ref))
+            except failure as exc:
+                out.append({"dead": True, "error": type(exc).__name__})
+        return out

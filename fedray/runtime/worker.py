@@ -1,0 +1,308 @@
+"""The worker actor: one long-lived process that trains many virtual clients per round.
+
+A worker reserves ``runtime.worker.num_cpus`` CPUs and a (possibly fractional) share of a GPU,
+builds one model replica, and for each round: maps the broadcast (one object store read),
+trains its assigned clients on the replica (one after another, or in vectorized groups),
+folds each into one partial sum and returns that. What a client's training adds and what
+it contributes come from the algorithm's parts (fedray.algorithms.base); the worker knows
+no algorithm.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import time
+from collections import deque
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from torch import nn
+
+from fedray.algorithms.base import (
+    Aggregator,
+    ClientContext,
+    ClientWork,
+    LocalTerms,
+    LocalUpdate,
+    PartialSum,
+    WorkerEnv,
+    extra_sizes,
+)
+from fedray.core.evaluation import EvalSums, evaluate, merge_sums
+from fedray.core.flat_model import FlatModel
+from fedray.core.seeding import client_seed
+from fedray.core.tensors import readonly_tensor
+from fedray.data.source import ClientCache, ClientSource
+from fedray.kernels.sequential import client_batch_size, local_sgd
+from fedray.kernels.vectorized import group_size, group_sizes, vmap_local_sgd
+from fedray.runtime.messages import Broadcast, RoundResult, RoundTask
+from fedray.runtime.session import keep_freed_memory, private_mb
+from fedray.state.client_state import ClientStateStore
+
+
+@dataclass
+class LocalTraining:
+    """How every client trains, whatever the algorithm: the ``client`` section, the loss,
+    and the guard on what comes back."""
+
+    lr: float
+    batch_size: int
+    local_epochs: int
+    local_steps: int | None
+    eval_batch_size: int
+    loss: str = "cross_entropy"  # see fedray.core.losses.LOSSES
+    steps_per_epoch: int | None = None  # client.steps_per_epoch: batch = n / steps_per_epoch
+    max_update_norm: float | None = None  # guard: drop larger updates (NaN/Inf: always)
+
+    def batch_size_for(self, n: int) -> int:
+        return client_batch_size(n, self.batch_size, self.steps_per_epoch)
+
+
+@dataclass
+class WorkerResources:
+    """What a worker reserves and caches (``runtime.worker``)."""
+
+    num_cpus: float
+    cache_mb: int
+    state_cache_mb: float = 64.0
+    vectorize: bool = False  # train clients in groups (the driver's vectorize_plan decides)
+
+
+@dataclass
+class WorkerSpec:
+    """Everything a worker needs, shipped once when the pool is created: the model and data,
+    how clients train, the worker's resources, and the algorithm's two worker-side parts
+    (each worker gets its own copies)."""
+
+    make_model: Callable[[], nn.Module]
+    source: ClientSource
+    seed: int
+    training: LocalTraining
+    resources: WorkerResources
+    client: ClientWork
+    aggregator: Aggregator
+    state_url: str | None = None  # client state store, under the run dir (when the client
+    # part keeps per-client state)
+
+
+def _chunks(items: Iterator, sizes: list[int]) -> Iterator[list]:
+    """``items`` cut into consecutive lists of the given sizes."""
+    for size in sizes:
+        yield [next(items) for _ in range(size)]
+
+
+class ClientWorker:
+    def __init__(self, spec: WorkerSpec | None = None):
+        if spec is not None:
+            self.configure(spec)
+
+    def configure(self, spec: WorkerSpec) -> None:
+        """Build the model replica, the data cache, the client state store and the parts'
+        buffers for ``spec``.
+
+        Apart from __init__ so that a worker's process can start, and import torch,
+        while the driver is still starting and has no spec yet
+        (fedray.runtime.pool.launch_workers)."""
+        self.spec = spec
+        t, res = spec.training, spec.resources
+        torch.set_num_threads(max(1, int(res.num_cpus)))
+        keep_freed_memory()  # per-step tensors of MBs reuse the heap, without page faults
+        gpu_ids = self.assigned_gpus()
+        use_cuda = bool(gpu_ids) and torch.cuda.is_available()
+        self.device = torch.device("cuda" if use_cuda else "cpu")
+        self.gpu_ids = [str(g) for g in gpu_ids]
+        self.model = FlatModel(spec.make_model(), self.device)
+        self._weights = torch.empty_like(self.model.flat)
+        self._delta = torch.empty_like(self.model.flat)
+        self.cache = ClientCache(spec.source, res.cache_mb * 2**20)
+        self.client, self.aggregator = spec.client, spec.aggregator
+        self.env = WorkerEnv(model=self.model, device=self.device, lr=t.lr, loss=t.loss,
+                             eval_batch_size=t.eval_batch_size, batch_size_for=t.batch_size_for,
+                             training=t)
+        self.client.setup(self.env)
+        self.aggregator.setup(self.env)
+        self.extras = extra_sizes((self.client, self.aggregator), self.model.num_params)
+        self.state = (ClientStateStore(spec.state_url, res.state_cache_mb)
+                      if self.client.state else None)
+        self._stored: list[int] = []  # clients whose state this round's train() wrote
+        own_training = self.client.train is not None
+        self.group = (group_size(self.model.num_params, self.device.type == "cuda")
+                      if res.vectorize and not own_training else 0)
+        self._prefetch = spec.source.cacheable or self.device.type == "cuda"
+
+    def assigned_gpus(self) -> list:
+        """The GPUs Ray gave this worker; outside Ray, none: the CPU."""
+        import ray
+
+        return ray.get_gpu_ids() if ray.is_initialized() else []
+
+    def info(self) -> dict:
+        import ray
+
+        node = ray.get_runtime_context().get_node_id() if ray.is_initialized() else None
+        return {"pid": os.getpid(), "gpu_ids": self.gpu_ids, "device": str(self.device),
+                "node_id": node, "threads": torch.get_num_threads()}
+
+    def _admissible(self, delta: torch.Tensor) -> bool:
+        """The guard: a non-finite update, or one above guard.max_update_norm, must never
+        reach the global model (nor a client's stored state)."""
+        norm = float(torch.linalg.vector_norm(delta))  # NaN or Inf if any entry is
+        bound = self.spec.training.max_update_norm
+        return math.isfinite(norm) and (bound is None or norm <= bound)
+
+    def _prepare(self, round_idx: int, cid: int, version: int) -> ClientContext:
+        """A client's round before its local update: its seed, data and batch size, and
+        whatever the aggregator prepares (examples it holds out, say). Runs on the prefetch
+        thread: it must not touch the replica."""
+        seed = client_seed(self.spec.seed, round_idx, cid)
+        x, y = self.cache.get(cid)
+        ctx = ClientContext(cid, round_idx, seed, x, y, self.env.batch_size_for(len(y)),
+                            version)
+        self.aggregator.prepare(self.env, ctx)
+        if self.device.type == "cuda":  # page-locked: the copy to the GPU runs asynchronously
+            ctx.x, ctx.y = ctx.x.pin_memory(), ctx.y.pin_memory()
+        return ctx
+
+    def _jobs(self, round_idx: int, client_ids: list[int],
+              versions: list[int] | None) -> Iterator[ClientContext]:
+        """The clients' prepared rounds, in order. Where reading a client costs something (a
+        store's shards, generated data) or a GPU waits for it, the next client is read on a
+        background thread while the current one trains."""
+        args = [(round_idx, cid, versions[i] if versions else 0)
+                for i, cid in enumerate(client_ids)]
+        if not self._prefetch:
+            yield from (self._prepare(*a) for a in args)
+            return
+        with ThreadPoolExecutor(1, thread_name_prefix="fedray-prefetch") as pool:
+            ahead = deque(pool.submit(self._prepare, *a) for a in args[:2])
+            for a in args[2:]:
+                yield ahead.popleft().result()
+                ahead.append(pool.submit(self._prepare, *a))
+            while ahead:
+                yield ahead.popleft().result()
+
+    def _terms(self, ctx: ClientContext) -> LocalTerms:
+        """The client's state as of the round (a client without training data takes no
+        steps and needs none), then its local objective's terms."""
+        if self.state is not None and len(ctx.y):
+            ctx.state = self.state.get(ctx.cid, ctx.version)
+        ctx.terms = self.client.terms(self.env, ctx)
+        return ctx.terms
+
+    def _finish(self, ctx: ClientContext, update: LocalUpdate, acc: PartialSum) -> bool:
+        """Fold a trained client into the partial sum (the aggregator's contribution, then
+        the client part's, which may return its new state); False when the guard dropped
+        its update. A client without examples counts for nothing."""
+        if update.num_examples == 0:
+            return True
+        if not self._admissible(update.delta):
+            return False
+        self.aggregator.accumulate(self.env, ctx, update, acc)
+        state = self.client.finish(self.env, ctx, update, acc)
+        if state is not None and self.state is not None:
+            self.state.put(ctx.cid, ctx.round, state)
+            self._stored.append(ctx.cid)
+        return True
+
+    def _train_client(self, ctx: ClientContext, acc: PartialSum,
+                      terms_ready: bool = False) -> tuple[LocalUpdate, bool]:
+        """One client's round on the replica (the sequential path): the client part's own
+        ``train`` if it has one, else the sequential kernel with its terms."""
+        t = self.spec.training
+        if not terms_ready:
+            self._terms(ctx)
+        if self.client.train is not None:
+            update = self.client.train(self.env, ctx)
+        else:
+            update = local_sgd(self.model, self.env.global_weights, ctx.x, ctx.y, lr=t.lr,
+                               batch_size=ctx.batch_size, local_epochs=t.local_epochs,
+                               local_steps=t.local_steps, seed=ctx.seed,
+                               delta_out=self._delta, terms=ctx.terms,
+                               full_batch=self.client.full_batch, loss=t.loss)
+            update.in_replica = True  # the kernel trains in the replica
+        if update.in_replica:
+            update.replica_mark = self.model.loads
+        return update, self._finish(ctx, update, acc)
+
+    def _train_group(self, ctxs: list[ClientContext],
+                     acc: PartialSum) -> list[tuple[LocalUpdate, bool]]:
+        """A group of clients' rounds: one batched local update (fedray/kernels/vectorized.py), then
+        each client folded in, in order, as on the sequential path. Clients whose terms
+        differ in their proximal weight cannot share a batched step: they train one after
+        another."""
+        t = self.spec.training
+        terms = [self._terms(ctx) for ctx in ctxs]
+        if len({tm.proximal for tm in terms}) > 1:
+            return [self._train_client(ctx, acc, terms_ready=True) for ctx in ctxs]
+        linear = None
+        if any(tm.linear is not None for tm in terms):
+            linear = torch.zeros((len(ctxs), self.model.num_params), device=self.device)
+            for k, tm in enumerate(terms):
+                if tm.linear is not None:
+                    linear[k] = tm.linear
+        group = vmap_local_sgd(self.model, self.env.global_weights,
+                               [(c.x, c.y) for c in ctxs], lrs=[t.lr] * len(ctxs),
+                               batch_size=[c.batch_size for c in ctxs],
+                               local_epochs=t.local_epochs, local_steps=t.local_steps,
+                               seeds=[c.seed for c in ctxs],
+                               terms=LocalTerms(proximal=terms[0].proximal, linear=linear),
+                               full_batch=self.client.full_batch, loss=t.loss)
+        out = []
+        for k, ctx in enumerate(ctxs):
+            update = LocalUpdate(group.delta(k), group.num_examples[k], group.loss_sums[k],
+                                 group.examples_seen[k], group.steps[k])
+            out.append((update, self._finish(ctx, update, acc)))
+        return out
+
+    def train(self, broadcast: Broadcast, task: RoundTask) -> RoundResult:
+        """Train the task's clients from its broadcast (the global weights and the
+        aggregator's per-round state); return their one partial sum, and which clients had
+        their state stored as version ``task.round``."""
+        start = time.perf_counter()
+        self._weights.copy_(readonly_tensor(broadcast.weights))
+        self.env.global_weights = self._weights
+        self.env.broadcast = {k: readonly_tensor(v).to(self.device)
+                              for k, v in broadcast.server.items()}
+        acc = PartialSum(self.model.size, self.device, self.extras)
+        loss_sum, seen, examples, dropped = 0.0, 0, 0, 0
+        self._stored = []
+        ids = task.client_ids
+        jobs = self._jobs(task.round, ids, task.versions)
+        if self.group:
+            results = (r for chunk in _chunks(jobs, group_sizes(len(ids), self.group))
+                       for r in self._train_group(chunk, acc))
+        else:
+            results = (self._train_client(ctx, acc) for ctx in jobs)
+        for res, kept in results:
+            if not kept:  # its loss may be NaN too: the round's train_loss leaves it out
+                dropped += 1
+                continue
+            loss_sum += res.loss_sum
+            seen += res.examples_seen
+            examples += res.num_examples
+        return RoundResult(partial=acc.to_message(), clients=len(ids), examples=examples,
+                           loss_sum=loss_sum, examples_seen=seen, dropped=dropped,
+                           updates=len(ids) - dropped, stored=self._stored,
+                           busy_s=time.perf_counter() - start, mem_mb=private_mb())
+
+    def evaluate_range(self, weights: np.ndarray, test: tuple[np.ndarray, np.ndarray],
+                       lo: int, hi: int) -> EvalSums:
+        """Evaluation sums on rows [lo, hi) of the central test set."""
+        self.model.load_(readonly_tensor(weights))
+        x, y = (readonly_tensor(a[lo:hi]) for a in test)
+        t = self.spec.training
+        return evaluate(self.model.module, x, y, t.eval_batch_size, self.device, t.loss)
+
+    def evaluate_clients(self, weights: np.ndarray, client_ids: list[int]) -> EvalSums:
+        """Evaluation sums over the held-out data of ``client_ids``."""
+        self.model.load_(readonly_tensor(weights))
+        parts = []
+        for cid in client_ids:
+            x, y = self.cache.get(cid, "test")
+            parts.append(evaluate(self.model.module, x, y, self.spec.training.eval_batch_size,
+                                  self.device, self.spec.training.loss))
+        return merge_sums(parts)

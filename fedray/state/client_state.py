@@ -1,0 +1,277 @@
+"""Per-client state that persists across rounds (e.g. SCAFFOLD's control variates c_i).
+
+Clients are virtual and any worker may train any client in any round, so their state cannot
+live in one process: 100,000 clients of a 1.2M-parameter model would be 480 GB. It lives on
+disk under the run directory (any fsspec URL), one immutable safetensors file per client and
+version -- the round that wrote it:
+
+    {url}/{client_id // 1000:06d}/{client_id}.r{version}.safetensors
+
+so no directory holds more than 1,000 clients' files.
+
+Why versions: a worker that dies mid-round may already have written some of its clients'
+new c_i; their re-run must read the c_i the first run read, not the new one. A run resumed
+from a checkpoint must read c_i as of the checkpoint, not as of the round it was killed in.
+So a round never overwrites a client's state; it writes version r beside the old one. The
+driver keeps the index -- one int per client, the version that is current (0: none yet) --
+in its checkpoint, tells each worker the versions of its clients, and deletes versions once
+neither a re-run nor the last checkpoint can need them (fedray.runtime.driver), so the store holds
+about one file per client.
+
+Concurrency: a (client, version) is written by one worker (the driver gives each sampled
+client to one worker); a re-run after a crash writes identical bytes. Writes go to a
+temporary name in the same directory and are moved into place, so a reader never sees a
+half-written file. Because files are immutable, a process's cache entry for (client,
+version) is always valid: no stat, no read on a hit. The cache is an LRU bounded in bytes, so
+no process's memory grows with the population.
+"""
+
+from __future__ import annotations
+
+import operator
+import posixpath
+import re
+import threading
+import uuid
+from collections import OrderedDict
+from collections.abc import Callable, Iterable
+from typing import Any
+
+import fsspec
+import torch
+from safetensors.torch import load as load_safetensors
+from safetensors.torch import save as save_safetensors
+
+from fedray.errors import FedrayError
+from fedray.state.run_dir import absolute_url
+
+SHARD_SIZE = 1000
+SUFFIX = ".safetensors"
+_NAME = re.compile(r"^(\d+)\.r(\d+)\.safetensors$")
+
+Tensors = dict[str, torch.Tensor]
+Key = tuple[int, int]  # (client id, version)
+
+
+def _nbytes(tensors: Tensors) -> int:
+    return sum(t.numel() * t.element_size() for t in tensors.values())
+
+
+def _check_id(client_id: int) -> int:
+    cid = operator.index(client_id)
+    if cid < 0:
+        raise ValueError(f"client_id must be >= 0, got {cid}")
+    return cid
+
+
+def _check_version(version: int, least: int) -> int:
+    v = operator.index(version)
+    if v < least:
+        raise ValueError(f"version must be >= {least}, got {v}")
+    return v
+
+
+class ClientStateStore:
+    """Disk-backed, versioned per-client tensors with a bounded per-process LRU cache.
+
+    ``get`` returns CPU tensors the caller owns (mutating them does not touch the store);
+    ``put`` writes through to disk. ``hits``/``misses`` count gets served from the cache or
+    from a file. Picklable: a copy starts with an empty cache and opens the filesystem
+    lazily.
+    """
+
+    def __init__(self, url: str, cache_mb: float = 64.0):
+        if not cache_mb >= 0:
+            raise ValueError(f"cache_mb must be >= 0, got {cache_mb}")
+        self.url = absolute_url(url)
+        self.cache_mb = float(cache_mb)
+        self._budget = int(self.cache_mb * 2**20)
+        self._init_process_state()
+
+    def _init_process_state(self) -> None:
+        self._fs_path: tuple[fsspec.AbstractFileSystem, str] | None = None
+        self._cache: OrderedDict[Key, tuple[Tensors, int]] = OrderedDict()
+        self._cache_bytes = 0
+        self._lock = threading.Lock()
+        self.hits = 0
+        self.misses = 0
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {"url": self.url, "cache_mb": self.cache_mb, "_budget": self._budget}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._init_process_state()
+
+    def __repr__(self) -> str:
+        return f"ClientStateStore({self.url!r}, cache_mb={self.cache_mb})"
+
+    # -- paths ---------------------------------------------------------------------------
+
+    @property
+    def _fs(self) -> fsspec.AbstractFileSystem:
+        return self._fs_and_root()[0]
+
+    def _fs_and_root(self) -> tuple[fsspec.AbstractFileSystem, str]:
+        if self._fs_path is None:
+            fs, path = fsspec.core.url_to_fs(self.url)
+            self._fs_path = (fs, path.rstrip("/") or "/")
+        return self._fs_path
+
+    def _dir(self, cid: int) -> str:
+        return posixpath.join(self._fs_and_root()[1], f"{cid // SHARD_SIZE:06d}")
+
+    def _file(self, cid: int, version: int) -> str:
+        return posixpath.join(self._dir(cid), f"{cid}.r{version}{SUFFIX}")
+
+    def file_url(self, client_id: int, version: int) -> str:
+        """Where version ``version`` of the state of ``client_id`` is (or would be) stored."""
+        return self._fs.unstrip_protocol(
+            self._file(_check_id(client_id), _check_version(version, 1)))
+
+    # -- cache ---------------------------------------------------------------------------
+
+    @property
+    def cache_bytes(self) -> int:
+        """Tensor bytes held by this process's cache (never more than ``cache_mb``)."""
+        return self._cache_bytes
+
+    def _drop(self, key: Key) -> None:
+        with self._lock:
+            entry = self._cache.pop(key, None)
+            if entry is not None:
+                self._cache_bytes -= entry[1]
+
+    def _remember(self, key: Key, tensors: Tensors) -> bool:
+        """Cache ``tensors`` (owned by the cache from now on); False if they do not fit."""
+        size = _nbytes(tensors)
+        self._drop(key)
+        if size > self._budget:
+            return False
+        with self._lock:
+            while self._cache and self._cache_bytes + size > self._budget:
+                _, (_, freed) = self._cache.popitem(last=False)
+                self._cache_bytes -= freed
+            self._cache[key] = (tensors, size)
+            self._cache_bytes += size
+            return True
+
+    # -- public API ----------------------------------------------------------------------
+
+    def get(self, client_id: int, version: int) -> Tensors | None:
+        """Version ``version`` of the state of ``client_id`` as CPU tensors; None for
+        version 0 (the client has no state yet), without touching the disk."""
+        cid, v = _check_id(client_id), _check_version(version, 0)
+        if v == 0:
+            return None
+        key = (cid, v)
+        with self._lock:
+            entry = self._cache.get(key)
+            if entry is not None:
+                self._cache.move_to_end(key)
+                self.hits += 1
+                return {k: t.clone() for k, t in entry[0].items()}
+        self.misses += 1
+        fs = self._fs
+        path = self._file(cid, v)
+        try:
+            data = fs.cat_file(path)
+        except FileNotFoundError:
+            raise FedrayError(f"client state file {fs.unstrip_protocol(path)} is missing: the "
+                              "run directory was modified") from None
+        except OSError as exc:
+            raise FedrayError(f"client state file {fs.unstrip_protocol(path)} is "
+                              f"unreadable: {exc}") from None
+        try:
+            tensors = load_safetensors(data)
+        except Exception as exc:  # safetensors raises its own SafetensorError
+            raise FedrayError(f"client state file {fs.unstrip_protocol(path)} is corrupt: "
+                              f"{exc}") from None
+        if self._remember(key, tensors):
+            return {k: t.clone() for k, t in tensors.items()}
+        return tensors
+
+    def put(self, client_id: int, version: int, tensors: Tensors) -> None:
+        """Write version ``version`` (>= 1) of the state of ``client_id``, atomically; the
+        cache keeps a copy. Writing an existing version replaces it (a re-run's identical
+        bytes)."""
+        cid, v = _check_id(client_id), _check_version(version, 1)
+        if not isinstance(tensors, dict) or not all(
+                isinstance(k, str) and isinstance(t, torch.Tensor) for k, t in tensors.items()):
+            raise TypeError("tensors must be a dict of str -> torch.Tensor")
+        # own contiguous CPU copies: saved, then kept by the cache, immune to the caller
+        owned = {k: t.detach().to("cpu", memory_format=torch.contiguous_format, copy=True)
+                 for k, t in tensors.items()}
+        data = save_safetensors(owned)
+        fs = self._fs
+        path = self._file(cid, v)
+        tmp = posixpath.join(self._dir(cid), f".{cid}.r{v}{SUFFIX}.{uuid.uuid4().hex}.tmp")
+        fs.makedirs(self._dir(cid), exist_ok=True)
+        self._drop((cid, v))
+        try:
+            fs.pipe_file(tmp, data)
+            fs.mv(tmp, path)
+        except BaseException:
+            try:
+                if fs.exists(tmp):
+                    fs.rm(tmp)
+            except OSError:
+                pass
+            raise
+        self._remember((cid, v), owned)
+
+    def delete(self, items: Iterable[tuple[int, int]]) -> int:
+        """Remove these (client id, version) files; missing ones are skipped. Returns how
+        many were removed."""
+        fs = self._fs
+        paths = []
+        for cid, v in items:
+            key = (_check_id(cid), _check_version(v, 1))
+            self._drop(key)
+            paths.append(self._file(*key))
+        present = [p for p in paths if fs.exists(p)]
+        if present:
+            fs.rm(present)
+        return len(present)
+
+    def _listing(self) -> tuple[dict[int, list[int]], list[str]]:
+        """(client id -> sorted versions, temporary files) under the root."""
+        fs, root = self._fs_and_root()
+        try:
+            paths = fs.find(root)
+        except FileNotFoundError:
+            return {}, []
+        found: dict[int, list[int]] = {}
+        temporaries = []
+        for p in paths:
+            shard, name = posixpath.split(str(p).rstrip("/"))
+            if name.startswith(".") and name.endswith(".tmp"):
+                temporaries.append(str(p))
+                continue
+            m = _NAME.match(name)
+            if m is None:
+                continue
+            cid, v = int(m.group(1)), int(m.group(2))
+            if posixpath.basename(shard) == f"{cid // SHARD_SIZE:06d}" and v >= 1:
+                found.setdefault(cid, []).append(v)
+        return {c: sorted(vs) for c, vs in sorted(found.items())}, temporaries
+
+    def versions(self) -> dict[int, list[int]]:
+        """Every client with state -> its versions present. Lists every file: for tests,
+        resuming and reports, not for the training loop."""
+        return self._listing()[0]
+
+    def clients(self) -> list[int]:
+        """Sorted ids of the clients that have state (any version)."""
+        return list(self.versions())
+
+    def sweep(self, keep: Callable[[int], int]) -> int:
+        """Delete every version other than ``keep(client_id)`` (0: keep none) and every
+        temporary file a killed writer left; returns how many files went. Resuming from a
+        checkpoint uses it to drop what was written after it."""
+        found, temporaries = self._listing()
+        stale = [(c, v) for c, vs in found.items() for v in vs if v != keep(c)]
+        removed = self.delete(stale)
+        if temporaries:
+            self._fs.rm(temporaries)
+        return removed + len(temporaries)

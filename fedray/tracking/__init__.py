@@ -1,0 +1,2 @@
+"""Following and comparing runs: callbacks, the progress line, TensorBoard, MLflow,
+reports."""

@@ -1,0 +1,206 @@
+"""fedray sweep: Tune trials that are fedray runs, early stopping, results, resuming."""
+
+import csv
+import glob
+import os
+import pathlib
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+import yaml
+from conftest import tiny_job
+
+import fedray
+from fedray.cluster.sweep import check_trials, load_sweep, run_sweep
+from fedray.errors import ConfigError, FedrayError
+from fedray.state.run_dir import load_weights, read_metrics
+from fedray.tracking.tensorboard import EVENTS_FILE
+
+
+def _sweep(tmp_path, **over) -> dict:
+    job = tiny_job(tmp_path, rounds=6, runtime={"worker": {"num_cpus": 1}})
+    del job["output"]
+    return {"name": "t", "job": job, "parameters": {"seed": [0, 1]},
+            "output": str(tmp_path / "sweep"), **over}
+
+
+def test_nested_and_dotted_parameters_are_the_same(tmp_path):
+    a, _ = load_sweep(_sweep(tmp_path, parameters={"client.lr": [0.1, 0.2], "seed": [0]}))
+    b, _ = load_sweep(_sweep(tmp_path, parameters={"client": {"lr": [0.1, 0.2]}, "seed": [0]}))
+    assert dict(a.parameters) == dict(b.parameters) == {"client.lr": [0.1, 0.2], "seed": [0]}
+    assert check_trials(*load_sweep(_sweep(tmp_path, num_samples=3, parameters={
+        "client.lr": [0.1, 0.2], "seed": [0, 1, 2]}))) == 18
+
+
+def test_a_job_file_is_found_beside_the_sweep_and_inlined(tmp_path):
+    job = tiny_job(tmp_path)
+    (tmp_path / "job.yaml").write_text(yaml.safe_dump(job))
+    (tmp_path / "s.yaml").write_text(yaml.safe_dump({"job": "job.yaml",
+                                                     "overrides": ["rounds=7"],
+                                                     "parameters": {"seed": [1]}}))
+    sweep, cfg = load_sweep(str(tmp_path / "s.yaml"))
+    assert cfg.rounds == 7 and sweep.job["rounds"] == 7 and sweep.job["name"] == "tiny"
+
+
+@pytest.mark.parametrize("over, message", [
+    ({"parameters": {"client.lr": {"uniform": [0.1, 0.2]}}},
+     "sweep key 'parameters.client.lr': a distribution needs search: random"),
+    ({"search": "random", "parameters": {"seed": {"randint": [0, 2.5]}}},
+     "randint needs whole numbers"),
+    ({"search": "random", "parameters": {"client.lr": {"loguniform": [0, 1]}}},
+     "low > 0"),
+    ({"parameters": {"output.dir": ["a", "b"]}}, "is set by the sweep for each trial"),
+    ({"parameters": {}}, "sweep key 'parameters': must name at least one config key"),
+    ({"scheduler": {"name": "hyperband"}}, "sweep key 'scheduler.name': must be null or asha"),
+    ({"search": "bayes"}, "sweep key 'search': must be grid or random"),
+])
+def test_bad_sweeps_are_refused(tmp_path, over, message):
+    with pytest.raises(ConfigError, match=message.replace("(", r"\(").replace(".", r"\.")):
+        load_sweep(_sweep(tmp_path, **over))
+
+
+@pytest.mark.parametrize("params, message", [
+    ({"sampling.clients_per_round": [8, 41]},
+     "sweep setting sampling.clients_per_round=41: config key 'sampling.clients_per_round': "
+     "must be <= the population of 40 clients"),
+    ({"client.batch_sise": [8]}, "unknown config key 'client.batch_sise'"),
+    ({"client.batch_size": {"uniform": [4, 16]}}, "client.batch_size=10.0: config key "
+     "'client.batch_size': Value '10.0' of type 'float' could not be converted to Integer"),
+])
+def test_every_value_a_sweep_can_draw_is_checked_first(tmp_path, params, message):
+    sweep = _sweep(tmp_path, search="random", parameters=params)
+    with pytest.raises(ConfigError, match=message.replace("(", r"\(").replace("'", "'")):
+        check_trials(*load_sweep(sweep))
+    assert not (tmp_path / "sweep").exists()
+
+
+def test_asha_stops_poor_trials_and_the_results_cover_every_trial(ray_cluster, tmp_path):
+    """Four trials share the session's Ray (2 CPUs: two at a time); ASHA, comparing test
+    accuracy every round, stops some after 2 rounds. Every trial has its run directory with
+    TensorBoard events, results.csv a row, and the report a curve per learning rate."""
+    sweep = _sweep(tmp_path, parameters={"client.lr": [0.001, 0.3], "seed": [0, 1]},
+                   scheduler={"name": "asha", "grace_period": 2, "reduction_factor": 2})
+    result = run_sweep(sweep, log=lambda s: None)
+    rows = result.rows
+    assert len(rows) == 4
+    assert {r["status"] for r in rows} <= {"finished", "stopped early"}
+    assert any(r["status"] == "stopped early" for r in rows), rows
+    assert any(r["status"] == "finished" for r in rows), rows
+    for row in rows:
+        metrics = read_metrics(row["run_dir"])
+        assert len(metrics) == row["rounds"] >= 2
+        assert os.path.exists(os.path.join(row["run_dir"], EVENTS_FILE))
+        assert row["final_test_accuracy"] == metrics[-1]["test_accuracy"]
+    with open(tmp_path / "sweep" / "results.csv") as f:
+        table = list(csv.DictReader(f))
+    assert [t["trial"] for t in table] == [r["trial"] for r in rows]
+    assert {t["client.lr"] for t in table} == {"0.001", "0.3"}
+    assert (tmp_path / "sweep" / "report" / "test_accuracy.png").stat().st_size > 10_000
+    report = (tmp_path / "sweep" / "report" / "report.md").read_text()
+    assert "client.lr=0.001" in report and "client.lr=0.3" in report
+    with pytest.raises(Exception, match="already holds files"):
+        run_sweep(sweep, log=lambda s: None)
+
+
+def test_an_interrupted_sweep_resumes_its_trials_from_their_checkpoints(ray_cluster, tmp_path):
+    """`fedray sweep` is SIGKILLed (with the Ray it started) once a trial has checkpointed;
+    `fedray sweep --resume` finishes every trial, the cut one from its checkpoint, with the
+    weights an uninterrupted run of its config gives."""
+    spec = _sweep(tmp_path, parameters={"seed": [0, 1]})
+    spec["job"].update(rounds=24, checkpoint={"every": 3})
+    spec["job"]["runtime"]["num_cpus"] = 2
+    (tmp_path / "s.yaml").write_text(yaml.safe_dump(spec))
+    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+    cli = [sys.executable, "-m", "fedray.cli", "sweep"]
+    proc = subprocess.Popen(cli + [str(tmp_path / "s.yaml")], env=env, start_new_session=True,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    trials = tmp_path / "sweep" / "trials"
+    deadline = time.monotonic() + 180
+    while time.monotonic() < deadline:  # a checkpoint after round 6, not yet finished
+        cut = [d for d in glob.glob(str(trials / "*"))
+               if not os.path.exists(os.path.join(d, "summary.json"))
+               and len(_lines(os.path.join(d, "metrics.jsonl"))) >= 7]
+        if cut:
+            break
+        time.sleep(0.2)
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+    assert cut, "no trial reached round 7 in time"
+    out = subprocess.run(cli + ["--resume", str(tmp_path / "sweep")], env=env,
+                         capture_output=True, text=True, timeout=400)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "done: 2 trials" in out.stdout
+    rows = list(csv.DictReader(open(tmp_path / "sweep" / "results.csv")))
+    assert [r["status"] for r in rows] == ["finished"] * 2
+    resumed = [r for r in rows if _summary(r["run_dir"])["resumed_from_round"]]
+    assert resumed, "no trial continued from a checkpoint"
+    for row in resumed:
+        assert [m["round"] for m in read_metrics(row["run_dir"])] == list(range(1, 25))
+    row = resumed[0]  # one uninterrupted run to compare with: the trials differ only by seed
+    cfg = yaml.safe_load(open(os.path.join(row["run_dir"], "config.yaml")))
+    cfg["output"]["dir"] = str(tmp_path / "fresh")
+    fresh = fedray.run(cfg)
+    got = load_weights(row["run_dir"])
+    assert all(torch.equal(got[k], fresh.weights[k]) for k in got)
+
+
+def _lines(path: str) -> list[str]:
+    try:
+        with open(path) as f:
+            return f.read().splitlines()
+    except FileNotFoundError:
+        return []
+
+
+def _summary(run_dir: str) -> dict:
+    import json
+
+    with open(os.path.join(run_dir, "summary.json")) as f:
+        return json.load(f)
+
+
+def test_a_sweep_whose_saved_file_lost_credentials_is_not_resumed(tmp_path):
+    spec = _sweep(tmp_path)
+    spec["job"]["data"]["partition"] = "s3://KEY:***@bucket/stores/x"
+    (tmp_path / "sweep").mkdir()
+    (tmp_path / "sweep" / "sweep.yaml").write_text(yaml.safe_dump(spec))
+    with pytest.raises(FedrayError, match=r"sweep.yaml has masked credentials in "
+                                          r"job.data.partition; pass credentials through"):
+        run_sweep(resume=str(tmp_path / "sweep"))
+
+
+def test_a_trial_that_fails_at_run_time_is_an_error_row(ray_cluster, tmp_path):
+    """Validation reads a store's manifest, not its shards (data.verify off): a cut shard
+    passes it and fails the trial. The sweep still writes every row and says which failed."""
+    from fedray.data.recipe import build
+
+    root = pathlib.Path(__file__).resolve().parents[2]
+    store = tmp_path / "store"
+    build(root / "partitions" / "synthetic_dirichlet.yaml",
+          [f"out={store}", "source.num_writers=5", "partitioner.num_clients=10"])
+    shard = store / "train-00000.arrow"
+    shard.write_bytes(shard.read_bytes()[: shard.stat().st_size // 2])
+    spec = _sweep(tmp_path, parameters={"seed": [0]})
+    spec["job"].update(data={"partition": str(store), "verify": False},
+                       sampling={"clients_per_round": 5})
+    result = run_sweep(spec, log=lambda s: None)
+    (row,) = result.rows
+    assert row["status"].startswith("error: ") and result.failed == [row["trial"]]
+    assert row["rounds"] == 0 and row["final_test_accuracy"] is None
+    assert result.report_table is None  # no trial has the metric: no report
+    text = (tmp_path / "sweep" / "results.csv").read_text()
+    assert row["trial"] in text and "error: " in text
+
+
+def test_resume_takes_neither_a_sweep_file_nor_overrides(tmp_path, capsys):
+    from fedray.cli import main
+
+    assert main(["sweep", "--resume", str(tmp_path), "seed=1"]) == 2
+    assert capsys.readouterr().err.strip() == (
+        "fedray: error: --resume takes no key=value overrides: a sweep resumes as it started")
+    assert main(["sweep", "--resume", str(tmp_path), "s.yaml"]) == 2
+    assert "not both" in capsys.readouterr().err

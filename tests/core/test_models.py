@@ -1,0 +1,199 @@
+"""Model registry: shapes, parameter counts, input checks and the CIFAR preprocessing."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+import torchvision
+from tolerance import f32_atol
+from torch import nn
+
+from fedray.core.models import MODELS, CifarPreprocess, build_model, per_image_standardization
+
+SHAPES = {
+    "emnist_cnn": ((1, 28, 28), 62),
+    "leaf_cnn": ((1, 28, 28), 62),
+    "logreg": ((1, 28, 28), 10),
+    "mlp": ((1, 28, 28), 10),
+    "resnet18_gn": ((3, 32, 32), 100),
+}
+
+
+def num_params(m: nn.Module) -> int:
+    return sum(p.numel() for p in m.parameters())
+
+
+def test_every_registered_model_has_a_test_shape():
+    assert set(SHAPES) == set(MODELS)
+
+
+@pytest.mark.parametrize("name", sorted(SHAPES))
+@pytest.mark.parametrize("train", [True, False])
+def test_output_shape(name, train):
+    torch.manual_seed(0)
+    shape, classes = SHAPES[name]
+    model = build_model(name, shape, classes).train(train)
+    with torch.no_grad():
+        out = model(torch.rand(3, *shape))
+    assert out.shape == (3, classes)
+    assert torch.isfinite(out).all()
+
+
+def test_leaf_cnn_param_count():
+    expected = (1 * 32 * 25 + 32) + (32 * 64 * 25 + 64) + (3136 * 2048 + 2048) + (2048 * 62 + 62)
+    assert num_params(build_model("leaf_cnn", (1, 28, 28), 62)) == expected
+
+
+def test_leaf_cnn_other_size():
+    model = build_model("leaf_cnn", (3, 30, 30), 5)
+    assert model(torch.rand(2, 3, 30, 30)).shape == (2, 5)
+
+
+def test_mlp_param_count():
+    expected = 784 * 200 + 200 + 200 * 10 + 10
+    assert num_params(build_model("mlp", (1, 28, 28), 10)) == expected
+    assert build_model("mlp", (784,), 10)(torch.rand(2, 784)).shape == (2, 10)
+
+
+def test_resnet18_gn_param_count():
+    reference = num_params(torchvision.models.resnet18(num_classes=100))
+    # Only the stem differs: 7x7x3x64 -> 3x3x3x64; GroupNorm has BatchNorm's affine params.
+    expected = reference - 7 * 7 * 3 * 64 + 3 * 3 * 3 * 64
+    model = build_model("resnet18_gn", (3, 32, 32), 100)
+    assert num_params(model) == expected
+
+
+def test_resnet18_gn_structure():
+    model = build_model("resnet18_gn", (3, 32, 32), 100)
+    assert not any(isinstance(m, nn.modules.batchnorm._BatchNorm) for m in model.modules())
+    gns = [m for m in model.modules() if isinstance(m, nn.GroupNorm)]
+    assert len(gns) == 20 and all(m.num_groups == 2 for m in gns)
+    assert list(model.buffers()) == []
+    assert isinstance(model[0], CifarPreprocess)
+    net = model[1]
+    assert net.conv1.kernel_size == (3, 3) and net.conv1.stride == (1, 1)
+    assert isinstance(net.maxpool, nn.Identity)
+
+
+def test_resnet18_gn_flat_model_forward_backward():
+    from fedray.core.flat_model import FlatModel
+
+    torch.manual_seed(0)
+    model = build_model("resnet18_gn", (3, 32, 32), 100)
+    flat = FlatModel(model)
+    assert flat.size == flat.num_params == num_params(model)
+    model.train()
+    loss = nn.functional.cross_entropy(model(torch.rand(2, 3, 32, 32)), torch.tensor([1, 7]))
+    loss.backward()
+    assert torch.isfinite(flat.grad).all() and flat.grad.abs().sum() > 0
+
+
+@pytest.mark.parametrize("name,shape,needle", [
+    ("leaf_cnn", (784,), "leaf_cnn"),
+    ("leaf_cnn", (1, 2, 2), "leaf_cnn"),
+    ("emnist_cnn", (784,), "emnist_cnn"),
+    ("resnet18_gn", (3, 16, 16), "resnet18_gn"),
+    ("resnet18_gn", (3, 32, 20), "resnet18_gn"),
+    ("resnet18_gn", (3072,), "resnet18_gn"),
+    ("mlp", (), "mlp"),
+])
+def test_bad_shapes_raise(name, shape, needle):
+    with pytest.raises(ValueError, match=needle):
+        build_model(name, shape, 10)
+
+
+# --- preprocessing -----------------------------------------------------------------------
+
+def np_standardize(x: np.ndarray) -> np.ndarray:
+    x = x.astype(np.float64)
+    n = x[0].size
+    mean = x.reshape(len(x), -1).mean(1)[:, None, None, None]
+    std = x.reshape(len(x), -1).std(1)[:, None, None, None]
+    return (x - mean) / np.maximum(std, 1 / np.sqrt(n))
+
+
+def std_atol(expected: np.ndarray) -> float:
+    """float32 standardization against float64: the mean and std are float32 reductions
+    over 1,728 values (3 x 24 x 24) summed in the CPU's order (vector width, blocking), off
+    by up to ~log2(1728) = 11 ulps of their size each, which (x - mean) / std scales by
+    |mean| / std (about 1.7 for uniform pixels) and |z| (below 2): 32 ulps of the largest
+    standardized value."""
+    return f32_atol(expected, ulps=32)
+
+
+def test_eval_mode_is_central_crop_then_standardization():
+    x = torch.rand(5, 3, 32, 32) * 255
+    out = CifarPreprocess().eval()(x)
+    expected = np_standardize(x.numpy()[:, :, 4:28, 4:28])
+    np.testing.assert_allclose(out.numpy(), expected, rtol=0, atol=std_atol(expected))
+
+
+def test_eval_mode_odd_margin():
+    x = torch.rand(2, 3, 27, 25)
+    out = CifarPreprocess().eval()(x)
+    expected = np_standardize(x.numpy()[:, :, 1:25, 0:24])
+    np.testing.assert_allclose(out.numpy(), expected, rtol=0, atol=std_atol(expected))
+
+
+def test_train_mode_shape_and_moments():
+    torch.manual_seed(0)
+    out = CifarPreprocess().train()(torch.rand(16, 3, 32, 32) * 255)
+    assert out.shape == (16, 3, 24, 24)
+    flat = out.reshape(16, -1)
+    torch.testing.assert_close(flat.mean(1), torch.zeros(16), atol=1e-4, rtol=0)
+    torch.testing.assert_close(flat.std(1, correction=0), torch.ones(16), atol=1e-4, rtol=0)
+
+
+def test_train_mode_seeded():
+    pre = CifarPreprocess().train()
+    x = torch.rand(8, 3, 32, 32)
+    torch.manual_seed(1)
+    a = pre(x)
+    torch.manual_seed(1)
+    b = pre(x)
+    torch.manual_seed(2)
+    c = pre(x)
+    assert torch.equal(a, b)
+    assert not torch.equal(a, c)
+
+
+def _matches(out_img: np.ndarray, full: np.ndarray) -> list[tuple[int, int, bool]]:
+    hits = []
+    for top in range(9):
+        for left in range(9):
+            window = full[:, top:top + 24, left:left + 24]
+            for flip in (False, True):
+                cand = window[:, :, ::-1] if flip else window
+                expected = np_standardize(cand[None])[0]
+                if np.allclose(out_img, expected, rtol=0, atol=std_atol(expected)):
+                    hits.append((top, left, flip))
+    return hits
+
+
+def test_train_mode_is_a_window_possibly_flipped():
+    x = torch.rand(4, 3, 32, 32)
+    pre = CifarPreprocess().train()
+    seen_flip = set()
+    for seed in range(4):
+        torch.manual_seed(seed)
+        out = pre(x).numpy()
+        for i in range(4):
+            hits = _matches(out[i], x[i].numpy())
+            assert len(hits) == 1, (seed, i, hits)
+            seen_flip.add(hits[0][2])
+    assert seen_flip == {False, True}
+
+
+def test_constant_image_is_finite():
+    x = torch.full((2, 3, 32, 32), 7.0)
+    for train in (True, False):
+        out = CifarPreprocess().train(train)(x)
+        assert torch.isfinite(out).all()
+        assert torch.equal(out, torch.zeros_like(out))
+    assert torch.isfinite(per_image_standardization(torch.zeros(1, 3, 4, 4))).all()
+
+
+def test_preprocess_has_no_state():
+    pre = CifarPreprocess()
+    assert list(pre.parameters()) == [] and list(pre.buffers()) == []

@@ -1,0 +1,116 @@
+import numpy as np
+
+from fedray.core.sampling import federated_eval_clients, sample_clients
+from fedray.core.seeding import client_seed, derive_seed
+
+
+def test_without_replacement_within_round():
+    for r in range(1, 20):
+        ids = sample_clients(0, r, 50, 50)
+        assert sorted(ids.tolist()) == list(range(50))
+        ids = sample_clients(0, r, 1000, 20)
+        assert len(set(ids.tolist())) == 20 and ids.min() >= 0 and ids.max() < 1000
+
+
+def test_seeded_and_independent_across_rounds():
+    a = [sample_clients(7, r, 100_000, 20) for r in range(1, 30)]
+    b = [sample_clients(7, r, 100_000, 20) for r in range(1, 30)]
+    assert all(np.array_equal(x, y) for x, y in zip(a, b, strict=True))
+    assert not np.array_equal(a[0], a[1])
+    assert not np.array_equal(sample_clients(8, 1, 100_000, 20), a[0])
+
+
+def test_with_replacement_across_rounds():
+    seen = np.concatenate([sample_clients(0, r, 30, 10) for r in range(1, 40)])
+    assert len(seen) > len(set(seen.tolist()))  # clients come back across rounds
+
+
+def test_uniform():
+    counts = np.bincount(np.concatenate([sample_clients(1, r, 20, 5) for r in range(4000)]),
+                         minlength=20)
+    assert counts.min() > 0.9 * 1000 and counts.max() < 1.1 * 1000
+
+
+def test_seeds_differ_per_client_round_and_fit_torch():
+    seeds = {client_seed(0, r, c) for r in range(5) for c in range(50)}
+    assert len(seeds) == 250
+    assert all(0 <= s < 2**63 for s in seeds)
+    assert derive_seed(1, 2, 3) == derive_seed(1, 2, 3) != derive_seed(1, 3, 2)
+
+
+def test_federated_eval_clients_fixed():
+    assert np.array_equal(federated_eval_clients(0, 500, 30), federated_eval_clients(0, 500, 30))
+    assert len(set(federated_eval_clients(0, 500, 30).tolist())) == 30
+
+
+def test_always_clients_join_every_round_and_the_rest_stay_uniform():
+    rounds = [sample_clients(3, r, 10, 2, always=[9]) for r in range(3000)]
+    assert all(len(ids) == 2 and 9 in ids.tolist() for ids in rounds)
+    others = np.bincount([i for ids in rounds for i in ids.tolist() if i != 9], minlength=10)
+    assert others[9] == 0 and others[:9].min() > 0.85 * 3000 / 9
+    assert np.array_equal(sample_clients(3, 5, 10, 2, always=[9]), rounds[5])
+    # several pinned clients at the edges: still k distinct ids, the rest never pinned ones
+    many = np.concatenate([sample_clients(1, r, 30, 10, always=[29, 0, 5]) for r in range(500)])
+    assert all(len(set(ids.tolist())) == 10 for ids in np.split(many, 500))
+    assert np.bincount(many, minlength=30)[[0, 5, 29]].tolist() == [500] * 3
+    assert np.bincount(many, minlength=30).min() > 0
+    # no pinned client: exactly the plain draw, so existing runs are unchanged
+    assert np.array_equal(sample_clients(3, 5, 10, 2, always=[]), sample_clients(3, 5, 10, 2))
+
+
+def test_always_is_validated():
+    import pytest
+
+    from fedray.config import load_config, validate
+    from fedray.errors import ConfigError
+
+    for bad, match in (("[3, 3]", "must not repeat"), ("[1000]", r"indices in 0\.\.999"),
+                       ("[0, 1, 2]", "more clients than")):
+        cfg = load_config({"sampling": {"clients_per_round": 2}},
+                          [f"sampling.always={bad}"])
+        with pytest.raises(ConfigError, match=f"sampling.always.*{match}"):
+            validate(cfg, population=1000)
+
+
+def test_select_round_without_dropout_or_over_selection_is_plain_sampling():
+    from fedray.core.sampling import select_round
+
+    sizes = np.arange(1, 101)
+    for r in range(1, 20):
+        sel = select_round(4, r, 100, 10, sizes=sizes)
+        assert np.array_equal(sel.participants, sample_clients(4, r, 100, 10))
+        assert (sel.sampled, sel.dropped_out, sel.late) == (10, 0, 0)
+
+
+def test_dropout_rate_and_determinism():
+    from fedray.core.sampling import select_round
+
+    sels = [select_round(0, r, 1000, 50, dropout=0.3) for r in range(400)]
+    rate = sum(s.dropped_out for s in sels) / (400 * 50)
+    assert abs(rate - 0.3) < 0.02
+    assert all(len(s.participants) == 50 - s.dropped_out for s in sels)
+    again = select_round(0, 7, 1000, 50, dropout=0.3)
+    assert np.array_equal(again.participants, sels[7].participants)
+    # a client's fate depends on (seed, round, client) only, not on who else was sampled
+    a = select_round(0, 7, 1000, 50, dropout=0.3, always=[int(sels[7].participants[0])])
+    common = np.intersect1d(sample_clients(0, 7, 1000, 50), sample_clients(0, 7, 1000, 50, [
+        int(sels[7].participants[0])]))
+    kept_a, kept_b = set(a.participants.tolist()), set(sels[7].participants.tolist())
+    assert all((c in kept_a) == (c in kept_b) for c in common.tolist())
+
+
+def test_over_selection_keeps_the_first_k_to_finish():
+    from fedray.core.sampling import select_round
+    from fedray.core.seeding import TAG_DROPOUT, TAG_SPEED, rng
+
+    sizes = np.random.default_rng(0).integers(10, 200, size=500)
+    for r in range(1, 30):
+        sel = select_round(2, r, 500, 20, dropout=0.2, over_selection=0.5, sizes=sizes)
+        assert sel.sampled == 30 and len(sel.participants) == min(20, 30 - sel.dropped_out)
+        assert sel.sampled == len(sel.participants) + sel.dropped_out + sel.late
+        survivors = [c for c in sample_clients(2, r, 500, 30)
+                     if rng(2, TAG_DROPOUT, r, int(c)).random() >= 0.2]
+        finish = {c: sizes[c] * rng(2, TAG_SPEED, r, int(c)).lognormal(0.0, 1.0)
+                  for c in survivors}
+        assert sorted(sel.participants.tolist()) == sorted(sorted(finish, key=finish.get)[:20])
+    assert select_round(2, 1, 25, 20, over_selection=0.5, sizes=sizes[:25]).sampled == 25

@@ -1,0 +1,120 @@
+import torch
+from tolerance import ULPS_PER_STEP, f32_atol
+from torch import nn
+
+from fedray.algorithms.base import LocalTerms
+from fedray.core.flat_model import FlatModel
+from fedray.kernels.sequential import local_sgd, num_local_steps
+
+
+def _setup(n=23, seed=0):
+    torch.manual_seed(seed)
+    m = FlatModel(nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Dropout(0.3), nn.Linear(8, 3)))
+    x, y = torch.randn(n, 4), torch.randint(0, 3, (n,))
+    return m, m.flat.clone(), x, y
+
+
+def _run(m, w, x, y, **kw):
+    args = dict(lr=0.1, batch_size=5, local_epochs=1, local_steps=None, seed=42,
+                delta_out=torch.empty_like(w))
+    args.update(kw)
+    return local_sgd(m, w, x, y, **args)
+
+
+def test_step_counts():
+    assert num_local_steps(23, 5, 1, None) == 5
+    assert num_local_steps(23, 5, 3, None) == 15
+    assert num_local_steps(23, 5, 3, 7) == 7
+    m, w, x, y = _setup()
+    r = _run(m, w, x, y, local_steps=7)
+    assert r.steps == 7 and r.examples_seen == 7 * 5 - 2  # one partial batch after 4 full
+    r = _run(m, w, x, y, local_epochs=2)
+    assert r.steps == 10 and r.examples_seen == 46 and r.num_examples == 23
+
+
+def test_same_seed_same_delta_any_replica_state():
+    m, w, x, y = _setup()
+    d1 = _run(m, w, x, y).delta.clone()
+    m.flat.normal_()  # a replica left in another client's state
+    d2 = _run(m, w, x, y).delta.clone()
+    assert torch.equal(d1, d2)
+    d3 = _run(m, w, x, y, seed=43).delta
+    assert not torch.equal(d1, d3)
+
+
+def test_matches_plain_sgd_loop():
+    torch.manual_seed(0)
+    m = FlatModel(nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 3)))
+    w, x, y = m.flat.clone(), torch.randn(23, 4), torch.randint(0, 3, (23,))
+    ref = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 3))
+    torch.nn.utils.vector_to_parameters(w.clone(), ref.parameters())
+    opt = torch.optim.SGD(ref.parameters(), lr=0.1)
+    perm = torch.randperm(23, generator=torch.Generator().manual_seed(42))
+    for i in range(0, 23, 5):
+        opt.zero_grad()
+        nn.functional.cross_entropy(ref(x[perm[i:i + 5]]), y[perm[i:i + 5]]).backward()
+        opt.step()
+    r = _run(m, w, x, y)
+    expected = torch.nn.utils.parameters_to_vector(ref.parameters()) - w
+    # torch.optim.SGD's update is another code path: ulps of the weights' size, per step
+    torch.testing.assert_close(r.delta, expected, rtol=0,
+                               atol=f32_atol(w, w + expected, ulps=ULPS_PER_STEP * (r.steps + 1)))
+
+
+def test_client_without_examples_takes_no_step():
+    m, w, x, y = _setup()
+    r = _run(m, w, x[:0], y[:0], local_steps=3)
+    assert r.steps == 0 and r.num_examples == 0 and torch.equal(r.delta, torch.zeros_like(w))
+
+
+def test_steps_per_epoch_batch_size():
+    from fedray.kernels.sequential import client_batch_size
+
+    assert client_batch_size(23, 5, None) == 5
+    assert client_batch_size(23, 5, 5) == 5  # ceil(23 / 5)
+    assert client_batch_size(100, 7, 5) == 20
+    assert client_batch_size(3, 20, 5) == 1  # fewer examples than steps: one per step
+    assert num_local_steps(100, client_batch_size(100, 7, 5), 2, None) == 10
+
+
+def test_correction_is_added_to_every_gradient():
+    """A linear term (SCAFFOLD's y <- y - lr (g(y) + correction)): a constant one on a model
+    whose loss gradient is zero (lr 0 elsewhere) moves it by -steps * lr * correction."""
+    m, w, x, y = _setup()
+    corr = torch.randn(m.num_params)
+    base = _run(m, w, x, y, local_steps=1, batch_size=23).delta.clone()
+    shifted = _run(m, w, x, y, local_steps=1, batch_size=23,
+                   terms=LocalTerms(linear=corr)).delta
+    # each delta y - x is rounded at the size of y: one step, two deltas
+    torch.testing.assert_close(shifted[: m.num_params] - base[: m.num_params], -0.1 * corr,
+                               rtol=0, atol=f32_atol(w, w + shifted, ulps=2 * ULPS_PER_STEP))
+    zero = _run(m, w, x, y, local_steps=1, batch_size=23,
+                terms=LocalTerms(linear=torch.zeros(m.num_params))).delta
+    assert torch.equal(zero, base)
+
+
+def test_full_gradient_and_sensitivity_on_a_linear_model():
+    from fedray.algorithms.elastic import sensitivity
+    from fedray.kernels.sequential import full_gradient
+
+    torch.manual_seed(0)
+    m = FlatModel(nn.Linear(3, 1, bias=False))
+    w = m.flat.clone()
+    x, y = torch.randn(7, 3), torch.randn(7)
+    g = full_gradient(m, w, x, y, batch_size=3, seed=0, out=torch.empty(3), loss="mse")
+    wv, xd = w.double(), x.double()
+    expected = xd.T @ (xd @ wv - y.double()) / 7
+    # float32 against float64: a mean of 7 products, in batches of 3, each rounded at about
+    # the size of the terms |x_i| |x_i.w - y_i| (which cancel); a few ulps of that
+    terms = xd.abs().T @ (xd @ wv - y.double()).abs() / 7
+    torch.testing.assert_close(g.double(), expected, rtol=0, atol=f32_atol(terms, ulps=8))
+    mu = 0.8
+    om = sensitivity(m, w, x, batch_size=4, mu=mu, out=torch.empty(3))
+    ref = torch.zeros(3, dtype=torch.float64)
+    terms = torch.zeros(3, dtype=torch.float64)
+    for lo in (0, 4):
+        xb = x[lo:lo + 4].double()
+        ref = mu * ref + (1 - mu) * (2 * (xb @ wv)[:, None] * xb).mean(0).abs()
+        terms = torch.maximum(terms, (2 * (xb @ wv)[:, None] * xb).abs().mean(0))
+    # float32 against float64: batch means of 4 terms of this size, as above
+    torch.testing.assert_close(om.double(), ref, rtol=0, atol=f32_atol(terms, ulps=8))

@@ -1,0 +1,354 @@
+"""Vectorized client work equals sequential client work, client by client, up to the
+rounding of the batched products: tolerance.ULPS_PER_STEP ulps of the weights' size per
+local step."""
+
+import subprocess
+import sys
+
+import pytest
+import torch
+from tolerance import ULPS_PER_STEP, f32_atol
+from torch import nn
+
+from fedray.algorithms.base import LocalTerms
+from fedray.core.flat_model import FlatModel
+from fedray.core.models import build_model
+from fedray.kernels.sequential import local_sgd
+from fedray.kernels.vectorized import (
+    defer_first_layer,
+    group_size,
+    group_sizes,
+    linear_chain,
+    unsupported_reason,
+    vectorize_plan,
+    vmap_local_sgd,
+)
+
+
+def _clients(shape, classes, sizes, seed=0, loss="cross_entropy"):
+    g = torch.Generator().manual_seed(seed)
+    out = []
+    for n in sizes:
+        x = torch.randn((n, *shape), generator=g)
+        y = (torch.randn((n, 1), generator=g) if loss == "mse"
+             else torch.randint(0, classes, (n,), generator=g))
+        out.append((x, y))
+    return out
+
+
+def _atol(w0, deltas, steps) -> float:
+    """Sequential against vectorized training over ``steps`` local steps: ulps of the size
+    of the weights (the deltas are y - x, rounded at the weights' size, not their own)."""
+    return f32_atol(w0, w0 + deltas, ulps=ULPS_PER_STEP * (steps + 1))
+
+
+def _sequential(model, w0, data, lrs, seeds, **kw):
+    deltas, results = [], []
+    for (x, y), lr, seed, i in zip(data, lrs, seeds, range(len(data)), strict=True):
+        terms = kw.get("terms", LocalTerms())
+        linear = None if terms.linear is None else terms.linear[i]
+        res = local_sgd(model, w0, x, y, lr=lr, seed=seed, delta_out=torch.empty_like(w0),
+                        batch_size=kw["batch_size"], local_epochs=kw["local_epochs"],
+                        local_steps=kw["local_steps"],
+                        terms=LocalTerms(proximal=terms.proximal, linear=linear),
+                        full_batch=kw.get("full_batch", False), loss=kw.get("loss",
+                                                                            "cross_entropy"))
+        deltas.append(res.delta.clone())
+        results.append(res)
+    return torch.stack(deltas), results
+
+
+CASES = {
+    "fedavg": {},
+    "fedavg-local-steps": {"local_steps": 7, "local_epochs": 1},
+    "fedprox": {"proximal": 0.1},
+    "feddyn": {"proximal": 0.1, "scaffold": True},  # both terms at once
+    "fedsgd": {"full_batch": True},
+    "scaffold": {"scaffold": True},
+}
+MODELS = {"logreg": (1, 6, 6), "mlp": (1, 6, 6), "leaf_cnn": (1, 8, 8)}
+# (model, path): logistic regression and the MLP take their gradients in closed form
+# (chain_sgd_step), with the first layer's weights as sums over the examples
+# (FirstLayerSums) or stacked, unless told to use torch.func; every way must equal
+# sequential training. The CNN has only torch.func's.
+PATH_OPTIONS = {"sums": {"defer_first": True}, "stacks": {"defer_first": False},
+                "torch.func": {"closed_form": False}}
+PATHS = [("logreg", "sums"), ("logreg", "stacks"), ("logreg", "torch.func"),
+         ("mlp", "sums"), ("mlp", "stacks"), ("mlp", "torch.func"),
+         ("leaf_cnn", "torch.func")]
+
+
+@pytest.mark.parametrize("case", CASES)
+@pytest.mark.parametrize(("name", "path"), PATHS)
+def test_each_client_gets_its_sequential_update(name, path, case):
+    shape, classes = MODELS[name], 5
+    torch.manual_seed(1)
+    model = FlatModel(build_model(name, shape, classes))
+    assert (linear_chain(model.module, "cross_entropy") is not None) == (name != "leaf_cnn")
+    w0 = model.flat.clone()
+    sizes = [13, 3, 0, 9, 25]  # a client smaller than a batch, one without examples
+    data = _clients(shape, classes, sizes)
+    lrs = [0.1, 0.05, 0.1, 0.2, 0.08]  # each client its own
+    seeds = [11, 12, 13, 14, 15]
+    opts = dict(CASES[case])
+    scaffold = opts.pop("scaffold", False)
+    proximal = opts.pop("proximal", 0.0)
+    linear = None
+    if scaffold:  # |c - c_i| of a realistic size: a large one makes SGD diverge, and then
+        # float rounding differences grow without bound in any implementation
+        linear = 1e-3 * torch.randn(len(sizes), model.num_params,
+                                    generator=torch.Generator().manual_seed(3))
+    kw = {"batch_size": 4, "local_epochs": 2, "local_steps": None,
+          "terms": LocalTerms(proximal=proximal, linear=linear), **opts}
+    expected, results = _sequential(model, w0, data, lrs, seeds, **kw)
+    got = vmap_local_sgd(model, w0, data, lrs=lrs, seeds=seeds, **PATH_OPTIONS[path], **kw)
+    assert got.path == path
+    deltas = torch.stack([got.delta(i) for i in range(len(sizes))])
+    assert deltas.shape == expected.shape
+    atol = _atol(w0, expected, max(r.steps for r in results))
+    assert torch.allclose(deltas, expected, atol=atol, rtol=0), (
+        float((deltas - expected).abs().max()), atol)
+    assert expected.abs().max() > 1e-3  # the clients did move
+    assert got.steps == [r.steps for r in results]
+    assert got.examples_seen == [r.examples_seen for r in results]
+    assert got.num_examples == [r.num_examples for r in results]
+    assert got.loss_sums == pytest.approx([r.loss_sum for r in results], rel=1e-5, abs=1e-6)
+
+
+def test_per_client_batch_sizes_and_regression_loss():
+    model = FlatModel(build_model("mlp", (4,), 1))
+    w0 = model.flat.clone()
+    data = _clients((4,), 1, [10, 7, 12], seed=4, loss="mse")
+    kw = {"local_epochs": 1, "local_steps": None, "loss": "mse"}
+    lrs, seeds = [0.05, 0.05, 0.05], [1, 2, 3]
+    got = vmap_local_sgd(model, w0, data, lrs=lrs, seeds=seeds, batch_size=[5, 7, 4], **kw)
+    for i, ((x, y), b) in enumerate(zip(data, [5, 7, 4], strict=True)):
+        res = local_sgd(model, w0, x, y, lr=0.05, batch_size=b, seed=seeds[i],
+                        delta_out=torch.empty_like(w0), **kw)
+        assert torch.allclose(got.delta(i), res.delta, atol=_atol(w0, res.delta, res.steps),
+                              rtol=0)
+
+
+@pytest.mark.parametrize("model", [
+    nn.Sequential(nn.Linear(4, 6, bias=False), nn.ReLU(), nn.Linear(6, 2)),  # no Flatten, a
+    # Linear without bias
+    nn.Sequential(nn.Linear(4, 2)),  # on [n, 3, 4] inputs: applied to the last axis, so not
+    # a chain there (torch.func's way)
+])
+def test_regression_chains_with_and_without_flatten(model):
+    torch.manual_seed(2)
+    flat = FlatModel(model)
+    w0 = flat.flat.clone()
+    shape = (4,) if len(model) == 3 else (3, 4)
+    g = torch.Generator().manual_seed(5)
+    data = [(torch.randn((n, *shape), generator=g), torch.randn((n, *shape[:-1], 2), generator=g))
+            for n in (9, 5, 14)]
+    kw = {"batch_size": 4, "local_epochs": 2, "local_steps": None, "loss": "mse"}
+    lrs, seeds = [0.05] * 3, [1, 2, 3]
+    expected, results = _sequential(flat, w0, data, lrs, seeds, **kw)
+    got = vmap_local_sgd(flat, w0, data, lrs=lrs, seeds=seeds, **kw)
+    deltas = torch.stack([got.delta(i) for i in range(len(data))])
+    atol = _atol(w0, expected, max(r.steps for r in results))
+    assert torch.allclose(deltas, expected, atol=atol, rtol=0)
+    assert expected.abs().max() > 1e-3
+
+
+def test_only_linear_relu_chains_take_the_closed_form():
+    chain = linear_chain(build_model("mlp", (1, 28, 28), 62), "cross_entropy")
+    assert chain is not None and chain.flatten and chain.layers == ((0, 1), (2, 3))
+    assert linear_chain(build_model("logreg", (1, 28, 28), 62), "mse").layers == ((0, 1),)
+    no_bias = linear_chain(nn.Sequential(nn.Linear(3, 4, bias=False), nn.ReLU(),
+                                         nn.Linear(4, 2)), "cross_entropy")
+    assert no_bias is not None and not no_bias.flatten and no_bias.layers == ((0, None), (1, 2))
+
+    class Doubled(nn.Sequential):  # the layers of a chain, but another forward
+        def forward(self, x):
+            return 2 * super().forward(x)
+
+    shared = nn.Linear(3, 3)
+    for other in (build_model("leaf_cnn", (1, 8, 8), 5),
+                  nn.Sequential(nn.Linear(3, 4), nn.Tanh(), nn.Linear(4, 2)),
+                  nn.Sequential(nn.Linear(3, 4), nn.ReLU()),  # does not end in a Linear
+                  nn.Sequential(nn.Flatten(2), nn.Linear(3, 2)),
+                  nn.Sequential(nn.Flatten(), nn.Flatten(), nn.Linear(3, 2)),
+                  nn.Sequential(shared, nn.ReLU(), shared),  # one layer used twice
+                  Doubled(nn.Linear(3, 2)),
+                  nn.Sequential()):
+        assert linear_chain(other, "cross_entropy") is None, other
+    assert linear_chain(build_model("logreg", (1, 28, 28), 62), "bce") is None
+
+
+def test_closed_form_steps_do_not_import_torch_dynamo():
+    """torch.func's first grad call imports torch._dynamo (1-2 s per worker process); a
+    logistic regression or MLP worker never pays it."""
+    code = ("import sys, torch\n"
+            "from fedray.core.models import build_model\n"
+            "from fedray.core.flat_model import FlatModel\n"
+            "from fedray.kernels.vectorized import vmap_local_sgd\n"
+            "m = FlatModel(build_model('mlp', (1, 6, 6), 5))\n"
+            "data = [(torch.randn(n, 1, 6, 6), torch.randint(0, 5, (n,))) for n in (5, 9)]\n"
+            "vmap_local_sgd(m, m.flat, data, lrs=[0.1, 0.1], seeds=[0, 1], batch_size=4,\n"
+            "               local_epochs=1, local_steps=None, closed_form={cf})\n"
+            "print('torch._dynamo' in sys.modules)\n")
+    for closed_form, imported in ((True, "False"), (False, "True")):
+        out = subprocess.run([sys.executable, "-c", code.format(cf=closed_form)],
+                             capture_output=True, text=True, check=True).stdout
+        assert out.strip() == imported
+
+
+def test_models_that_cannot_be_vectorized_say_why():
+    assert unsupported_reason(build_model("logreg", (1, 28, 28), 62)) is None
+    assert unsupported_reason(build_model("leaf_cnn", (1, 28, 28), 62)) is None
+    assert "dropout" in unsupported_reason(build_model("emnist_cnn", (1, 28, 28), 62))
+    bn = nn.Sequential(nn.Linear(3, 4), nn.BatchNorm1d(4))
+    assert "batch-norm" in unsupported_reason(bn)
+    with pytest.raises(ValueError, match="cannot train this model vectorized: it has dropout"):
+        m = FlatModel(build_model("emnist_cnn", (1, 28, 28), 62))
+        vmap_local_sgd(m, m.flat, _clients((1, 28, 28), 62, [2]), lrs=[0.1], seeds=[0],
+                       batch_size=2, local_epochs=1, local_steps=None)
+
+
+def test_vectorize_plan_follows_the_mode_and_says_why_not():
+    logreg, cnn = build_model("logreg", (1, 28, 28), 62), build_model("leaf_cnn", (1, 28, 28), 62)
+    dropout = build_model("emnist_cnn", (1, 28, 28), 62)
+    assert vectorize_plan(logreg, "auto", gpu=False) == (True, None)
+    assert vectorize_plan(logreg, "off", gpu=False) == (False, None)
+    assert vectorize_plan(cnn, "on", gpu=False) == (True, None)
+    assert vectorize_plan(cnn, "auto", gpu=True) == (True, None)
+    on, why = vectorize_plan(cnn, "auto", gpu=False)
+    assert not on and "measured slower for models with convolutions" in why
+    assert vectorize_plan(build_model("mlp", (1, 28, 28), 62), "auto", gpu=False) == (True, None)
+    on, why = vectorize_plan(dropout, "auto", gpu=True)
+    assert not on and "cannot be vectorized: it has dropout" in why
+    with pytest.raises(ValueError, match="'runtime.worker.vectorize': .* it has dropout.*got 'on'"):
+        vectorize_plan(dropout, "on", gpu=True)
+
+
+def test_hooks_keep_a_model_sequential():
+    """A hook would be skipped by the batched step (torch.func trains copies of the
+    parameters; the closed-form chain never calls the modules): a gradient hook (clipping),
+    a forward hook on any module, or a global module hook keeps auto sequential, with a
+    reason, and makes on an error. Checked by reverting: auto vectorized all three."""
+    from torch.nn.modules import module as nn_module
+
+    clipped = nn.Sequential(nn.Linear(4, 3))
+    clipped[0].weight.register_hook(lambda g: g.clamp(-0.1, 0.1))
+    watched = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 3))
+    watched[1].register_forward_hook(lambda module, args, out: None)
+    cases = [(clipped, "parameter 0.weight has a gradient hook"),
+             (watched, "module 1 has a forward hook")]
+    for model, reason in cases:
+        on, why = vectorize_plan(model, "auto", gpu=False)
+        assert not on and why.endswith(f"cannot be vectorized: {reason}"), why
+        with pytest.raises(ValueError, match=f"trained vectorized: {reason}, got 'on'"):
+            vectorize_plan(model, "on", gpu=False)
+    plain = nn.Sequential(nn.Linear(4, 3))
+    handle = nn_module.register_module_forward_hook(lambda module, args, out: None)
+    try:
+        assert vectorize_plan(plain, "auto", gpu=False) == (
+            False, "runtime.worker.vectorize=auto: clients train one after another, as this "
+            "model cannot be vectorized: a global module forward hook is registered")
+    finally:
+        handle.remove()
+    assert vectorize_plan(plain, "auto", gpu=False) == (True, None)
+
+
+def test_a_clipping_hook_is_honoured_under_vectorize_auto(ray_cluster, tmp_path, capfd):
+    """Through fedray.run: with auto, a model that clips its gradients trains exactly as
+    with vectorize off (bit for bit: both are the sequential path), the clipping changes the
+    result, and the run says once why it did not vectorize. Before, auto vectorized it and
+    trained unclipped without a word."""
+    import numpy as np
+
+    import fedray
+
+    g = np.random.default_rng(0)
+    clients = {c: (g.normal(size=(12, 4)).astype(np.float32) * 5, g.integers(0, 3, size=12))
+               for c in range(6)}
+
+    def model(clip: bool):
+        def model_fn():  # a closure: shipped to the workers by value
+            torch.manual_seed(0)
+            m = nn.Sequential(nn.Linear(4, 3))
+            if clip:
+                for p in m.parameters():
+                    p.register_hook(lambda grad: grad.clamp(-0.01, 0.01))
+            return m
+        return model_fn
+
+    def run(name: str, clip: bool, mode: str):
+        job = {"rounds": 2, "sampling": {"clients_per_round": 6},
+               "client": {"lr": 0.5, "batch_size": 4},
+               "runtime": {"num_workers": 1, "worker": {"num_cpus": 1, "vectorize": mode}},
+               "output": {"dir": str(tmp_path / name)}}
+        res = fedray.run(job, model_fn=model(clip), client_data=clients)
+        return res.weights["0.weight"], res.summary["vectorized"]
+
+    auto, auto_vectorized = run("auto", True, "auto")
+    assert "fedray: runtime.worker.vectorize=auto: clients train one after another, as this " \
+           "model cannot be vectorized: parameter 0.weight has a gradient hook" in \
+           capfd.readouterr().err
+    off, _ = run("off", True, "off")
+    free, free_vectorized = run("free", False, "auto")
+    assert not auto_vectorized and free_vectorized
+    assert torch.equal(auto, off)
+    assert (auto - free).abs().max() > 0.1  # clipping changed what was learned
+
+
+def test_first_layer_as_sums_only_where_it_pays_and_no_relu_follows():
+    """FirstLayerSums pays for several passes over small clients, not for one pass (its Gram
+    matrix costs what the stack saves) nor for clients much larger than the layer's output.
+    Before a ReLU it is never chosen: its rounding can flip a unit sitting at 0."""
+    sizes = [30, 45, 60, 75, 90]
+    one_pass = [20 * -(-n // 20) for n in sizes]
+    assert not defer_first_layer(sizes, one_pass, 62)  # logistic regression, 1 epoch
+    assert defer_first_layer(sizes, [2 * s for s in one_pass], 62)  # 2 epochs
+    assert defer_first_layer(sizes, one_pass, 200)  # a wider layer
+    assert not defer_first_layer([2000], [2000], 200)  # a large client
+    kw = {"lrs": [0.01] * 4, "seeds": [0, 1, 2, 3], "batch_size": 4, "local_steps": None}
+    for name, epochs, path in (("logreg", 3, "sums"), ("logreg", 1, "stacks"),
+                               ("mlp", 3, "stacks")):
+        model = FlatModel(build_model(name, (1, 6, 6), 5))
+        data = _clients((1, 6, 6), 5, [9, 7, 12, 5])
+        got = vmap_local_sgd(model, model.flat, data, local_epochs=epochs, **kw)
+        assert got.path == path, (name, epochs)
+
+
+def test_group_size_bounds_the_stacked_weights():
+    assert group_size(48_670) == 32  # logistic regression on FEMNIST: 32 x 195 KB
+    assert group_size(169_462) == 9  # the MLP: 9 x 678 KB
+    assert group_size(6_603_710) == 1  # the LEAF CNN: 26 MB, one at a time on the CPU
+    assert group_size(6_603_710, gpu=True) == 20
+    assert group_size(10) == 128
+    assert group_size(10**9, gpu=True) == 1
+
+
+def test_group_sizes_split_a_round_evenly_without_a_small_tail():
+    assert group_sizes(50, 24) == [25, 25]  # not 24 + 24 + 2
+    assert group_sizes(9, 4) == [5, 4]
+    assert group_sizes(500, 24) == [24] * 17 + [23] * 4
+    assert group_sizes(3, 86) == [3]
+    assert group_sizes(0, 24) == []
+    for n in range(1, 60):
+        sizes = group_sizes(n, 7)
+        assert sum(sizes) == n and max(sizes) - min(sizes) <= 1 and max(sizes) <= 7 * 1.5
+
+
+@pytest.mark.parametrize(("name", "path"), [("mlp", "stacks"), ("logreg", "sums"),
+                                            ("mlp", "sums"), ("logreg", "torch.func")])
+def test_a_client_trains_the_same_in_any_group(name, path):
+    torch.manual_seed(0)
+    model = FlatModel(build_model(name, (1, 6, 6), 5))
+    data = _clients((1, 6, 6), 5, [13, 3, 9, 25, 7, 11])
+    w0 = model.flat.clone()
+    kw = {"batch_size": 4, "local_epochs": 2, "local_steps": None, **PATH_OPTIONS[path]}
+    everyone = vmap_local_sgd(model, w0, data, lrs=[0.1] * 6, seeds=list(range(6)), **kw)
+    some = vmap_local_sgd(model, w0, [data[i] for i in (4, 1, 2)], lrs=[0.1] * 3,
+                          seeds=[4, 1, 2], **kw)
+    # the same arithmetic per client, but batched products over other group sizes (fewer
+    # clients stacked, FirstLayerSums' product over fewer examples), which BLAS may block,
+    # thread and so round otherwise: ulps of the weights' size, per local step
+    for k, i in enumerate((4, 1, 2)):
+        atol = _atol(w0, everyone.delta(i), some.steps[k])
+        assert torch.allclose(some.delta(k), everyone.delta(i), atol=atol, rtol=0), (
+            float((some.delta(k) - everyone.delta(i)).abs().max()), atol)

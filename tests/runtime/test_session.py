@@ -1,0 +1,252 @@
+"""End-to-end runs through Ray: determinism, placement, the FedAvg arithmetic, the API."""
+
+import json
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+import torch
+from conftest import blobs, fixed_linear, softmax_grad, tiny_job
+from safetensors.torch import load_file
+from tolerance import ULPS_PER_STEP, f32_atol, merge_ulps
+from torch import nn
+
+import fedray
+from fedray.errors import FedrayError
+
+
+def _max_diff(a, b):
+    return max(float((a[k] - b[k]).abs().max()) for k in a)
+
+
+def _weights_atol(weights, ulps: float) -> float:
+    return f32_atol(*weights.values(), ulps=ulps)
+
+
+def test_run_directory_contents(ray_cluster, tmp_path):
+    res = fedray.run(tiny_job(tmp_path, eval__every=2, eval__federated_clients=5,
+                              runtime__worker__vectorize="auto"))
+    assert res.summary["vectorized"]  # the default, for logistic regression
+    run = tmp_path / "run"
+    assert {p.name for p in run.iterdir()} == {"config.yaml", "metrics.jsonl", "summary.json",
+                                                "model.safetensors", "server_state.safetensors",
+                                                "checkpoint.safetensors",
+                                                "events.out.tfevents.fedray"}
+    assert int(load_file(run / "server_state.safetensors")["server_opt.step"]) == 3
+    lines = [json.loads(s) for s in (run / "metrics.jsonl").read_text().splitlines()]
+    assert [m["round"] for m in lines] == [1, 2, 3]
+    for m in lines:
+        assert {"round", "wall_s", "clients", "train_loss", "updates_per_s"} <= m.keys()
+    assert "test_accuracy" in lines[1] and "test_accuracy" in lines[2]
+    assert "test_accuracy" not in lines[0] and "fed_test_accuracy" in lines[2]
+    assert lines == res.metrics
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["final"]["test_accuracy"] == lines[-1]["test_accuracy"]
+    saved = load_file(run / "model.safetensors")
+    assert _max_diff(saved, res.weights) == 0
+    # also loadable the torch way, without executing code
+    torch.save(saved, tmp_path / "w.pt")
+    assert torch.load(tmp_path / "w.pt", weights_only=True).keys() == saved.keys()
+    assert "seed: 3" in (run / "config.yaml").read_text()
+
+
+def test_same_seed_twice_identical(ray_cluster, tmp_path):
+    job = tiny_job(tmp_path, model__name="emnist_cnn", rounds=2, eval__central=False)
+    a = fedray.run(job, overrides=[f"output.dir={tmp_path / 'a'}"])
+    b = fedray.run(job, overrides=[f"output.dir={tmp_path / 'b'}"])
+    assert _max_diff(a.weights, b.weights) == 0
+    c = fedray.run(job, overrides=[f"output.dir={tmp_path / 'c'}", "seed=4"])
+    assert _max_diff(a.weights, c.weights) > 0
+
+
+def test_worker_count_does_not_change_result(ray_cluster, tmp_path):
+    # the CNN has dropout: per-client seeds must make it placement-independent too
+    job = tiny_job(tmp_path, model__name="emnist_cnn", rounds=2, eval__central=False,
+                   client__local_epochs=2, runtime__worker__num_cpus=0.5)
+    results = [fedray.run(job, overrides=[f"runtime.num_workers={n}",
+                                          f"output.dir={tmp_path / str(n)}"])
+               for n in (1, 2, 4)]
+    assert [r.summary["num_workers"] for r in results] == [1, 2, 4]
+    # sequential workers (tiny_job) of 1 thread each: every client's float32 arithmetic is
+    # the same; the workers' float64 partial sums merge in another grouping
+    atol = _weights_atol(results[0].weights, merge_ulps(2))
+    for other in results[1:]:
+        assert _max_diff(results[0].weights, other.weights) <= atol
+
+
+def test_vectorized_workers_match_sequential_at_another_worker_count(ray_cluster, tmp_path):
+    job = tiny_job(tmp_path, model__name="mlp", rounds=2, eval__central=False,
+                   runtime__worker__num_cpus=0.5)
+    runs = {(v, n): fedray.run(job, overrides=[f"runtime.worker.vectorize={v}",
+                                               f"runtime.num_workers={n}",
+                                               f"output.dir={tmp_path / f'{v}{n}'}"])
+            for v, n in (("off", 1), ("on", 3))}
+    assert [r.summary["vectorized"] for r in runs.values()] == [False, True]
+    # a client's update is the same in any group (tests/kernels/test_vectorized.py), and its
+    # sequential one whichever worker trains it, up to rounding: the batched products round
+    # otherwise at each local step (at most 4 a round: 30 examples in batches of 8)
+    steps, rounds = 4, 2
+    atol = _weights_atol(runs[("off", 1)].weights, ULPS_PER_STEP * (steps + 1) * rounds)
+    assert _max_diff(runs[("off", 1)].weights, runs[("on", 3)].weights) <= atol
+
+
+def test_fractional_gpu_placement(ray_cluster, tmp_path):
+    job = tiny_job(tmp_path, rounds=1, runtime={"num_workers": 4,
+                                                "worker": {"num_cpus": 0.5, "num_gpus": 0.25}})
+    res = fedray.run(job)
+    workers = res.summary["workers"]
+    assert len({w["pid"] for w in workers}) == 4
+    assert all(w["gpu_ids"] == ["0"] for w in workers)  # four workers share the one GPU
+    assert all(w["device"] == ("cuda" if torch.cuda.is_available() else "cpu") for w in workers)
+    with pytest.raises(FedrayError,
+                       match=r"'runtime.num_workers': 5 workers need 2.5 CPUs and 1.25 GPUs"):
+        fedray.run(job, overrides=["runtime.num_workers=5",
+                                   f"output.dir={tmp_path / 'five'}"])
+    with pytest.raises(FedrayError,
+                       match="'runtime.worker.num_gpus': the Ray cluster has 1 GPUs, got 2"):
+        fedray.run(job, overrides=["runtime.worker.num_gpus=2",
+                                   f"output.dir={tmp_path / 'two'}"])
+
+
+def test_fedavg_aggregate_equals_hand_computed_weighted_mean(ray_cluster, tmp_path):
+    clients = blobs(6, dim=5, classes=3, seed=1)
+    lr, server_lr = 0.3, 0.7
+    model_fn, w0, b0 = fixed_linear()
+
+    job = {"rounds": 1, "client": {"lr": lr, "batch_size": 100, "local_steps": 1},
+           "server": {"lr": server_lr}, "sampling": {"clients_per_round": 6},
+           "output": {"dir": str(tmp_path / "run")}}
+    res = fedray.run(job, model_fn=model_fn, client_data=clients)
+    # by hand: one full-batch gradient step per client, example-weighted mean of the deltas
+    dw, db, total = np.zeros_like(w0), np.zeros_like(b0), 0
+    for x, y in clients.values():
+        gw, gb = softmax_grad(w0, b0, x.astype(np.float64), y)
+        dw += len(y) * (-lr * gw)
+        db += len(y) * (-lr * gb)
+        total += len(y)
+    # float32 (vectorized workers, by default) against float64: one step, then the float64
+    # mean rounded to float32 once; ulps of the weights' size
+    atol = f32_atol(w0, b0, ulps=ULPS_PER_STEP * 2)
+    np.testing.assert_allclose(res.weights["weight"].numpy(), w0 + server_lr * dw / total,
+                               rtol=0, atol=atol)
+    np.testing.assert_allclose(res.weights["bias"].numpy(), b0 + server_lr * db / total,
+                               rtol=0, atol=atol)
+
+
+def test_in_memory_api(ray_cluster, tmp_path):
+    clients = {f"writer{i}": xy for i, xy in blobs(12, seed=2).items()}
+    test = blobs(1, seed=3)[0]
+
+    class Net(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc = nn.Sequential(nn.Linear(5, 16), nn.ReLU(), nn.Linear(16, 3))
+
+        def forward(self, x):
+            return self.fc(x)
+
+    res = fedray.run({"rounds": 4, "sampling": {"clients_per_round": 5},
+                      "output": {"dir": str(tmp_path / "run")}},
+                     model_fn=Net, client_data=clients, test_data=test)
+    assert isinstance(res, fedray.RunResult)
+    assert set(res.weights) == set(Net().state_dict())
+    assert len(res.metrics) == 4 and "test_accuracy" in res.metrics[-1]
+    assert res.config.data.partition == "memory" and res.config.model.name == "custom"
+    assert res.summary["population"] == 12
+
+
+def test_existing_run_directory_is_refused(ray_cluster, tmp_path):
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / "metrics.jsonl").write_text("keep me\n")
+    with pytest.raises(FedrayError, match="already holds files"):
+        fedray.run(tiny_job(tmp_path))
+    assert (tmp_path / "run" / "metrics.jsonl").read_text() == "keep me\n"
+
+
+def test_model_that_does_not_fit_the_data(ray_cluster, tmp_path):
+    try:
+        fedray.run({"model": {"name": "emnist_cnn"}, "sampling": {"clients_per_round": 2},
+                    "output": {"dir": str(tmp_path / "run")}}, client_data=blobs(3))
+    except FedrayError as exc:  # checked while the error (and its traceback) is still alive
+        assert str(exc).startswith("config key 'model.name': the emnist_cnn model cannot be "
+                                   "built for the inputs of client_data, of shape (5,)"), exc
+        # the workers fedray.run started beside the driver are gone too: their CPUs are free
+        total = ray_cluster.cluster_resources()["CPU"]
+        deadline = time.monotonic() + 10
+        while ray_cluster.available_resources().get("CPU", 0.0) < total:
+            assert time.monotonic() < deadline, ray_cluster.available_resources()
+            time.sleep(0.05)
+    else:
+        pytest.fail("a model that does not fit the data was accepted")
+
+
+def test_population_scale_driver_memory(ray_cluster, tmp_path):
+    """1,000 vs 100,000 clients: the driver's memory must not grow with the population."""
+    rss = {}
+    for n in (1_000, 100_000):
+        res = fedray.run(tiny_job(tmp_path, rounds=3, data__synthetic__num_clients=n,
+                                  sampling__clients_per_round=20, eval__central=False,
+                                  output__dir=str(tmp_path / str(n))))
+        rss[n] = res.summary["driver_mem_mb"]
+    assert abs(rss[100_000] - rss[1_000]) < 100, rss
+
+
+_LISTENERS = """
+import sys, psutil
+from fedray.config import load_config
+from fedray.runtime.session import ray_session
+cfg = load_config({"runtime": {"num_cpus": 1, "dashboard": sys.argv[1] == "on"}})
+with ray_session(cfg):
+    me = psutil.Process()
+    found = set()
+    for p in me.children(recursive=True):
+        try:
+            cmd = p.cmdline()
+            if any("dashboard.py" in part for part in cmd):  # its --port: UI and job server
+                port = int(next(a for a in cmd if a.startswith("--port=")).split("=")[1])
+                found |= {c.laddr.ip for c in p.net_connections("tcp")
+                          if c.status == psutil.CONN_LISTEN and c.laddr.port == port}
+        except psutil.NoSuchProcess:
+            pass
+    print("listening on:", ",".join(sorted(found)))
+"""
+
+
+@pytest.mark.parametrize("dashboard,listening", [("off", ""), ("on", "127.0.0.1")])
+def test_local_dashboard_and_job_server_listen_on_loopback_only(dashboard, listening):
+    """A Ray that fedray starts has no dashboard or job server (which runs submitted code)
+    listening; asked for one, it listens on loopback only (runtime.dashboard_host)."""
+    import os
+    import subprocess
+    import sys
+
+    env = dict(os.environ, RAY_USAGE_STATS_ENABLED="0")
+    env.pop("RAY_ADDRESS", None)
+    out = subprocess.run([sys.executable, "-c", _LISTENERS, dashboard], capture_output=True,
+                         text=True, timeout=120, env=env)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip().splitlines()[-1] == f"listening on: {listening}".strip()
+
+
+_FREED = """
+import sys, psutil, torch
+from fedray.runtime.session import keep_freed_memory
+if sys.argv[1] == "keep":
+    assert keep_freed_memory()
+rss = lambda: psutil.Process().memory_info().rss / 2**20
+base = rss()
+xs = [torch.ones(1 << 19) for _ in range(100)]  # 100 x 2 MB, as a group's per-step tensors
+del xs
+print(rss() - base)
+"""
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="glibc's allocator")
+def test_workers_keep_freed_tensor_memory_instead_of_remapping_it():
+    kept = {mode: float(subprocess.run([sys.executable, "-c", _FREED, mode], check=True,
+                                       capture_output=True, text=True).stdout)
+            for mode in ("keep", "default")}
+    assert kept["keep"] > 150  # reused by the next step, no page faults
+    assert kept["default"] < 50  # glibc unmapped it: the next step faults it in again
