@@ -168,7 +168,9 @@ TINY = ["model.name=logreg", "data.synthetic.num_clients=40", "data.synthetic.mi
         "data.synthetic.max_examples=30", "data.synthetic.test_writers=20",
         "sampling.clients_per_round=8", "runtime.num_cpus=2", "runtime.num_workers=2",
         "runtime.worker.num_cpus=1", "runtime.worker.vectorize=off", "eval.every=0",
-        "output.tensorboard=false", f"algorithm.aggregator={QFFL}", "algorithm.qffl.q=0.5"]
+        "output.tensorboard=false", f"algorithm.aggregator={QFFL}", "algorithm.qffl.q=0.5",
+        # in this process, no Ray start: the sweep and submit tests below run it on Ray
+        "runtime.backend=inline"]
 
 
 def test_the_cli_records_reports_and_resumes_it(ray_cluster, importable, tmp_path):
