@@ -404,9 +404,8 @@ def validate(cfg: DictConfig, population: int, *, custom_model: bool = False) ->
           cfg.model.name)
     r(cfg.model.loss in LOSSES, "model.loss", f"must be one of: {', '.join(LOSSES)}",
       cfg.model.loss)
-    from fedray.algorithms.registry import resolve
-
-    resolve(cfg.algorithm, cfg.server)  # each part checks its own section
+    # the algorithm's parts check their own sections when fedray.api.prepare resolves them
+    # (with_algorithm), right after this
 
 
 def with_algorithm(cfg: DictConfig, notes: list[str] | None = None) -> DictConfig:

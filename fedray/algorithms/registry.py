@@ -23,6 +23,7 @@ import importlib.util
 import os
 import pkgutil
 import sys
+import sysconfig
 from dataclasses import dataclass
 from typing import Any
 
@@ -138,15 +139,21 @@ def import_object(ref: str, key: str) -> Any:
     return obj
 
 
+def installed(path: str) -> bool:
+    """Installed with Python or into it: every process, on every node, imports it by name."""
+    roots = {sysconfig.get_paths()[k] for k in ("stdlib", "platstdlib")}
+    return ("site-packages" in path or "dist-packages" in path
+            or any(path.startswith(r + os.sep) for r in roots))
+
+
 def _ship_by_value(module: Any) -> None:
     """A user's module travels to the Ray processes inside the pickled parts, so neither the
     driver actor nor the workers (nor a cluster's nodes) need to import it by name."""
     name = getattr(module, "__name__", "")
     if name == "fedray" or name.startswith("fedray."):
         return
-    path = getattr(module, "__file__", "") or ""
-    if "site-packages" in path or "dist-packages" in path:
-        return  # installed: every node imports it as usual
+    if installed(getattr(module, "__file__", "") or ""):
+        return
     from ray import cloudpickle  # Ray's own copy is what pickles task arguments
 
     try:

@@ -19,14 +19,13 @@ import os
 import shlex
 import shutil
 import sys
-import sysconfig
 import tempfile
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from fedray.algorithms.registry import PART_KEYS
+from fedray.algorithms.registry import PART_KEYS, installed
 from fedray.errors import FedrayError, key_error, one_line
 
 DEFAULT_ADDRESS = "http://127.0.0.1:8265"
@@ -101,13 +100,6 @@ def job_refs(cfg: Any) -> list[tuple[str, str]]:
     return algorithm_refs(cfg.get("algorithm")) + callbacks
 
 
-def _installed(path: str) -> bool:
-    """Installed with Python or into it: every node of a cluster imports it by name."""
-    roots = {sysconfig.get_paths()[k] for k in ("stdlib", "platstdlib")}
-    return ("site-packages" in path or "dist-packages" in path
-            or any(path.startswith(r + os.sep) for r in roots))
-
-
 def user_modules(refs: Iterable[tuple[str, str]], cwd: str | None = None) -> list[UserModule]:
     """The user's modules behind import paths, found from ``cwd`` first, as ``fedray run``
     imports them (fedray.algorithms.registry.import_object), without running their code.
@@ -136,7 +128,7 @@ def user_modules(refs: Iterable[tuple[str, str]], cwd: str | None = None) -> lis
                             "sys.path)", ref)
         paths = list(spec.submodule_search_locations or []) or [spec.origin or ""]
         for path in paths:
-            if path and os.path.exists(path) and not _installed(path):
+            if path and os.path.exists(path) and not installed(path):
                 out.setdefault(path, UserModule(key, module, os.path.abspath(path), False))
     return list(out.values())
 
