@@ -342,7 +342,8 @@ def validate(cfg: DictConfig, population: int, *, custom_model: bool = False) ->
     r(0 <= sv.beta2 < 1, "server.beta2", "must be in [0, 1)", sv.beta2)
     r(sv.tau > 0, "server.tau", "must be > 0", sv.tau)
     c = cfg.client
-    r(c.lr > 0, "client.lr", "must be > 0", c.lr)
+    r(c.lr >= 0, "client.lr", "must be >= 0 (0 only for a client part that allows it, "
+      "e.g. local_update)", c.lr)
     r(c.batch_size >= 1, "client.batch_size", "must be >= 1", c.batch_size)
     r(c.local_epochs >= 1, "client.local_epochs", "must be >= 1", c.local_epochs)
     r(c.local_steps is None or c.local_steps >= 1, "client.local_steps",
@@ -415,7 +416,7 @@ def with_algorithm(cfg: DictConfig, notes: list[str] | None = None) -> DictConfi
     where a part uses it (each such read adds a line to ``notes``)."""
     from fedray.algorithms.registry import canonical
 
-    algorithm = canonical(cfg.algorithm, cfg.server, notes)
+    algorithm = canonical(cfg.algorithm, cfg.server, notes, client_lr=cfg.client.lr)
     out = OmegaConf.merge(cfg, {})  # a writable copy
     OmegaConf.set_readonly(out, False)
     for key in [k for k in out.algorithm if k not in algorithm]:

@@ -213,6 +213,8 @@ class ClientWork(Part):
     uses_broadcast: ClassVar[tuple[str, ...]] = ()  # Aggregator.broadcast keys it reads
     extras: ClassVar[dict[str, str]] = {}  # extra sums it adds: name -> "params" (one value
     # per model parameter) -- see Aggregator.extras
+    allows_zero_lr: ClassVar[bool] = False  # client.lr = 0 is meaningful for it (every
+    # gradient taken at the global model, as LOCALUPDATE's gamma = 0); else client.lr > 0
 
     def terms(self, env: WorkerEnv, ctx: ClientContext) -> LocalTerms:
         return LocalTerms()

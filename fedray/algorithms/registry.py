@@ -24,7 +24,7 @@ import os
 import pkgutil
 import sys
 import sysconfig
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from fedray.errors import ConfigError, key_error
@@ -37,11 +37,14 @@ _INTERNAL = {"base", "registry", "reduction", "terms"}
 
 @dataclass(frozen=True)
 class Algorithm:
-    """A preset: its parts by registered name or import path."""
+    """A preset: its parts by registered name or import path, and the hyper-parameters it
+    sets in their sections (``defaults``: section -> {key: value}), which a job's own
+    values in those sections override."""
 
     client: str
     aggregator: str
     server_opt: str = "sgd"
+    defaults: dict[str, dict[str, Any]] = field(default_factory=dict, hash=False)
 
 
 PRESETS: dict[str, Algorithm] = {}
@@ -73,9 +76,10 @@ def register(cls: type) -> type:
     return cls
 
 
-def register_preset(name: str, client: str, aggregator: str, server_opt: str = "sgd") -> None:
-    """A preset ``algorithm.name`` can select."""
-    PRESETS[name] = Algorithm(client, aggregator, server_opt)
+def register_preset(name: str, client: str, aggregator: str, server_opt: str = "sgd",
+                    defaults: dict[str, dict[str, Any]] | None = None) -> None:
+    """A preset ``algorithm.name`` can select (``defaults``: see ``Algorithm``)."""
+    PRESETS[name] = Algorithm(client, aggregator, server_opt, dict(defaults or {}))
 
 
 _loaded = False
@@ -259,6 +263,10 @@ def resolve(algorithm: Any, server: Any = None, *, notes: list[str] | None = Non
                for k in KINDS}
     legacy = {k: tree.pop(k) for k in list(tree) if k in LEGACY_KEYS}
     used = {cls.section for cls in classes.values() if getattr(cls, "section", None)}
+    for section, values in base.defaults.items():  # the preset's, under the job's own
+        own = tree.get(section)
+        if section in used and (own is None or isinstance(own, dict)):
+            tree[section] = {**values, **(own or {})}
     for k, v in legacy.items():
         section, field_name = LEGACY_KEYS[k]
         if section in used:
@@ -319,14 +327,20 @@ def _providers(need: str, kind: str = "aggregator") -> str:
     return ", ".join(names) or "none registered"
 
 
-def canonical(algorithm: Any, server: Any = None, notes: list[str] | None = None) -> dict:
+def canonical(algorithm: Any, server: Any = None, notes: list[str] | None = None,
+              client_lr: float | None = None) -> dict:
     """The ``algorithm`` section as a run records it: the part keys as given, legacy keys
-    dropped, and a section with every hyper-parameter of each part that has one."""
+    dropped, and a section with every hyper-parameter of each part that has one.
+    ``client_lr`` (the job's client.lr) may be 0 only for a client part that allows it."""
     from omegaconf import DictConfig, OmegaConf
 
     tree = (OmegaConf.to_container(algorithm, resolve=True)
             if isinstance(algorithm, DictConfig) else dict(algorithm))
     resolved = resolve(tree, server, notes=notes)
+    if client_lr == 0 and not getattr(resolved.client, "allows_zero_lr", False):
+        raise key_error("client.lr", f"must be > 0 for client part {resolved.names['client']} "
+                        "(0, every gradient at the global model, needs one that allows it, "
+                        "e.g. local_update)", client_lr)
     out = {k: tree.get(k) for k in PART_KEYS}
     out.update(resolved.sections)
     return out

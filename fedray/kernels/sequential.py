@@ -13,6 +13,7 @@ come from the client's own seed, so the result is the same on any worker.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 
 import torch
 
@@ -41,13 +42,18 @@ def num_local_steps(n: int, batch_size: int, local_epochs: int, local_steps: int
 
 def batch_schedule(n: int, batch_size: int, local_epochs: int, local_steps: int | None,
                    seed: int, full_batch: bool = False,
-                   device: torch.device | str = "cpu") -> list[torch.Tensor]:
+                   device: torch.device | str = "cpu",
+                   independent: bool = False) -> list[torch.Tensor]:
     """The example indices of each local step, in order: minibatches of ``batch_size`` cut
     from a fresh permutation (drawn from ``seed``) each time the previous one is used up --
     ``local_epochs`` passes, or exactly ``local_steps`` steps. full_batch (FedSGD): one step
     on all ``n`` examples. Sequential and vectorized training both follow it, so a client's
     batches do not depend on how it is trained. Each permutation is moved to ``device`` once,
-    and the steps' indices are views of it."""
+    and the steps' indices are views of it.
+
+    independent: every step draws its own batch (a fresh permutation's first ``batch_size``
+    examples), so the steps' batches are independent draws, as LOCALUPDATE's Alg. 2 samples
+    S_k (seed 002, fedray.algorithms.local_update); epochs of disjoint batches are not."""
     if full_batch:
         batch_size, local_steps = max(1, n), 1
     steps = num_local_steps(n, batch_size, local_epochs, local_steps) if n else 0
@@ -56,7 +62,7 @@ def batch_schedule(n: int, batch_size: int, local_epochs: int, local_steps: int 
     perm = torch.empty(0, dtype=torch.long)
     pos = n
     for _ in range(steps):
-        if pos >= n:
+        if pos >= n or independent:
             perm = torch.randperm(n, generator=order).to(device, non_blocking=True)
             pos = 0
         out.append(perm[pos:pos + batch_size])
@@ -67,12 +73,20 @@ def batch_schedule(n: int, batch_size: int, local_epochs: int, local_steps: int 
 def local_sgd(model: FlatModel, global_weights: torch.Tensor, x: torch.Tensor, y: torch.Tensor,
               *, lr: float, batch_size: int, local_epochs: int, local_steps: int | None,
               seed: int, delta_out: torch.Tensor, terms: LocalTerms = NO_TERMS,
-              full_batch: bool = False, loss: str = "cross_entropy") -> LocalUpdate:
+              full_batch: bool = False, loss: str = "cross_entropy",
+              step_weights: Sequence[float] | None = None,
+              gradient_sum: torch.Tensor | None = None,
+              independent_batches: bool = False) -> LocalUpdate:
     """Local SGD from ``global_weights``; the delta lands in ``delta_out``.
 
     ``terms``, the client part's extra local-objective terms (a proximal pull toward x, a
     linear term), are added to every step's gradient. full_batch: one step on all of the
-    client's data (FedSGD).
+    client's data (FedSGD). lr = 0 takes every step's gradient at the global model.
+
+    ``gradient_sum`` (one value per parameter), with ``step_weights`` theta_1, theta_2, ...:
+    receives sum_k theta_k g_k over the steps, g_k the k-th step's gradient, terms included
+    -- the message of LOCALUPDATE (seed 002, Alg. 2), which the model delta cannot give
+    when lr = 0 or the thetas are not all equal. independent_batches: see batch_schedule.
     """
     criterion = loss_fn(loss)
     model.load_(global_weights)
@@ -80,7 +94,7 @@ def local_sgd(model: FlatModel, global_weights: torch.Tensor, x: torch.Tensor, y
     n = len(y)
     device = model.device
     schedule = batch_schedule(n, batch_size, local_epochs, local_steps, seed, full_batch,
-                              device)
+                              device, independent_batches)
     steps = len(schedule)
     x = x.to(device, non_blocking=True)
     y = y.to(device, non_blocking=True)
@@ -91,8 +105,12 @@ def local_sgd(model: FlatModel, global_weights: torch.Tensor, x: torch.Tensor, y
     linears = [None] * len(model.param_list) if terms.linear is None else model.split(
         terms.linear)
     anchors = model.split(global_weights) if terms.proximal else linears
+    sums = None
+    if gradient_sum is not None:
+        gradient_sum.zero_()
+        sums = model.split(gradient_sum)
     with model.own_grads() as params:
-        for idx in schedule:
+        for k, idx in enumerate(schedule):
             for p in params:
                 p.grad = None
             batch_loss = criterion(module(x[idx]), y[idx])
@@ -103,7 +121,10 @@ def local_sgd(model: FlatModel, global_weights: torch.Tensor, x: torch.Tensor, y
                 if not terms.empty:
                     for g, p, a, c in zip(grads, params, anchors, linears, strict=True):
                         terms.add_to_(g, p, a, c)
-                torch._foreach_add_(params, grads, alpha=-lr)
+                if sums is not None and step_weights[k]:
+                    torch._foreach_add_(sums, grads, alpha=step_weights[k])
+                if lr:
+                    torch._foreach_add_(params, grads, alpha=-lr)
                 loss_sum += batch_loss.detach() * len(idx)
             seen += len(idx)
     torch.sub(model.flat, global_weights, out=delta_out)
