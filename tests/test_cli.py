@@ -76,7 +76,8 @@ def test_options_and_overrides_in_any_order(tmp_path):
     job.write_text(yaml.safe_dump(tiny_job(tmp_path)))
     out = _run(["run", str(job), "--quiet", "rounds=1", "client.lr=-1"])
     assert out.returncode == 2, out.stderr  # both overrides were read: the second is refused
-    assert out.stderr.strip() == "fedray: error: config key 'client.lr': must be > 0, got -1.0"
+    assert out.stderr.strip() == ("fedray: error: config key 'client.lr': must be >= 0 (0 only "
+                                  "for a client part that allows it, e.g. local_update), got -1.0")
     out = _run(["run", "--quiet", str(job), "rounds=1", "--debug", "sampling.clients_per_round=0"])
     assert out.returncode != 0 and "sampling.clients_per_round" in out.stderr
     out = _run(["run", str(job), "--quiet", "--quite"])
