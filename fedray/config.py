@@ -51,7 +51,7 @@ class DataConfig:
 @dataclass
 class ModelConfig:
     name: str = "emnist_cnn"
-    loss: str = "cross_entropy"  # cross_entropy | mse | bce (fedray/core/losses.py)
+    loss: str = "cross_entropy"  # cross_entropy | mse | bce | sequence_cross_entropy
 
 
 @dataclass

@@ -108,6 +108,27 @@ def _template(base: pathlib.Path) -> None:
                                                    + bytes(4984))
     (mnist / "t10k-labels-idx1-ubyte").write_bytes(struct.pack(">II", 0x801, 10000)
                                                    + bytes(range(10)) * 1000)
+    _leaf_shakespeare(base / "raw" / "leaf_shakespeare", short=False)
+    _leaf_shakespeare(base / "raw" / "leaf_shakespeare_short", short=True)
+    build(ROOT / "partitions" / "shakespeare.yaml",
+          ["source.name=leaf_shakespeare", f"source.path={base / 'raw' / 'leaf_shakespeare'}",
+           f"out={stores / 'shakespeare'}"])
+
+
+def _leaf_shakespeare(root: pathlib.Path, short: bool) -> None:
+    """LEAF's Shakespeare JSON for two roles (80-character windows and the next character);
+    ``short``: HAMLET's second window is one character short."""
+    text = "To be, or not to be, that is the Question: Whether 'tis Nobler in the minde to "
+    text += "suffer the Slings and Arrowes of outragious Fortune"
+    for split in ("train", "test"):
+        users = {u: ([text[i:i + 80] for i in range(3)], [text[i + 80] for i in range(3)])
+                 for u in ("HAMLET", "OPHELIA")}
+        if short and split == "train":
+            users["HAMLET"][0][1] = users["HAMLET"][0][1][:79]
+        doc = {"users": list(users), "num_samples": [3, 3],
+               "user_data": {u: {"x": x, "y": y} for u, (x, y) in users.items()}}
+        (root / split).mkdir(parents=True)
+        (root / split / f"all_data_niid_0_keep_0_{split}_9.json").write_text(json.dumps(doc))
 
 
 def _rewrite_shard(store: pathlib.Path, name: str, y: np.ndarray) -> None:

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from fedray.core.losses import correct_fn, loss_fn
+from fedray.core.losses import correct_fn, count_fn, loss_fn
 
 
 @dataclass
@@ -21,7 +21,7 @@ class EvalSums:
 
     loss_sum: float = 0.0
     correct: int = 0
-    count: int = 0
+    count: int = 0  # examples, or predictions counted (sequence losses: non-padding positions)
 
     def __add__(self, other: EvalSums) -> EvalSums:
         return EvalSums(self.loss_sum + other.loss_sum, self.correct + other.correct,
@@ -40,7 +40,7 @@ class EvalSums:
 def evaluate(module: nn.Module, x: torch.Tensor, y: torch.Tensor, batch_size: int,
              device: torch.device, loss: str = "cross_entropy") -> EvalSums:
     module.eval()
-    criterion, count_correct = loss_fn(loss), correct_fn(loss)
+    criterion, count_correct, count = loss_fn(loss), correct_fn(loss), count_fn(loss)
     loss_sum, correct = 0.0, 0
     for i in range(0, len(y), batch_size):
         xb = x[i:i + batch_size].to(device, non_blocking=True)
@@ -49,7 +49,10 @@ def evaluate(module: nn.Module, x: torch.Tensor, y: torch.Tensor, batch_size: in
         loss_sum += float(criterion(out, yb, reduction="sum"))
         if count_correct is not None:
             correct += count_correct(out, yb)
-    return EvalSums(loss_sum, correct, int(len(y)))
+    # the denominator of mean loss and accuracy: examples, or a sequence loss's counted
+    # positions (fedray.core.losses.count_fn)
+    total = len(y) if count is len else count(y)
+    return EvalSums(loss_sum, correct, int(total))
 
 
 def merge_sums(parts: list[EvalSums]) -> EvalSums:

@@ -2,8 +2,10 @@
 
 Classification uses cross-entropy on logits; ``mse`` lets a job be a linear or quadratic
 regression (the closed-form algorithm tests run through the whole runtime that way) and
-``bce`` is a one-logit binary classifier (the seed 001 perceptron). One table keeps the
-training loss, the evaluation sums and whether accuracy means anything in step.
+``bce`` is a one-logit binary classifier (the seed 001 perceptron);
+``sequence_cross_entropy`` is next-character prediction (a class per position, padding
+left out; seed 002's Shakespeare). One table keeps the training loss, the evaluation sums
+and whether accuracy means anything in step.
 """
 
 from __future__ import annotations
@@ -33,6 +35,45 @@ def _bce(out: torch.Tensor, y: torch.Tensor, reduction: str = "mean") -> torch.T
                                               reduction=reduction)
 
 
+# The padding token of sequence targets (fedray.data.shakespeare.PAD, TFF's pad id): its
+# positions are left out of sequence_cross_entropy and of its accuracy.
+SEQUENCE_PAD = 0
+
+
+def _sequence_cross_entropy(out: torch.Tensor, y: torch.Tensor,
+                            reduction: str = "mean") -> torch.Tensor:
+    """Cross-entropy at every position of a target sequence, padding positions left out.
+
+    ``out``: [batch, positions, classes] logits; ``y``: [batch, positions] targets. Seed 002
+    trains its Shakespeare model with "cross-entropy loss" (App. E.1, line 1080 of the seed
+    text) and says nothing of padding; leaving padded positions out is fedray's choice (as
+    TFF's masked accuracy does): a short speech's padding would otherwise teach the model to
+    predict padding and weigh short snippets' tails as much as text.
+
+    "mean": the mean over the batch's non-padding positions (0 when there are none);
+    "sum": their sum; "none": one sum per sequence. So a client's training loss is per
+    character, and evaluation's ``loss_sum / count`` is too (``count_fn``: positions).
+    Training's bookkeeping (fedray.kernels.sequential) weighs each step's mean by its
+    sequences, so ``train_loss`` is a per-character loss averaged over sequences."""
+    per = F.cross_entropy(out.reshape(-1, out.shape[-1]), y.reshape(-1), reduction="none")
+    per = per.view(y.shape) * (y != SEQUENCE_PAD)
+    if reduction == "none":
+        return per.reshape(len(y), -1).sum(1)
+    if reduction == "sum":
+        return per.sum()
+    return per.sum() / (y != SEQUENCE_PAD).sum().clamp_min(1)
+
+
+def _sequence_correct(out: torch.Tensor, y: torch.Tensor) -> int:
+    """Correct predictions at the non-padding positions."""
+    return int(((out.argmax(-1) == y) & (y != SEQUENCE_PAD)).sum())
+
+
+def _sequence_count(y: torch.Tensor) -> int:
+    """What accuracy and mean loss divide by: the non-padding positions."""
+    return int((y != SEQUENCE_PAD).sum())
+
+
 def _argmax_correct(out: torch.Tensor, y: torch.Tensor) -> int:
     return int((out.argmax(1) == y).sum())
 
@@ -46,7 +87,15 @@ LOSSES: dict[str, tuple[LossFn, Callable[[torch.Tensor, torch.Tensor], int] | No
     "cross_entropy": (_cross_entropy, _argmax_correct),
     "mse": (_mse, None),  # regression: no accuracy
     "bce": (_bce, _sign_correct),
+    "sequence_cross_entropy": (_sequence_cross_entropy, _sequence_correct),
 }
+# what an evaluation divides by, where it is not the number of examples
+_COUNTS: dict[str, Callable[[torch.Tensor], int]] = {
+    "sequence_cross_entropy": _sequence_count,
+}
+# losses whose "mean" is not a mean over examples: batched multi-client training
+# (fedray.kernels.vectorized), which averages per-example losses, cannot train them
+PER_POSITION = ("sequence_cross_entropy",)
 
 
 def loss_fn(name: str) -> LossFn:
@@ -58,6 +107,13 @@ def loss_fn(name: str) -> LossFn:
 def correct_fn(name: str) -> Callable[[torch.Tensor, torch.Tensor], int] | None:
     """Count of correct predictions, or None where accuracy is undefined (regression)."""
     return LOSSES[name][1]
+
+
+def count_fn(name: str) -> Callable[[torch.Tensor], int]:
+    """How many predictions a batch of targets ``y`` holds: its examples, or for
+    ``sequence_cross_entropy`` its non-padding positions. Evaluation's mean loss and
+    accuracy divide by the sum of these."""
+    return _COUNTS.get(name, len)
 
 
 def float_targets(name: str) -> bool:

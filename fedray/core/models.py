@@ -2,8 +2,9 @@
 
 Architectures follow the papers fedray reproduces: ``emnist_cnn`` (TFF / Reddi et al.),
 ``leaf_cnn`` (LEAF FEMNIST, Caldas et al.), ``mlp`` (SCAFFOLD, Karimireddy et al.),
-``logreg``, and ``resnet18_gn`` (GroupNorm ResNet-18 for CIFAR-100, Hsieh et al. / Reddi et
-al., with its input preprocessing built in). A user can pass any nn.Module factory to
+``logreg``, ``resnet18_gn`` (GroupNorm ResNet-18 for CIFAR-100, Hsieh et al. / Reddi et
+al., with its input preprocessing built in) and ``shakespeare_lstm`` (seed 002's character
+LSTM). A user can pass any nn.Module factory to
 ``fedray.run(model_fn=...)`` instead.
 """
 
@@ -165,12 +166,43 @@ def resnet18_gn(input_shape: tuple[int, ...], num_classes: int) -> nn.Module:
     return nn.Sequential(OrderedDict(preprocess=CifarPreprocess(24), net=net))
 
 
+class CharLSTM(nn.Module):
+    """Seed 002's Shakespeare RNN (App. E.1, line 1080 of the seed text): an 8-dimensional
+    embedding of the 90 tokens, two LSTM layers of 256 units, and a dense softmax layer over
+    the 90 tokens at every position: [batch, 80] ids -> [batch, 80, 90] logits (the softmax
+    is in the loss). Inputs arrive as floats (stores hold them as uint8, sources hand
+    float32 to models) and are cast to ids here. Padding is a token like any other: it sits
+    only at a sequence's end, so in this left-to-right model it never changes the outputs at
+    real positions, and the loss leaves its positions out (TFF masks it in the embedding
+    instead, with the same effect on those outputs)."""
+
+    def __init__(self, vocab_size: int = 90, embedding: int = 8, hidden: int = 256,
+                 layers: int = 2):
+        super().__init__()
+        self.embed = nn.Embedding(vocab_size, embedding)
+        self.lstm = nn.LSTM(embedding, hidden, num_layers=layers, batch_first=True)
+        self.out = nn.Linear(hidden, vocab_size)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h, _ = self.lstm(self.embed(x.long()))
+        return self.out(h)
+
+
+def shakespeare_lstm(input_shape: tuple[int, ...], num_classes: int) -> nn.Module:
+    """CharLSTM over sequences of ``input_shape`` = (length,) token ids; the vocabulary is
+    the data's ``num_classes`` (90 for fedray.data.shakespeare's tokens)."""
+    if len(input_shape) != 1 or input_shape[0] < 1:
+        raise ValueError(f"shakespeare_lstm needs (sequence length,) inputs, got {input_shape}")
+    return CharLSTM(vocab_size=num_classes)
+
+
 MODELS: dict[str, ModelFactory] = {
     "emnist_cnn": emnist_cnn,
     "leaf_cnn": leaf_cnn,
     "logreg": logistic_regression,
     "mlp": mlp,
     "resnet18_gn": resnet18_gn,
+    "shakespeare_lstm": shakespeare_lstm,
 }
 
 
@@ -179,14 +211,25 @@ def build_model(name: str, input_shape: tuple[int, ...], num_classes: int) -> nn
 
 
 def fit_problem(module: nn.Module, input_shape: tuple[int, ...], num_classes: int,
-                loss: str, data: str = "the data") -> str | None:
+                loss: str, data: str = "the data", label_shape: tuple[int, ...] = ()
+                ) -> str | None:
     """Why ``module`` cannot train on data of ``input_shape`` with labels in
-    ``0..num_classes-1`` under ``loss``, or None when it can.
+    ``0..num_classes-1`` under ``loss``, or None when it can. ``label_shape``: () for one
+    label per example, (L,) for a sequence of L (next-character targets), which only
+    ``sequence_cross_entropy`` takes, and which it needs.
 
     One forward pass on a single zero example, in eval mode and without gradients (no
     dropout mask or batch-norm statistic changes), finds a wrong input width or too few
     outputs before the first round, where otherwise a worker fails mid-round with a raw
     shape or index error that names neither the model nor the data."""
+    sequence = loss == "sequence_cross_entropy"
+    if label_shape and not sequence:
+        return (f"trains with model.loss={loss}, but {data} has a sequence of "
+                f"{' x '.join(map(str, label_shape))} labels per example: use "
+                "model.loss=sequence_cross_entropy")
+    if sequence and not label_shape:
+        return (f"trains with model.loss=sequence_cross_entropy, which needs a sequence of "
+                f"labels per example; {data} has one")
     was_training = module.training
     module.eval()
     try:
@@ -202,9 +245,17 @@ def fit_problem(module: nn.Module, input_shape: tuple[int, ...], num_classes: in
     if not isinstance(out, torch.Tensor) or out.dim() < 1 or len(out) != 1:
         return "must return one output row per example"
     width = out[0].numel()
+    if loss == "cross_entropy" and out.dim() == 3:
+        return (f"outputs {out.shape[1]} x {out.shape[2]} logits per example (a row per "
+                f"position), which model.loss=cross_entropy cannot score: such a model "
+                f"trains with model.loss=sequence_cross_entropy")
     if loss == "cross_entropy" and (out.dim() != 2 or width < num_classes):
         return (f"outputs {width} logits per example, but {data} has {num_classes} "
                 f"classes (labels 0..{num_classes - 1})")
+    if loss == "sequence_cross_entropy" and (out.dim() != 3 or out.shape[-1] < num_classes):
+        return (f"outputs shape {tuple(out.shape[1:])} per example; "
+                f"model.loss=sequence_cross_entropy needs [positions, classes] logits with "
+                f"at least the {num_classes} classes of {data}")
     if loss == "bce" and width != 1:
         return f"outputs {width} values per example; model.loss=bce needs one logit"
     return None

@@ -1,9 +1,11 @@
 """A raw data set in memory: what a loader returns and a partitioner splits.
 
 Loaders (LEAF, TFF h5, CIFAR-100 pickles, MNIST IDX, ...) read an official on-disk format
-into this one shape, so every partitioner works on every source. Images are channel-first
-([n, C, H, W]); pixels keep their stored dtype (uint8 or float32) and ``scale`` says how to
-turn them into model inputs (1/255 for uint8 pixels, 1.0 for floats already in [0, 1]).
+into this one shape, so every partitioner works on every source (those that split by class
+label need one label per example; sequence labels go with ``natural`` or ``iid``). Images
+are channel-first ([n, C, H, W]); pixels keep their stored dtype (uint8 or float32) and
+``scale`` says how to turn them into model inputs (1/255 for uint8 pixels, 1.0 for floats
+already in [0, 1]).
 """
 
 from __future__ import annotations
@@ -18,7 +20,9 @@ class Split:
     """One split (train or test) of a data set."""
 
     x: np.ndarray  # [n, C, H, W] images or [n, d] features; uint8 or float32
-    y: np.ndarray  # [n] int64 labels (fine labels for CIFAR-100)
+    # [n] int64 labels (fine labels for CIFAR-100), or [n, L] int64 label sequences (the
+    # next-character targets of Shakespeare, fedray.data.shakespeare)
+    y: np.ndarray
     coarse: np.ndarray | None = None  # [n] int64 coarse labels (CIFAR-100), else None
     owner: np.ndarray | None = None  # [n] int64 index into Dataset.owners (e.g. the writer)
 

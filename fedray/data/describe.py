@@ -38,8 +38,13 @@ def describe(url: str, plot: str | None = None, verify: bool = True) -> str:
              f"partitioner:  {m['partitioner']}, seed {m['seed']}",
              f"clients:      {m['num_clients']:,}",
              f"classes:      {m['num_classes']}, inputs {tuple(m['input_shape'])} {m['dtype']}"]
+    label_shape = tuple(m.get("label_shape") or ())
+    if label_shape:  # sequence targets: the histograms count every position's label
+        shape = " x ".join(str(d) for d in label_shape)
+        lines.append(f"labels:       {shape} per example (a target sequence); histograms and "
+                     "entropies count every position's label, padding included")
     train_hist = np.asarray(clients["train"]["label_histogram"], dtype=np.int64)
-    lines.append(f"train:        {_stats(train_hist.sum(axis=1))}")
+    lines.append(f"train:        {_stats(np.asarray(clients['train']['count']))}")
     if "test" in clients:
         test_counts = np.asarray(clients["test"]["count"])
         lines.append(f"test:         {_stats(test_counts)} (per-client test data)")
@@ -84,7 +89,7 @@ def _plot(hist: np.ndarray, manifest: dict, path: str, max_clients: int = 400) -
     ax0.set_ylabel("label")
     ax0.set_title("label proportions per client (train)")
     fig.colorbar(im, ax=ax0, fraction=0.04, pad=0.01)
-    ax1.hist(hist.sum(axis=1), bins=40, color="tab:blue")
+    ax1.hist(np.asarray(manifest["clients"]["train"]["count"]), bins=40, color="tab:blue")
     ax1.set_xlabel("train examples per client")
     ax1.set_ylabel("clients")
     ax1.set_title("client sizes")

@@ -10,6 +10,7 @@ by writer id, so the same directory always yields the same arrays.
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +24,8 @@ PIXELS = 28 * 28
 
 # (writer, x [n, 784] float32, y [n] int64) for one writer of one shard
 _Record = tuple[str, np.ndarray, np.ndarray]
+# reads one user's user_data entry: (file, user id, num_samples, entry) -> _Record
+UserReader = Callable[[Path, str, int, Any], _Record]
 
 
 def load_leaf_femnist(path: str) -> Dataset:
@@ -41,7 +44,12 @@ def load_leaf_femnist(path: str) -> Dataset:
                    scale=1.0)
 
 
-def _read_split(root: Path, split: str) -> list[_Record]:
+def _read_split(root: Path, split: str, read_user: UserReader | None = None,
+                who: str = "writer") -> list[_Record]:
+    """Every user of every LEAF JSON file of ``root/split``, files by name, users by id.
+
+    ``read_user`` turns one user's entry into arrays (FEMNIST's pixels by default;
+    fedray.data.shakespeare reads characters with it); ``who`` is what messages call a user."""
     directory = root / split
     if not directory.is_dir():
         raise FedrayError(f"{directory}: LEAF {split}/ directory not found")
@@ -51,11 +59,11 @@ def _read_split(root: Path, split: str) -> list[_Record]:
         raise FedrayError(f"{directory}: no LEAF files matching all_data_*_{split}_*.json")
     records: list[_Record] = []
     for file in files:
-        records.extend(_read_file(file))
+        records.extend(_read_file(file, read_user or _read_writer, who))
     return records
 
 
-def _read_file(file: Path) -> list[_Record]:
+def _read_file(file: Path, read_user: UserReader, who: str) -> list[_Record]:
     try:
         with open(file, "rb") as f:
             doc = json.load(f)
@@ -76,16 +84,16 @@ def _read_file(file: Path) -> list[_Record]:
     expected: dict[str, int] = {}
     for writer, n in zip(users, counts, strict=True):
         if not isinstance(writer, str):
-            raise FedrayError(f"{file}: writer id {writer!r} is not a string")
+            raise FedrayError(f"{file}: {who} id {writer!r} is not a string")
         if writer in expected:
-            raise FedrayError(f"{file}: writer {writer!r} is listed twice in users")
+            raise FedrayError(f"{file}: {who} {writer!r} is listed twice in users")
         if not isinstance(n, int) or isinstance(n, bool) or n < 0:
-            raise FedrayError(f"{file}: writer {writer!r}: num_samples {n!r} is not a count")
+            raise FedrayError(f"{file}: {who} {writer!r}: num_samples {n!r} is not a count")
         expected[writer] = n
     extra = sorted(set(data) - set(expected))
     if extra:
-        raise FedrayError(f"{file}: user_data has writer {extra[0]!r} that is not in users")
-    return [_read_writer(file, w, expected[w], data.get(w)) for w in sorted(expected)]
+        raise FedrayError(f"{file}: user_data has {who} {extra[0]!r} that is not in users")
+    return [read_user(file, w, expected[w], data.get(w)) for w in sorted(expected)]
 
 
 def _read_writer(file: Path, writer: str, n: int, entry: Any) -> _Record:

@@ -14,6 +14,11 @@ from fedray.data.cifar100 import load_cifar100
 from fedray.data.dataset import Dataset
 from fedray.data.leaf import load_leaf_femnist
 from fedray.data.mnist import load_mnist
+from fedray.data.shakespeare import (
+    load_leaf_shakespeare,
+    load_shakespeare_folio,
+    load_tff_shakespeare,
+)
 from fedray.data.tff import load_tff_cifar100, load_tff_emnist
 from fedray.errors import key_error
 
@@ -23,11 +28,15 @@ LOADERS: dict[str, Callable[[str], Dataset]] = {
     "tff_cifar100": load_tff_cifar100,
     "cifar100": load_cifar100,
     "mnist": load_mnist,
+    "leaf_shakespeare": load_leaf_shakespeare,
+    "tff_shakespeare": load_tff_shakespeare,
+    "shakespeare_folio": load_shakespeare_folio,
 }
 
 
-def load_source(name: str, path: str) -> Dataset:
-    """Load data set ``name`` (a key of LOADERS) from the local path ``path``."""
+def load_source(name: str, path: str, **options: object) -> Dataset:
+    """Load data set ``name`` (a key of LOADERS) from the local path ``path``; ``options``
+    go to the loader (``shakespeare_folio``'s ``test_fraction``)."""
     loader = LOADERS.get(name)
     if loader is None:
         raise key_error("source.name", f"must be one of: {', '.join(LOADERS)}", name,
@@ -35,4 +44,4 @@ def load_source(name: str, path: str) -> Dataset:
     path = os.path.expanduser(os.fspath(path))
     if not os.path.exists(path):
         raise key_error("source.path", f"{path} does not exist", what="recipe")
-    return loader(path)
+    return loader(path, **options)

@@ -27,12 +27,17 @@ from fedray.state.storage import absolute_url, check_writable, filesystem, stora
 
 @dataclass
 class SourceSpec:
-    name: str = ""  # leaf_femnist | tff_emnist | tff_cifar100 | cifar100 | mnist | synthetic
+    # leaf_femnist | tff_emnist | tff_cifar100 | cifar100 | mnist | leaf_shakespeare |
+    # tff_shakespeare | shakespeare_folio | synthetic
+    name: str = ""
     path: str | None = None  # where the raw files are (not used by 'synthetic')
     num_writers: int = 1000  # synthetic only: writers to generate
     min_examples: int = 30  # synthetic only
     max_examples: int = 90  # synthetic only
     seed: int = 0  # synthetic only: identity of the generated data
+    # shakespeare_folio only: the share of each role's speeches (its last ones) held out as
+    # that role's test data (fedray.data.shakespeare.load_shakespeare_folio)
+    client_test_fraction: float = 0.2
 
 
 @dataclass
@@ -73,6 +78,9 @@ def load_recipe(source: Any, overrides: list[str] | tuple = ()) -> DictConfig:
     if not 0.0 <= cfg.test_fraction < 1.0:
         raise ConfigError(f"recipe key 'test_fraction': must be in [0, 1), got {cfg.test_fraction}")
     s = cfg.source
+    if not 0.0 <= s.client_test_fraction < 1.0:
+        raise ConfigError(f"recipe key 'source.client_test_fraction': must be in [0, 1), got "
+                          f"{s.client_test_fraction}")
     if s.name == "synthetic" and not (1 <= s.min_examples <= s.max_examples and s.num_writers >= 1):
         raise ConfigError("recipe keys 'source.num_writers/min_examples/max_examples': need "
                           "num_writers >= 1 and 1 <= min_examples <= max_examples")
@@ -93,7 +101,9 @@ def load_dataset(spec: DictConfig) -> Dataset:
         return src.to_dataset()
     from fedray.data.loaders import load_source
 
-    return load_source(spec.name, spec.path)
+    options = {"test_fraction": spec.client_test_fraction} \
+        if spec.name == "shakespeare_folio" else {}
+    return load_source(spec.name, spec.path, **options)
 
 
 def hold_out_test(dataset: Dataset, fraction: float, seed: int) -> Dataset:

@@ -47,18 +47,31 @@ def _join(path: str, name: str) -> str:
     return posixpath.join(path.rstrip("/"), name)
 
 
-def _schema(dtype: np.dtype, row_size: int, coarse: bool) -> pa.Schema:
+def _schema(dtype: np.dtype, row_size: int, coarse: bool, label_size: int | None = None
+            ) -> pa.Schema:
+    """x: a fixed-size list per example; y: one int64 label, or a fixed-size list of
+    ``label_size`` int64 labels per example (sequence targets: next-character prediction)."""
+    y_type = pa.int64() if label_size is None else pa.list_(pa.int64(), label_size)
     fields = [pa.field("x", pa.list_(pa.from_numpy_dtype(dtype), row_size)),
-              pa.field("y", pa.int64())]
+              pa.field("y", y_type)]
     if coarse:
         fields.append(pa.field("coarse", pa.int64()))
     return pa.schema(fields)
 
 
+def _label_size(y: np.ndarray) -> int | None:
+    """Labels per example: None for one label each ([n]), L for sequences ([n, L])."""
+    return None if y.ndim == 1 else int(np.prod(y.shape[1:]))
+
+
 def _histograms(y: np.ndarray, bounds: np.ndarray, num_classes: int) -> np.ndarray:
-    """Label histogram of each client whose rows are y[bounds[k]:bounds[k+1]]."""
-    owner = np.repeat(np.arange(len(bounds) - 1), np.diff(bounds))
-    flat = np.bincount(owner * num_classes + y, minlength=(len(bounds) - 1) * num_classes)
+    """Label histogram of each client whose rows are y[bounds[k]:bounds[k+1]]. With
+    sequence labels ([n, L]) it counts every position's label, padding included: the
+    histogram is then one of target tokens, and sums to L times the client's examples."""
+    per_row = 1 if y.ndim == 1 else int(np.prod(y.shape[1:]))
+    owner = np.repeat(np.arange(len(bounds) - 1), np.diff(bounds) * per_row)
+    flat = np.bincount(owner * num_classes + y.reshape(-1),
+                       minlength=(len(bounds) - 1) * num_classes)
     return flat.reshape(-1, num_classes)
 
 
@@ -74,7 +87,8 @@ class _SplitWriter:
     def write(self, source: Split, per_client: list[np.ndarray],
               labels: list[np.ndarray] | None = None) -> dict[str, Any]:
         counts = np.array([len(a) for a in per_client], dtype=np.int64)
-        row_bytes = int(np.prod(source.x.shape[1:])) * source.x.dtype.itemsize + 16
+        row_bytes = (int(np.prod(source.x.shape[1:])) * source.x.dtype.itemsize
+                     + 8 * int(np.prod(source.y.shape[1:])) + 8)
         bounds = np.concatenate([[0], np.cumsum(counts)])
         shard_of = np.zeros(len(counts), dtype=np.int64)
         offset = np.zeros(len(counts), dtype=np.int64)
@@ -91,7 +105,8 @@ class _SplitWriter:
         for i, (a, b) in enumerate(groups):
             idx = np.concatenate(per_client[a:b]) if b > a else np.zeros(0, dtype=np.int64)
             part = source.take(idx.astype(np.int64))
-            y = part.y if labels is None else np.concatenate(labels[a:b]).astype(np.int64)
+            y = part.y if labels is None or b == a else \
+                np.concatenate(labels[a:b]).astype(np.int64)
             written.append(y)
             self._write_shard(i, part, y, len(groups))
         hist = _histograms(np.concatenate(written), bounds, self.dataset.num_classes)
@@ -100,7 +115,7 @@ class _SplitWriter:
 
     def write_whole(self, source: Split) -> int:
         """The split as it is, in shards (the central test set)."""
-        rows_per = max(1, self.shard_bytes // (source.x[0].nbytes + 16))
+        rows_per = max(1, self.shard_bytes // (source.x[0].nbytes + source.y[0].nbytes + 8))
         n_shards = max(1, math.ceil(len(source) / rows_per))
         for i in range(n_shards):
             part = source.take(np.arange(i * rows_per, min(len(source), (i + 1) * rows_per)))
@@ -111,10 +126,14 @@ class _SplitWriter:
         name = f"{self.split}-{i:05d}.arrow"
         row_size = int(np.prod(part.x.shape[1:]))
         flat = pa.array(np.ascontiguousarray(part.x).reshape(-1))
-        cols = [pa.FixedSizeListArray.from_arrays(flat, row_size), pa.array(y, pa.int64())]
+        label_size = _label_size(self.dataset.train.y)
+        y = np.ascontiguousarray(y, dtype=np.int64)
+        y_col = pa.array(y, pa.int64()) if label_size is None else \
+            pa.FixedSizeListArray.from_arrays(pa.array(y.reshape(-1), pa.int64()), label_size)
+        cols = [pa.FixedSizeListArray.from_arrays(flat, row_size), y_col]
         if part.coarse is not None:
             cols.append(pa.array(part.coarse.astype(np.int64)))
-        schema = _schema(part.x.dtype, row_size, part.coarse is not None)
+        schema = _schema(part.x.dtype, row_size, part.coarse is not None, label_size)
         batch = pa.record_batch(cols, schema=schema)
         sink = pa.BufferOutputStream()
         with pa.ipc.new_file(sink, schema) as writer:
@@ -142,6 +161,10 @@ def write_store(url: str, dataset: Dataset, partition: Partition, *, recipe: dic
     fs, path = fsspec.core.url_to_fs(url)
     parent = posixpath.dirname(path.rstrip("/")) or "."
     tmp = _join(parent, f".{posixpath.basename(path.rstrip('/'))}.tmp-{uuid.uuid4().hex[:8]}")
+    train, test = dataset.train, dataset.test
+    if test is not None and _label_size(test.y) != _label_size(train.y):
+        raise FedrayError(f"the source's train labels have shape {train.y.shape[1:]} but its "
+                          f"test labels {test.y.shape[1:]}")
     fs.makedirs(tmp, exist_ok=True)
     try:
         shard_bytes = int(shard_mb * 2**20)
@@ -158,6 +181,7 @@ def write_store(url: str, dataset: Dataset, partition: Partition, *, recipe: dic
         elif dataset.test is not None and len(dataset.test) > 0:
             central = {"rows": writers["central_test"].write_whole(dataset.test)}
         train = dataset.train
+        label_size = _label_size(train.y)
         manifest = {
             "format": FORMAT, "format_version": FORMAT_VERSION, "fedray_version": __version__,
             "recipe": recipe, "source": recipe.get("source"), "seed": recipe.get("seed"),
@@ -166,11 +190,13 @@ def write_store(url: str, dataset: Dataset, partition: Partition, *, recipe: dic
             "num_coarse": dataset.num_coarse, "input_shape": list(dataset.input_shape),
             "dtype": str(train.x.dtype), "scale": dataset.scale,
             "schema": _schema(train.x.dtype, int(np.prod(train.x.shape[1:])),
-                              train.coarse is not None).to_string(),
+                              train.coarse is not None, label_size).to_string(),
             "clients": clients, "central_test": central,
             "shards": [s for w in writers.values() for s in w.shards],
             "info": partition.info,
         }
+        if label_size is not None:  # absent: one label per example (every older store)
+            manifest["label_shape"] = list(train.y.shape[1:])
         with fs.open(_join(tmp, MANIFEST), "w") as f:
             json.dump(manifest, f)
         if fs.exists(path):
@@ -242,6 +268,10 @@ def check_manifest(url: str, m: dict) -> None:
         raise bad(f"num_clients must be a whole number >= 1, got {n!r}")
     if not isinstance(classes, int) or classes < 1:
         raise bad(f"num_classes must be a whole number >= 1, got {classes!r}")
+    label_shape = m.get("label_shape", [])
+    if not isinstance(label_shape, list) or not all(
+            isinstance(d, int) and not isinstance(d, bool) and d >= 1 for d in label_shape):
+        raise bad(f"label_shape must list whole numbers >= 1, got {label_shape!r}")
     shards, clients = m.get("shards"), m.get("clients")
     if not isinstance(shards, list) or not all(
             isinstance(sh, dict) and isinstance(sh.get("rows"), int) and sh.get("split") in
@@ -318,11 +348,18 @@ def _verify_contents(url: str, m: dict, source: StoreSource) -> None:
                 raise FedrayError(f"{url}: shard {shard['file']} has examples of "
                                   f"{x_type.list_size} values; input_shape "
                                   f"{tuple(m['input_shape'])} needs {width}")
-            y = batch.column(1).to_numpy(zero_copy_only=False)
-            wrong = np.flatnonzero((y < 0) | (y >= classes))
+            y = source._labels(batch)
+            if y is None:
+                raise FedrayError(f"{url}: shard {shard['file']} has labels of type "
+                                  f"{batch.schema.field(1).type}; the manifest's label_shape "
+                                  f"{source.label_shape} needs {source._label_type()}")
+            bad = (y < 0) | (y >= classes)
+            wrong = np.flatnonzero(bad.reshape(len(y), -1).any(axis=1))
             if len(wrong):
+                row = y[wrong[0]].reshape(-1)
+                label = int(row[(row < 0) | (row >= classes)][0])
                 raise FedrayError(f"{url}: shard {shard['file']} row {int(wrong[0])} has label "
-                                  f"{int(y[wrong[0]])}, outside 0..{classes - 1} "
+                                  f"{label}, outside 0..{classes - 1} "
                                   f"(num_classes {classes})")
             labels.setdefault(split, []).append(y)
     for split in ("train", "test"):
@@ -358,6 +395,7 @@ class StoreSource:
         self.population = int(m["num_clients"])
         self.num_classes = int(m["num_classes"])
         self.input_shape = tuple(m["input_shape"])
+        self.label_shape = tuple(m.get("label_shape") or ())  # () one label, (L,) sequences
         self.scale = float(m["scale"])
         self.client_names: list[str] = m["clients"]["names"]
         self.has_client_test = "test" in m["clients"]
@@ -413,11 +451,29 @@ class StoreSource:
             self._open.popitem(last=False)
         return batch
 
+    def _label_type(self) -> pa.DataType:
+        return pa.int64() if not self.label_shape else \
+            pa.list_(pa.int64(), int(np.prod(self.label_shape)))
+
+    def _labels(self, batch: pa.RecordBatch) -> np.ndarray | None:
+        """A batch's labels as [rows, *label_shape] int64 (a view), or None when the shard's
+        label column is not what the manifest's label_shape says."""
+        column = batch.column(1)
+        if column.type != self._label_type():
+            return None
+        if not self.label_shape:
+            return column.to_numpy(zero_copy_only=True)
+        flat = column.flatten().to_numpy(zero_copy_only=True)
+        return flat.reshape((batch.num_rows, *self.label_shape))
+
     def _rows(self, split: str, shard: int, lo: int, n: int) -> tuple[np.ndarray, np.ndarray]:
         batch = self._batch(split, shard).slice(lo, n)
         x = batch.column(0).flatten().to_numpy(zero_copy_only=True)
         x = x.reshape((n, *self.input_shape))
-        y = batch.column(1).to_numpy(zero_copy_only=True)
+        y = self._labels(batch)
+        if y is None:
+            raise FedrayError(f"{self.url}: {split} shard {shard} has labels of type "
+                              f"{batch.column(1).type}, not {self._label_type()}")
         if self.scale != 1.0 or x.dtype != np.float32:
             x = x.astype(np.float32) * np.float32(self.scale)
         return x, y

@@ -45,7 +45,7 @@ from torch.func import functional_call, grad, vmap
 
 from fedray.algorithms.base import NO_TERMS, LocalTerms
 from fedray.core.flat_model import FlatModel
-from fedray.core.losses import loss_fn
+from fedray.core.losses import PER_POSITION, loss_fn
 from fedray.errors import key_error
 from fedray.kernels.sequential import batch_schedule
 
@@ -89,6 +89,10 @@ def unsupported_reason(module: nn.Module) -> str | None:
             return f"it has dropout ({name or 'the model'}: {type(m).__name__})"
         if isinstance(m, nn.modules.batchnorm._BatchNorm):
             return f"it has batch-norm statistics ({name}: {type(m).__name__})"
+        if isinstance(m, nn.RNNBase):  # torch.func has no batching rule for the fused
+            # RNN kernels: vmap would run them one client at a time, slower than sequential
+            return (f"it has a recurrent layer ({name}: {type(m).__name__}), which vmap "
+                    "cannot batch")
     buffers = [n for n, _ in module.named_buffers()]
     if buffers:
         return f"it has buffers ({', '.join(buffers[:3])})"
@@ -106,16 +110,23 @@ GROUP_BYTES = {"cpu": 6 * 2**20, "gpu": 512 * 2**20}
 MAX_GROUP = 128
 
 
-def vectorize_plan(module: nn.Module, mode: str, gpu: bool) -> tuple[bool, str | None]:
+def vectorize_plan(module: nn.Module, mode: str, gpu: bool,
+                   loss: str = "cross_entropy") -> tuple[bool, str | None]:
     """Whether workers train this model vectorized under ``runtime.worker.vectorize`` =
     ``mode``, and, when auto decides against it, the one line that says why. ``on`` for a
     model that cannot be vectorized is an error. On the CPU, auto keeps convolutional models
     sequential: vmap turns their convolutions into grouped ones, which measured slower than
     one client after another, while logistic regression and the MLP measured faster than
-    sequential training (docs/performance.md, "Vectorized clients")."""
+    sequential training (docs/performance.md, "Vectorized clients"). Recurrent models
+    (``unsupported_reason``) and losses averaged over positions rather than examples
+    (``model.loss: sequence_cross_entropy``: the batched step's per-example mean would
+    weigh a client's sequences, not its characters) always train one client after another."""
     if mode == "off":
         return False, None
     reason = unsupported_reason(module)
+    if reason is None and loss in PER_POSITION:
+        reason = (f"model.loss={loss} averages over positions, which the batched step's "
+                  "per-example mean cannot")
     if reason is not None:
         if mode == "on":
             raise ValueError(str(key_error("runtime.worker.vectorize", "this model cannot be "

@@ -104,7 +104,8 @@ class Driver:
             raise FedrayError(f"{where} cannot be built for the inputs of {data}, of shape "
                               f"{tuple(source.input_shape)}: {exc}") from None
         problem = fit_problem(self.template.module, tuple(source.input_shape),
-                              source.num_classes, c.model.loss, data)
+                              source.num_classes, c.model.loss, data,
+                              tuple(getattr(source, "label_shape", ())))
         if problem is not None:  # before any round, and before the run directory is written
             raise FedrayError(f"{where} {problem}")
         self.weights = self.template.flat.clone()
@@ -175,7 +176,8 @@ class Driver:
             self.vectorized = False
             return False
         try:
-            on, why_not = vectorize_plan(self.template.module, w.vectorize, w.num_gpus > 0)
+            on, why_not = vectorize_plan(self.template.module, w.vectorize, w.num_gpus > 0,
+                                         self.cfg.model.loss)
         except ValueError as exc:
             raise FedrayError(str(exc)) from None
         if why_not is not None:

@@ -18,6 +18,10 @@ SHAPES = {
     "mlp": ((1, 28, 28), 10),
     "resnet18_gn": ((3, 32, 32), 100),
 }
+# one output per position, [batch, positions, classes] (tests/core/test_sequence_model.py)
+SEQUENCE_SHAPES = {
+    "shakespeare_lstm": ((80,), 90),
+}
 
 
 def num_params(m: nn.Module) -> int:
@@ -25,7 +29,15 @@ def num_params(m: nn.Module) -> int:
 
 
 def test_every_registered_model_has_a_test_shape():
-    assert set(SHAPES) == set(MODELS)
+    assert set(SHAPES) | set(SEQUENCE_SHAPES) == set(MODELS)
+
+
+@pytest.mark.parametrize("name", sorted(SEQUENCE_SHAPES))
+def test_sequence_output_shape(name):
+    torch.manual_seed(0)
+    (length,), classes = SEQUENCE_SHAPES[name]
+    out = build_model(name, (length,), classes)(torch.randint(0, classes, (3, length)).float())
+    assert out.shape == (3, length, classes) and torch.isfinite(out).all()
 
 
 @pytest.mark.parametrize("name", sorted(SHAPES))

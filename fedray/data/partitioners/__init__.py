@@ -21,6 +21,8 @@ from __future__ import annotations
 import inspect
 from collections.abc import Callable
 
+import numpy as np
+
 from fedray.data.dataset import Dataset
 from fedray.data.partition import Partition
 from fedray.data.partitioners.common import _RULES, _seed, canonical_order, fingerprints
@@ -53,6 +55,9 @@ def _params(fn: Callable[..., Partition]) -> tuple[set[str], set[str]]:
     return ({p.name for p in sig},
             {p.name for p in sig if p.default is inspect.Parameter.empty})
 
+
+# the partitioners that never read a label as a class: they take sequence labels as they are
+SEQUENCE_LABEL_PARTITIONERS = ("natural", "iid")
 
 PARAMS: dict[str, set[str]] = {name: _params(fn)[0] for name, fn in PARTITIONERS.items()}
 _REQUIRED: dict[str, set[str]] = {name: _params(fn)[1] for name, fn in PARTITIONERS.items()}
@@ -88,4 +93,8 @@ def partition(dataset: Dataset, name: str, seed: int, **params: object) -> Parti
     invalid values are FedrayErrors naming the partitioner or ``partitioner.<key>``.
     """
     check_params(name, seed, params)
+    if np.asarray(dataset.train.y).ndim > 1 and name not in SEQUENCE_LABEL_PARTITIONERS:
+        raise key_error("partitioner.name", f"{dataset.name!r} has a sequence of labels per "
+                        f"example, which {name!r} cannot split by class; use one of: "
+                        f"{', '.join(SEQUENCE_LABEL_PARTITIONERS)}", name, what="recipe")
     return PARTITIONERS[name](dataset, seed, **params)

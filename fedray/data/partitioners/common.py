@@ -66,7 +66,8 @@ def fingerprints(x: np.ndarray) -> np.ndarray:
 
 
 def canonical_order(split: Split) -> np.ndarray:
-    """The permutation that sorts ``split`` by (label, content fingerprint, coarse, owner).
+    """The permutation that sorts ``split`` by (label, content fingerprint, coarse, owner);
+    a sequence of labels counts by its fingerprint.
 
     Partitioners work on ``split.take(canonical_order(split))`` and map back, so a data set
     whose examples arrive in another order gives the same clients as sets of examples.
@@ -78,7 +79,9 @@ def canonical_order(split: Split) -> np.ndarray:
         keys.append(np.asarray(split.owner))
     if split.coarse is not None:
         keys.append(np.asarray(split.coarse))
-    keys += [fingerprints(split.x), np.asarray(split.y)]
+    y = np.asarray(split.y)
+    # sequence labels ([n, L], next-character targets) sort by their fingerprint
+    keys += [fingerprints(split.x), y if y.ndim == 1 else fingerprints(y)]
     return np.lexsort(keys).astype(np.int64)
 
 

@@ -1,0 +1,97 @@
+"""The Shakespeare character model and its sequence loss: seed 002's shapes, the loss and
+accuracy that leave padding out (against a hand computation), evaluation's denominator, and
+why such a model always trains one client after another."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from fedray.core.evaluation import evaluate
+from fedray.core.losses import SEQUENCE_PAD, correct_fn, count_fn, loss_fn
+from fedray.core.models import build_model, fit_problem
+from fedray.kernels.vectorized import vectorize_plan
+
+
+def test_shakespeare_lstm_has_seed_002s_shapes():
+    model = build_model("shakespeare_lstm", (80,), 90)
+    assert model.embed.weight.shape == (90, 8)  # 8-dimensional embedding of 90 tokens
+    assert model.lstm.num_layers == 2 and model.lstm.hidden_size == 256
+    assert model.out.weight.shape == (90, 256)
+    x = torch.randint(0, 90, (3, 80)).float()  # stores hand token ids over as floats
+    assert model(x).shape == (3, 80, 90)
+    seq = (80,)  # the store's label_shape
+    assert fit_problem(model, (80,), 90, "sequence_cross_entropy", label_shape=seq) is None
+    assert "needs [positions, classes] logits" in fit_problem(
+        build_model("logreg", (80,), 90), (80,), 90, "sequence_cross_entropy", label_shape=seq)
+    # the loss and the labels must agree, before any round
+    assert "use model.loss=sequence_cross_entropy" in fit_problem(
+        model, (80,), 90, "cross_entropy", "the store s", label_shape=seq)
+    assert "needs a sequence of labels per example; the data has one" in fit_problem(
+        model, (80,), 90, "sequence_cross_entropy")
+    assert "trains with model.loss=sequence_cross_entropy" in fit_problem(
+        model, (80,), 90, "cross_entropy")
+    with pytest.raises(ValueError, match="needs \\(sequence length,\\) inputs"):
+        build_model("shakespeare_lstm", (1, 28, 28), 62)
+
+
+def _hand_case() -> tuple[torch.Tensor, torch.Tensor]:
+    """Two sequences of 3 positions over 4 classes; 2 of the 6 targets are padding."""
+    out = torch.tensor([[[2.0, 0.0, 0.0, 0.0], [0.0, 3.0, 0.0, 0.0], [0.0, 0.0, 0.0, 9.0]],
+                        [[0.0, 0.0, 1.0, 0.0], [5.0, 0.0, 0.0, 0.0], [0.0, 0.0, 0.0, 0.0]]])
+    y = torch.tensor([[1, 1, SEQUENCE_PAD], [2, 3, SEQUENCE_PAD]])
+    return out, y
+
+
+def test_sequence_loss_and_accuracy_leave_padding_out():
+    out, y = _hand_case()
+
+    def ce(logits: list[float], target: int) -> float:
+        return math.log(sum(math.exp(v) for v in logits)) - logits[target]
+
+    terms = [ce([2, 0, 0, 0], 1), ce([0, 3, 0, 0], 1), ce([0, 0, 1, 0], 2), ce([5, 0, 0, 0], 3)]
+    loss = loss_fn("sequence_cross_entropy")
+    assert float(loss(out, y, reduction="sum")) == pytest.approx(sum(terms), rel=1e-6)
+    assert float(loss(out, y)) == pytest.approx(sum(terms) / 4, rel=1e-6)  # 4 counted
+    per_sequence = loss(out, y, reduction="none")
+    assert per_sequence.tolist() == pytest.approx([terms[0] + terms[1], terms[2] + terms[3]],
+                                                  rel=1e-6)
+    # argmax: position (0,0) says 0 (target 1), (0,1) 1 (right), (1,0) 2 (right), (1,1) 0
+    # (target 3); the padded positions' argmax (3, 0) do not count
+    assert correct_fn("sequence_cross_entropy")(out, y) == 2
+    assert count_fn("sequence_cross_entropy")(y) == 4
+    assert count_fn("cross_entropy")(y) == 2  # examples
+    all_pad = torch.full((1, 3), SEQUENCE_PAD)
+    assert float(loss(out[:1], all_pad)) == 0.0  # nothing to predict: no NaN
+
+
+def test_evaluation_divides_by_non_padding_positions():
+    out, y = _hand_case()
+
+    class Fixed(torch.nn.Module):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return out[x[:, 0].long()]
+
+    x = torch.tensor([[0.0], [1.0]])
+    sums = evaluate(Fixed(), x, y, batch_size=1, device=torch.device("cpu"),
+                    loss="sequence_cross_entropy")
+    assert sums.count == 4 and sums.correct == 2 and sums.accuracy == 0.5
+    total = float(loss_fn("sequence_cross_entropy")(out, y, reduction="sum"))
+    assert sums.mean_loss == pytest.approx(total / 4, rel=1e-6)
+
+
+def test_recurrent_models_and_sequence_losses_train_sequentially():
+    lstm = build_model("shakespeare_lstm", (80,), 90)
+    on, why = vectorize_plan(lstm, "auto", gpu=False, loss="sequence_cross_entropy")
+    assert not on and "recurrent layer (lstm: LSTM)" in why
+    assert vectorize_plan(lstm, "auto", gpu=True)[0] is False
+    with pytest.raises(ValueError, match="runtime.worker.vectorize.*recurrent layer") as err:
+        vectorize_plan(lstm, "on", gpu=True, loss="sequence_cross_entropy")
+    assert "\n" not in str(err.value)
+    # a model vmap could batch, with a loss over positions, is refused the same way
+    logreg = build_model("logreg", (80,), 90)
+    on, why = vectorize_plan(logreg, "auto", gpu=False, loss="sequence_cross_entropy")
+    assert not on and "averages over positions" in why
+    assert vectorize_plan(logreg, "auto", gpu=False) == (True, None)
