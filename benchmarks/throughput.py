@@ -24,7 +24,12 @@ Workloads: 1,000 FEMNIST-shaped clients of 30-90 examples, 1 local epoch, batch 
   mlp-100, mlp-1000: the 2-layer MLP (200 hidden units), 100 or 1,000 per round;
   cnn-20, cnn-100: the LEAF FEMNIST CNN (no dropout, so it can be vectorized), 20 or 100;
   a: the TFF EMNIST CNN (dropout: sequential only), 20 per round (issue 2);
-  b: logistic regression, 100 per round (issue 2; the same job as logreg-100).
+  b: logistic regression, 100 per round (issue 2; the same job as logreg-100);
+and, on 1,000 Shakespeare-shaped clients of 20-60 token sequences (80 ids of TFF's
+90-token vocabulary, a padded tail on every fourth sequence; the First Folio store has 37
+sequences per role on average), 1 local epoch, batch 4 (seed 002's Shakespeare batch):
+  lstm-10: seed 002's character LSTM (sequential only), 10 per round, with the masked
+  sequence cross-entropy (fedray's model.loss: sequence_cross_entropy).
 """
 
 from __future__ import annotations
@@ -57,20 +62,54 @@ WORKLOADS = {
     "cnn-100": {"model": "leaf_cnn", "clients_per_round": 100, "lr": 0.05, "rounds": LARGE},
     "a": {"model": "emnist_cnn", "clients_per_round": 20, "lr": 0.05, "rounds": SMALL},
     "b": {"model": "logreg", "clients_per_round": 100, "lr": 0.01, "rounds": SMALL},
+    "lstm-10": {"model": "shakespeare_lstm", "clients_per_round": 10, "lr": 1.0,
+                "rounds": LARGE, "data": "text"},
 }
+# what each kind of data looks like to the model: (input shape, classes, batch, loss)
+DATA = {"images": ((1, 28, 28), 62, 20, "cross_entropy"),
+        "text": ((80,), 90, 4, "sequence_cross_entropy")}
 ISSUE_8 = ["logreg-100", "logreg-1000", "mlp-100", "mlp-1000", "cnn-20", "cnn-100"]
 POPULATION, MIN_EX, MAX_EX, BATCH, SEED = 1000, 30, 90, 20, 0
 
 
-def make_clients() -> dict[int, tuple[np.ndarray, np.ndarray]]:
+def make_clients(kind: str = "images") -> dict[int, tuple[np.ndarray, np.ndarray]]:
+    if kind == "text":
+        return text_clients()
     src = SyntheticFEMNIST(num_clients=POPULATION, min_examples=MIN_EX, max_examples=MAX_EX)
     return {cid: src.client(cid) for cid in range(POPULATION)}
 
 
+def text_clients() -> dict[int, tuple[np.ndarray, np.ndarray]]:
+    """Token sequences shaped like the Shakespeare store's: x the 80 input ids, y the next
+    ids (x shifted by one), every fourth sequence padded (id 0) after a random length."""
+    g = np.random.default_rng(SEED)
+    out = {}
+    for cid in range(POPULATION):
+        n = int(g.integers(20, 61))
+        ids = g.integers(1, 90, size=(n, 81))
+        for row in range(0, n, 4):
+            ids[row, int(g.integers(10, 81)):] = 0
+        out[cid] = (ids[:, :-1].astype(np.float32), ids[:, 1:].astype(np.int64))
+    return out
+
+
 def model_factory(name: str):
+    shape, classes = DATA[data_kind(name)][:2]
+
     def make() -> torch.nn.Module:
-        return build_model(name, (1, 28, 28), 62)
+        return build_model(name, shape, classes)
     return make
+
+
+def data_kind(model_name: str) -> str:
+    return "text" if model_name == "shakespeare_lstm" else "images"
+
+
+def batch_loss(out: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """Cross-entropy as one would write it: per example, or per non-padding position."""
+    if y.dim() == 2:
+        return F.cross_entropy(out.reshape(-1, out.shape[-1]), y.reshape(-1), ignore_index=0)
+    return F.cross_entropy(out, y)
 
 
 def raw_loop(clients, model_name: str, k: int, lr: float, rounds: int,
@@ -93,10 +132,11 @@ def train_client(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, lr: f
     opt = torch.optim.SGD(model.parameters(), lr=lr)
     torch.manual_seed(seed)
     perm = torch.randperm(len(y), generator=torch.Generator().manual_seed(seed))
-    for i in range(0, len(y), BATCH):
-        idx = perm[i:i + BATCH]
+    batch = BATCH if y.dim() == 1 else DATA["text"][2]
+    for i in range(0, len(y), batch):
+        idx = perm[i:i + batch]
         opt.zero_grad()
-        F.cross_entropy(model(x[idx]), y[idx]).backward()
+        batch_loss(model(x[idx]), y[idx]).backward()
         opt.step()
 
 
@@ -129,8 +169,10 @@ def fedray_run(clients, model_name: str, k: int, lr: float, rounds: int, workers
                out_dir: str, vectorize: str, worker_cpus: float = 1.0) -> tuple[list, dict, dict]:
     import fedray
 
+    _, _, batch, loss = DATA[data_kind(model_name)]
     cfg = {"name": f"bench-{model_name}", "seed": SEED, "rounds": rounds,
-           "client": {"lr": lr, "batch_size": BATCH, "local_epochs": 1},
+           "model": {"loss": loss},
+           "client": {"lr": lr, "batch_size": batch, "local_epochs": 1},
            "sampling": {"clients_per_round": k},
            "runtime": {"num_workers": workers,
                        "worker": {"vectorize": vectorize, "num_cpus": worker_cpus}},
@@ -198,7 +240,8 @@ def measure(name: str, clients, args) -> dict:
            "warmup": warmup, "repeat": repeat}
     thread_counts = sorted({torch.get_num_threads(), 1}, reverse=True)
     sides = ["off"]
-    if unsupported_reason(build(w["model"], (1, 28, 28), 62)) is None:
+    shape, classes = DATA[data_kind(w["model"])][:2]
+    if unsupported_reason(build(w["model"], shape, classes)) is None:
         sides.append("on")
     labels = {"off": "sequential", "on": "vectorized"}
     rates: dict[str, list[float]] = {}
@@ -255,7 +298,7 @@ def measure(name: str, clients, args) -> dict:
                  f"{row['vectorized_updates_per_s'] / row['sequential_updates_per_s']:.2f}x "
                  f"sequential")
     else:
-        line += " | vectorized: n/a (the model has dropout)"
+        line += " | vectorized: n/a (the model has dropout or a recurrent layer)"
     if "flower_runs" in row:
         line += (f" | Flower {row['flower_version']} {rate('flower')} = "
                  f"{row['flower_ratio']:.2f}x raw; fedray's best "
@@ -300,11 +343,18 @@ def main(argv: list[str] | None = None) -> int:
 
     print(f"machine: {platform.machine()}, {os.cpu_count()} CPUs, torch {torch.__version__}, "
           f"raw loop threads: {torch.get_num_threads()} (torch's default) and 1")
-    t0 = time.perf_counter()
-    clients = make_clients()
-    print(f"data: {POPULATION} clients, {sum(len(v[1]) for v in clients.values())} examples "
-          f"({time.perf_counter() - t0:.1f}s to generate)")
+    kinds = sorted({data_kind(WORKLOADS[n]["model"]) for n in names})
+    datasets = {}
+    for kind in kinds:
+        t0 = time.perf_counter()
+        datasets[kind] = make_clients(kind)
+        print(f"data ({kind}): {POPULATION} clients, "
+              f"{sum(len(v[1]) for v in datasets[kind].values())} examples "
+              f"({time.perf_counter() - t0:.1f}s to generate)")
+    clients = datasets.get("images")
     if args.flower_python:
+        if clients is None or "text" in datasets:
+            p.error("--flower-python: flower_side.py runs the image workloads only")
         import tempfile
 
         flower_dir = tempfile.TemporaryDirectory()
@@ -314,7 +364,8 @@ def main(argv: list[str] | None = None) -> int:
     ray.init(num_cpus=args.num_cpus, include_dashboard=False, logging_level="ERROR")
     print(f"ray start-up: {time.perf_counter() - t0:.1f}s (not counted below)", flush=True)
     try:
-        results = [measure(name, clients, args) for name in names]
+        results = [measure(name, datasets[data_kind(WORKLOADS[name]["model"])], args)
+                   for name in names]
     finally:
         ray.shutdown()
     if args.json:

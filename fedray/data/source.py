@@ -42,10 +42,13 @@ def _as_xy(x: Any, y: Any, what: str) -> Arrays:
     y = np.asarray(y)
     # real-valued targets (regression, model.loss: mse) stay real; class labels are int64
     y = np.ascontiguousarray(y, dtype=np.float32 if y.dtype.kind == "f" else np.int64)
-    y = y.reshape(-1)
+    # class labels [n, L], L > 1: a sequence of targets per example (next-character
+    # prediction, model.loss: sequence_cross_entropy); anything else is one label each
+    if not (y.ndim == 2 and y.dtype.kind == "i" and y.shape[1] > 1):
+        y = y.reshape(-1)
     if x.ndim < 2 or len(x) != len(y):
-        raise FedrayError(f"{what}: x must be [n, ...] with one label per example "
-                          f"(got x {x.shape}, y {y.shape})")
+        raise FedrayError(f"{what}: x must be [n, ...] with one label per example, or a "
+                          f"[n, L] sequence of class labels (got x {x.shape}, y {y.shape})")
     return x, y
 
 
@@ -77,16 +80,22 @@ class MemorySource:
         shapes = {x.shape[1:] for x in xs}
         if len(shapes) != 1:
             raise FedrayError(f"client_data: clients have different example shapes {shapes}")
+        label_shapes = {y.shape[1:] for y in ys}
+        if len(label_shapes) != 1:
+            raise FedrayError(f"client_data: clients have different label shapes "
+                              f"{label_shapes}")
         self.input_shape = tuple(int(d) for d in xs[0].shape[1:])
+        self.label_shape = tuple(int(d) for d in ys[0].shape[1:])  # (): one label each
         self._sizes = np.asarray(sizes, dtype=np.int64)
         self._offsets = np.concatenate([[0], np.cumsum(self._sizes)])
         labels = np.concatenate(ys)
         self._test = None
         if test_data is not None:
             tx, ty = _as_xy(*test_data, what="test_data")
-            if tx.shape[1:] != self.input_shape:
-                raise FedrayError(f"test_data: examples of shape {tx.shape[1:]}, clients have "
-                                  f"{self.input_shape}")
+            if tx.shape[1:] != self.input_shape or ty.shape[1:] != self.label_shape:
+                raise FedrayError(f"test_data: examples of shape {tx.shape[1:]} with labels "
+                                  f"of shape {ty.shape[1:]}, clients have "
+                                  f"{self.input_shape} and {self.label_shape}")
             self._test = self._put((tx, ty))
             labels = np.concatenate([labels, ty])
         if labels.dtype.kind == "f":  # regression targets: one output per example

@@ -12,6 +12,7 @@ import torch
 from fedray.core.evaluation import evaluate
 from fedray.core.losses import SEQUENCE_PAD, correct_fn, count_fn, loss_fn
 from fedray.core.models import build_model, fit_problem
+from fedray.errors import FedrayError
 from fedray.kernels.vectorized import vectorize_plan
 
 
@@ -95,3 +96,36 @@ def test_recurrent_models_and_sequence_losses_train_sequentially():
     on, why = vectorize_plan(logreg, "auto", gpu=False, loss="sequence_cross_entropy")
     assert not on and "averages over positions" in why
     assert vectorize_plan(logreg, "auto", gpu=False) == (True, None)
+
+
+def test_in_memory_sequence_clients_train(tmp_path):
+    """client_data with [n, L] integer labels are sequences of targets (fedray.run's
+    in-memory route, as benchmarks/throughput.py's LSTM workload uses it): two rounds of the
+    LSTM, in process, with accuracy counted over the non-padding positions only."""
+    import numpy as np
+
+    import fedray
+
+    g = np.random.default_rng(0)
+    clients = {}
+    for c in range(3):
+        x = g.integers(1, 90, size=(5, 80))
+        y = np.concatenate([x[:, 1:], g.integers(1, 90, size=(5, 1))], axis=1)
+        y[:, 70:] = SEQUENCE_PAD  # padded tails
+        clients[c] = (x.astype(np.float32), y)
+    test = (clients[0][0], clients[0][1])
+    res = fedray.run({"rounds": 2, "model": {"name": "shakespeare_lstm",
+                                            "loss": "sequence_cross_entropy"},
+                      "client": {"batch_size": 4, "lr": 0.5},
+                      "sampling": {"clients_per_round": 2},
+                      "runtime": {"backend": "inline", "num_workers": 1},
+                      "output": {"dir": str(tmp_path / "run")}},
+                     model_fn=lambda: build_model("shakespeare_lstm", (80,), 90),
+                     client_data=clients, test_data=test)
+    final = res.summary["final"]
+    assert math.isfinite(final["test_loss"]) and 0 <= final["test_accuracy"] <= 1
+    with pytest.raises(FedrayError, match="clients have different label shapes"):
+        fedray.run({"rounds": 1, "output": {"dir": str(tmp_path / "bad")},
+                    "sampling": {"clients_per_round": 2}, "runtime": {"backend": "inline"}},
+                   model_fn=lambda: build_model("shakespeare_lstm", (80,), 90),
+                   client_data={0: clients[0], 1: (clients[1][0], clients[1][1][:, 0])})
