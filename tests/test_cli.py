@@ -108,8 +108,10 @@ def _gone(procs, within_s: float) -> list:
 def _start_long_run(tmp_path, name: str):
     """A CLI run printing a progress line every round, in its own session (as a shell runs
     a job), and its stderr file; returns once the first round is done."""
-    import time
+    return _first_round(*_launch_long_run(tmp_path, name))
 
+
+def _launch_long_run(tmp_path, name: str):
     job = tmp_path / f"{name}.yaml"
     job.write_text(yaml.safe_dump(tiny_job(tmp_path, name=name, rounds=500,
                                            eval={"every": 1},
@@ -119,12 +121,18 @@ def _start_long_run(tmp_path, name: str):
     env.pop("RAY_ADDRESS", None)
     proc = subprocess.Popen(FEDRAY + ["run", str(job)], stdout=err, stderr=err, env=env,
                             start_new_session=True)
-    deadline = time.monotonic() + 120
-    while "round " not in (tmp_path / f"{name}.err").read_text():
-        assert proc.poll() is None and time.monotonic() < deadline, (
-            tmp_path / f"{name}.err").read_text()
-        time.sleep(0.2)
     return proc, tmp_path / f"{name}.err"
+
+
+def _first_round(proc, err):
+    """Wait until a launched run has finished its first round."""
+    import time
+
+    deadline = time.monotonic() + 120
+    while "round " not in err.read_text():
+        assert proc.poll() is None and time.monotonic() < deadline, err.read_text()
+        time.sleep(0.2)
+    return proc, err
 
 
 def _stop(proc, err, signals: list, code: int, line: str | None) -> None:
@@ -158,10 +166,15 @@ def test_interrupts_and_kill_leave_no_process(tmp_path):
     runtime-env agents outlived the CLI by 30-50 s. (SIGTERM: test_two_runs_on_one_...)"""
     import signal
 
-    proc, err = _start_long_run(tmp_path, "int2")
-    _stop(proc, err, [signal.SIGINT] * 2, 130, "fedray: interrupted")
-    proc, err = _start_long_run(tmp_path, "kill")
-    _stop(proc, err, [signal.SIGKILL], -9, None)
+    # both runs start together (each its own private Ray), so their start-ups overlap
+    runs = {name: _launch_long_run(tmp_path, name) for name in ("int2", "kill")}
+    try:
+        _stop(*_first_round(*runs["int2"]), [signal.SIGINT] * 2, 130, "fedray: interrupted")
+        _stop(*_first_round(*runs["kill"]), [signal.SIGKILL], -9, None)
+    finally:
+        for proc, _ in runs.values():
+            if proc.poll() is None:
+                proc.kill()
 
 
 def test_output_redirected_to_a_file_has_no_escape_codes(tmp_path):

@@ -110,14 +110,16 @@ def test_fractional_gpu_placement(ray_cluster, tmp_path):
                                    f"output.dir={tmp_path / 'two'}"])
 
 
-def test_fedavg_aggregate_equals_hand_computed_weighted_mean(ray_cluster, tmp_path):
+def test_fedavg_aggregate_equals_hand_computed_weighted_mean(tmp_path):
+    """In process (runtime.backend=inline: bit-identical to Ray at the same worker count,
+    tests/runtime/test_inline.py), so the arithmetic is checked without a worker's start-up."""
     clients = blobs(6, dim=5, classes=3, seed=1)
     lr, server_lr = 0.3, 0.7
     model_fn, w0, b0 = fixed_linear()
 
     job = {"rounds": 1, "client": {"lr": lr, "batch_size": 100, "local_steps": 1},
            "server": {"lr": server_lr}, "sampling": {"clients_per_round": 6},
-           "output": {"dir": str(tmp_path / "run")}}
+           "runtime": {"backend": "inline"}, "output": {"dir": str(tmp_path / "run")}}
     res = fedray.run(job, model_fn=model_fn, client_data=clients)
     # by hand: one full-batch gradient step per client, example-weighted mean of the deltas
     dw, db, total = np.zeros_like(w0), np.zeros_like(b0), 0
@@ -135,7 +137,9 @@ def test_fedavg_aggregate_equals_hand_computed_weighted_mean(ray_cluster, tmp_pa
                                rtol=0, atol=atol)
 
 
-def test_in_memory_api(ray_cluster, tmp_path):
+def test_in_memory_api(tmp_path):
+    """The API's in-memory route, in process (the Ray side of client_data: test_examples,
+    test_callbacks and the benchmarks' tests)."""
     clients = {f"writer{i}": xy for i, xy in blobs(12, seed=2).items()}
     test = blobs(1, seed=3)[0]
 
@@ -148,7 +152,7 @@ def test_in_memory_api(ray_cluster, tmp_path):
             return self.fc(x)
 
     res = fedray.run({"rounds": 4, "sampling": {"clients_per_round": 5},
-                      "output": {"dir": str(tmp_path / "run")}},
+                      "runtime": {"backend": "inline"}, "output": {"dir": str(tmp_path / "run")}},
                      model_fn=Net, client_data=clients, test_data=test)
     assert isinstance(res, fedray.RunResult)
     assert set(res.weights) == set(Net().state_dict())
