@@ -96,6 +96,14 @@ def _one_minus_r(lam: ArrayLike, alpha: ArrayLike, gamma: ArrayLike) -> NDArray[
     return np.asarray(gamma, dtype=np.float64) * (np.asarray(lam, dtype=np.float64) + alpha)
 
 
+def _broadcast(lam: ArrayLike, alpha: ArrayLike, gamma: ArrayLike, K: ArrayLike
+               ) -> tuple[NDArray[np.float64], NDArray[np.float64], NDArray[np.float64]]:
+    """1 - r and K broadcast together, and an output array of their shape."""
+    x, k = np.broadcast_arrays(_one_minus_r(lam, alpha, gamma),
+                               np.asarray(K, dtype=np.float64))
+    return x, k, np.empty(x.shape)
+
+
 def q_ones(lam: ArrayLike, alpha: ArrayLike, gamma: ArrayLike,
            K: ArrayLike) -> NDArray[np.float64]:
     """Eigenvalue of Q(alpha, gamma, Theta_{1:K}) on A's eigenvalue lam: the geometric sum
@@ -104,10 +112,7 @@ def q_ones(lam: ArrayLike, alpha: ArrayLike, gamma: ArrayLike,
     For 0 < 1 - r < 1 it is -expm1(K log1p(r - 1)) / (1 - r), exact to rounding for any K;
     r = 1 gives K; r <= 0 (gamma beyond Lemma 1's range) falls back to (1 - r^K) / (1 - r).
     Broadcasts over all arguments."""
-    x = _one_minus_r(lam, alpha, gamma)
-    K = np.asarray(K, dtype=np.float64)
-    x, K = np.broadcast_arrays(x, K)
-    out = np.empty(x.shape)
+    x, K, out = _broadcast(lam, alpha, gamma, K)
     with np.errstate(all="ignore"):
         inside = (x > 0) & (x < 1)
         out[inside] = -np.expm1(K[inside] * np.log1p(-x[inside])) / x[inside]
@@ -122,10 +127,7 @@ def q_last(lam: ArrayLike, alpha: ArrayLike, gamma: ArrayLike,
            K: ArrayLike) -> NDArray[np.float64]:
     """Eigenvalue of Q(alpha, gamma, Theta_K) on A's eigenvalue lam: r^(K-1) (eq. 29), as
     exp((K-1) log1p(r - 1)) when 0 < r <= 1. Broadcasts over all arguments."""
-    x = _one_minus_r(lam, alpha, gamma)
-    K = np.asarray(K, dtype=np.float64)
-    x, K = np.broadcast_arrays(x, K)
-    out = np.empty(x.shape)
+    x, K, out = _broadcast(lam, alpha, gamma, K)
     with np.errstate(all="ignore"):
         inside = (x >= 0) & (x < 1)
         out[inside] = np.exp((K[inside] - 1.0) * np.log1p(-x[inside]))
@@ -137,10 +139,7 @@ def log_q_ones(lam: ArrayLike, alpha: ArrayLike, gamma: ArrayLike,
                K: ArrayLike) -> NDArray[np.float64]:
     """log q_ones without forming q (the frontiers need ratios of numbers that under- or
     overflow); nan where q <= 0."""
-    x = _one_minus_r(lam, alpha, gamma)
-    K = np.asarray(K, dtype=np.float64)
-    x, K = np.broadcast_arrays(x, K)
-    out = np.empty(x.shape)
+    x, K, out = _broadcast(lam, alpha, gamma, K)
     with np.errstate(all="ignore"):
         inside = (x > 0) & (x < 1)
         out[inside] = (np.log(-np.expm1(K[inside] * np.log1p(-x[inside])))
@@ -156,10 +155,7 @@ def log_q_ones(lam: ArrayLike, alpha: ArrayLike, gamma: ArrayLike,
 def log_q_last(lam: ArrayLike, alpha: ArrayLike, gamma: ArrayLike,
                K: ArrayLike) -> NDArray[np.float64]:
     """log q_last = (K - 1) log r; -inf where r = 0 (and K > 1), nan where r^(K-1) < 0."""
-    x = _one_minus_r(lam, alpha, gamma)
-    K = np.asarray(K, dtype=np.float64)
-    x, K = np.broadcast_arrays(x, K)
-    out = np.empty(x.shape)
+    x, K, out = _broadcast(lam, alpha, gamma, K)
     with np.errstate(all="ignore"):
         inside = (x >= 0) & (x < 1)
         out[inside] = (K[inside] - 1.0) * np.log1p(-x[inside])

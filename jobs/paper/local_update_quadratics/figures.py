@@ -360,10 +360,7 @@ def fig7(ctx: Context, plt) -> tuple[dict, str]:
             res = _residual(ma, k0, "none")
             dep = _departure(res, K)
             ax = axes[i, j]
-            ax.plot(fa.rho, fa.delta, color=FEDAVG_C, linewidth=3, alpha=0.5, zorder=3,
-                    label="FedAvg")
-            ax.plot(ma.rho, ma.delta, ".-", color=MAML_C, markersize=2, linewidth=0.8,
-                    label="MAML (simulated)")
+            _fedavg_and_maml(ax, fa, ma)
             _axes(ax, f"L = {L:g}, d = {d}")
             ax.legend(fontsize=7, loc="upper left")
             # the last MAML point still on FedAvg's curve
@@ -384,6 +381,14 @@ def fig7(ctx: Context, plt) -> tuple[dict, str]:
     return checks, ("fig7: share of FedAvg's curve (arc length) MAML follows, d=100: "
                     + ", ".join(f"{k}: {v['d=100']['fraction_of_fedavg_arc_length_followed']:.2f}"
                                 for k, v in checks.items()))
+
+
+def _fedavg_and_maml(ax, fa, ma) -> None:
+    """FedAvg's analytic frontier under the simulated MAML one, as Figs. 5, 7, 8 draw them."""
+    ax.plot(fa.rho, fa.delta, color=FEDAVG_C, linewidth=3, alpha=0.5, zorder=3,
+            label="FedAvg")
+    ax.plot(ma.rho, ma.delta, ".-", color=MAML_C, markersize=2, linewidth=0.8,
+            label="MAML (simulated)")
 
 
 def _chord_gap(rho: np.ndarray, delta: np.ndarray) -> float:
@@ -410,10 +415,7 @@ def fig8(ctx: Context, plt) -> tuple[dict, str]:
             fa = S.analytic_frontier(MU, L, 0.0, g, K, "fedavg", m)
             fr[d, m] = ma = S.frontier_from_spectrum(lam, 0.0, g, K, "maml", m, "lemma5")
             ax = axes[i, j]
-            ax.plot(fa.rho, fa.delta, color=FEDAVG_C, linewidth=3, alpha=0.5, zorder=3,
-                    label="FedAvg")
-            ax.plot(ma.rho, ma.delta, ".-", color=MAML_C, markersize=2, linewidth=0.8,
-                    label="MAML (simulated)")
+            _fedavg_and_maml(ax, fa, ma)
             _axes(ax, f"{LABEL[m]}, d = {d}")
             ax.legend(fontsize=7, loc="upper left")
     for d in DIMS:
