@@ -24,8 +24,8 @@ def _log(line: str) -> None:
 
 def run_all(runs: Iterable[Run], log: Callable[[str], None] = _log) -> None:
     runs = list(runs)
-    if not runs:
-        return
+    if all(os.path.exists(os.path.join(out, "summary.json")) for _, _, out, _ in runs):
+        return  # everything already finished: no Ray session to start
     with ray_session(load_config(runs[0][0], runs[0][1])):
         for i, (job, overrides, out, kwargs) in enumerate(runs, 1):
             if os.path.exists(os.path.join(out, "summary.json")):
