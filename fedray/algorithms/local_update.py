@@ -49,24 +49,26 @@ from fedray.algorithms.base import (
 )
 from fedray.algorithms.registry import register, register_preset
 from fedray.kernels.sequential import batch_schedule, local_sgd, num_local_steps
+from fedray.theory import surrogate
 
 THETA_FAMILIES = ("ones", "last")
+THETA_RULE = ("must be ones, last, {index: j} with j >= 1, or a list of numbers >= 0 that are "
+              "not all 0")
 
 
 def theta_weights(theta: Any, steps: int) -> list[float]:
-    """theta_1..theta_K for a client that takes ``steps`` local steps (``ones`` and ``last``
-    use them; ``{index: j}`` and an explicit list fix K themselves)."""
-    if theta == "ones":
-        return [1.0] * steps
-    if theta == "last":
-        return [0.0] * (steps - 1) + [1.0] if steps else []
+    """theta_1..theta_K (trailing zeros dropped) for a client that takes ``steps`` local
+    steps: ``ones`` and ``last`` use them; ``{index: j}`` and an explicit list fix K
+    themselves. The forms are fedray.theory.surrogate's (eq. 4-5), so the runtime and the
+    surrogate-loss tooling read a Theta the same way."""
+    if theta in THETA_FAMILIES:
+        if not steps:
+            return []
+        make = surrogate.theta_ones if theta == "ones" else surrogate.theta_last
+        return make(steps).tolist()
     if isinstance(theta, dict):
-        j = int(theta["index"])
-        return [0.0] * (j - 1) + [1.0]
-    weights = [float(t) for t in theta]
-    while weights and weights[-1] == 0:
-        weights.pop()
-    return weights
+        return surrogate.theta_index(int(theta["index"])).tolist()
+    return surrogate.check_theta(theta).tolist()
 
 
 def fixed_steps(theta: Any) -> int | None:
@@ -77,29 +79,22 @@ def fixed_steps(theta: Any) -> int | None:
 
 
 def check_theta(theta: Any) -> None:
-    """One rule per form of ``theta``; ParamError (key ``theta``) otherwise."""
-    rule = ("must be ones, last, {index: j} with j >= 1, or a list of numbers >= 0 that "
-            "are not all 0")
+    """One rule for every form of ``theta``; ParamError (key ``theta``) otherwise."""
     if isinstance(theta, str):
-        require(theta in THETA_FAMILIES, "theta", rule, theta)
-        return
-    if isinstance(theta, dict):
+        require(theta in THETA_FAMILIES, "theta", THETA_RULE, theta)
+    elif isinstance(theta, dict):
         j = theta.get("index")
-        ok = (set(theta) == {"index"} and isinstance(j, int) and not isinstance(j, bool)
-              and j >= 1)
-        require(ok, "theta", rule, theta)
-        return
-    if isinstance(theta, list | tuple):
+        require(set(theta) == {"index"} and isinstance(j, int) and not isinstance(j, bool)
+                and j >= 1, "theta", THETA_RULE, theta)
+    elif isinstance(theta, list | tuple):
+        require(all(isinstance(t, int | float) and not isinstance(t, bool) for t in theta),
+                "theta", THETA_RULE, theta)
         try:
-            values = [float(t) for t in theta]
-        except (TypeError, ValueError):
-            raise ParamError("theta", rule, theta) from None
-        ok = (all(isinstance(t, int | float) and not isinstance(t, bool) for t in theta)
-              and all(v >= 0 and v == v and v != float("inf") for v in values)
-              and any(values))
-        require(ok, "theta", rule, theta)
-        return
-    raise ParamError("theta", rule, theta)
+            surrogate.check_theta(theta)
+        except ValueError:
+            raise ParamError("theta", THETA_RULE, theta) from None
+    else:
+        raise ParamError("theta", THETA_RULE, theta)
 
 
 @dataclass

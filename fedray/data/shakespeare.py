@@ -90,18 +90,13 @@ def to_sequences(snippet: str | bytes) -> tuple[np.ndarray, np.ndarray]:
     """One snippet's (x, y), each [k, 80] int64: its ids padded to a multiple of 81 and cut
     into rows of 81, x a row's first 80 ids and y its last 80. Rows without a target (all
     padding) are dropped (see the module docstring)."""
-    ids = to_ids(snippet)
-    width = SEQUENCE_LENGTH + 1
-    rows = np.zeros((-(-len(ids) // width), width), dtype=np.int64)
-    rows.reshape(-1)[:len(ids)] = ids
-    rows = rows[(rows[:, 1:] != PAD).any(axis=1)]
-    return np.ascontiguousarray(rows[:, :-1]), np.ascontiguousarray(rows[:, 1:])
+    return snippets_to_sequences([snippet])
 
 
 def snippets_to_sequences(snippets: Iterable[str | bytes]) -> tuple[np.ndarray, np.ndarray]:
-    """Every snippet's sequences, in order, stacked: the same rows as ``to_sequences`` of
-    each snippet, computed for all of them at once (the 35 plays' 27,000 speeches in a
-    fraction of a second rather than seconds)."""
+    """Every snippet's sequences, in order, stacked (``to_sequences`` of each, one after
+    another), computed for all of them at once: the 35 plays' 27,000 speeches in a fraction
+    of a second rather than seconds."""
     x, y, _ = _sequences(snippets)
     return x, y
 

@@ -98,9 +98,14 @@ def score(run_dir: str, metric: str = "test_accuracy") -> float:
 
 
 def curve(run_dir: str, metric: str = "test_accuracy") -> list[float]:
+    return [v for _, v in rounds_and(run_dir, metric)]
+
+
+def rounds_and(run_dir: str, metric: str) -> list[tuple[int, float]]:
+    """(round, value) of every round that recorded ``metric``, from metrics.jsonl."""
     with open(os.path.join(run_dir, "metrics.jsonl")) as f:
         rows = [json.loads(line) for line in f if line.strip()]
-    return [r[metric] for r in rows if metric in r]
+    return [(r["round"], r[metric]) for r in rows if metric in r]
 
 
 def tune(study: dict, name: str, runs: str, rounds: int) -> tuple[float, float, dict]:
@@ -247,12 +252,6 @@ def plot(out: str, study: dict, finals: dict) -> None:
     fig.suptitle(study["title"])
     fig.tight_layout()
     fig.savefig(os.path.join(out, f"{study['metric']}.png"), dpi=120)
-
-
-def rounds_and(run_dir: str, metric: str) -> list[tuple[int, float]]:
-    with open(os.path.join(run_dir, "metrics.jsonl")) as f:
-        rows = [json.loads(line) for line in f if line.strip()]
-    return [(r["round"], r[metric]) for r in rows if metric in r]
 
 
 if __name__ == "__main__":
