@@ -3,9 +3,11 @@
 
 Why: every Fed-CIFAR100 number in the reproductions (Reddi et al.'s adaptive optimizers, the
 algorithm comparisons) rests on the store that ``partitions/fed_cifar100.yaml`` builds. If that
-store is not TFF's Pachinko split -- 500 train and 100 test clients of exactly 100 examples,
-every example used once, coarse labels right, per-client label skew as Dirichlet(0.1) over the
-20 coarse labels and Dirichlet(10) over each coarse label's 5 fine labels -- the accuracy
+store is not TFF's Pachinko split as seed 000's appendix defines it (lines 38-64 of
+../shared/seeds/000_*.txt) -- 500 train and 100 test clients (lines 39-43) of exactly 100
+examples (line 59), every example used once (line 40), coarse labels right, per-client label
+skew as Dirichlet(0.1) over the 20 coarse labels (line 47) and Dirichlet(10) over each coarse
+label's 5 fine labels (line 59), exhausted labels removed and renormalised (lines 63-64) -- the accuracy
 comparisons measure something else. This script builds the store exactly as a user would
 (``fedray.data.recipe.build`` on the recipe), reads it back (the manifest and the Arrow shards), and
 checks it against the definition:
