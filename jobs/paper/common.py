@@ -4,6 +4,7 @@ session, skipping those already finished, so an interrupted sweep resumes where 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import shutil
 import time
@@ -26,7 +27,10 @@ def run_all(runs: Iterable[Run], log: Callable[[str], None] = _log) -> None:
     runs = list(runs)
     if all(os.path.exists(os.path.join(out, "summary.json")) for _, _, out, _ in runs):
         return  # everything already finished: no Ray session to start
-    with ray_session(load_config(runs[0][0], runs[0][1])):
+    cfg = load_config(runs[0][0], runs[0][1])
+    # runtime.backend=inline runs need no Ray: starting a session would only cost time
+    session = contextlib.nullcontext() if cfg.runtime.backend == "inline" else ray_session(cfg)
+    with session:
         for i, (job, overrides, out, kwargs) in enumerate(runs, 1):
             if os.path.exists(os.path.join(out, "summary.json")):
                 continue
