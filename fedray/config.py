@@ -40,12 +40,42 @@ class SyntheticConfig:
 
 
 @dataclass
+class ImbalanceRoundConfig:
+    """data.per_round.imbalance: each round, a client's training examples re-drawn with an
+    exponential class imbalance (fedray.data.per_round). Off while ``ratios`` is empty."""
+
+    ratios: list[float] = field(default_factory=list)  # drawn per (round, client); [1.0]:
+    # class-balanced draws
+    size: int | None = None  # examples per client and round; None: the client's own count
+    pool: str = "client"  # client: its own examples; all: every client's (the training set)
+
+
+@dataclass
+class LabelFlipRoundConfig:
+    """data.per_round.label_flip: each round, a client corrupted with probability
+    ``corruption``, a ``flip_ratio`` share of its classes relabelled. Off at 0."""
+
+    corruption: float = 0.0
+    flip_ratio: float = 1.0
+
+
+@dataclass
+class PerRoundConfig:
+    """data.per_round: transforms of a client's training data drawn afresh every round from
+    (seed, round, client_id); applied by the worker, imbalance first, then label_flip."""
+
+    imbalance: ImbalanceRoundConfig = field(default_factory=ImbalanceRoundConfig)
+    label_flip: LabelFlipRoundConfig = field(default_factory=LabelFlipRoundConfig)
+
+
+@dataclass
 class DataConfig:
     # 'synthetic', a partition store's path or URL, or 'memory' (fedray.run's client_data)
     partition: str = "synthetic"
     verify: bool = True  # check a store's shard checksums before the run starts
     open_shards: int = 16  # per-worker LRU of open (memory-mapped) store shards
     synthetic: SyntheticConfig = field(default_factory=SyntheticConfig)
+    per_round: PerRoundConfig = field(default_factory=PerRoundConfig)
 
 
 @dataclass
@@ -81,6 +111,9 @@ class ClientConfig:
 class ServerConfig:
     lr: float = 1.0
     momentum: float = 0.9  # server_opt: momentum, nesterov
+    # server_opt: momentum, nesterov: m <- momentum m + (1 - dampening) delta (PyTorch's
+    # dampening); 0 is the undamped heavy ball, = momentum the EMA of Chen et al.'s Alg. 1
+    dampening: float = 0.0
     beta1: float = 0.9  # server_opt: adam, yogi, adagrad (first-moment decay, Reddi et al.)
     beta2: float = 0.99  # server_opt: adam, yogi
     tau: float = 1e-3  # adaptivity of adam, yogi, adagrad (Reddi et al.)
@@ -324,6 +357,9 @@ def validate(cfg: DictConfig, population: int, *, custom_model: bool = False) ->
     r(bool(cfg.data.partition), "data.partition",
       "must be 'synthetic' or the path or URL of a partition store", cfg.data.partition)
     r(cfg.data.open_shards >= 1, "data.open_shards", "must be >= 1", cfg.data.open_shards)
+    from fedray.data.per_round import parse_per_round
+
+    parse_per_round(cfg.data.per_round)  # one line naming the key of an impossible value
     syn = cfg.data.synthetic
     if cfg.data.partition == "synthetic":
         r(1 <= syn.num_clients <= MAX_SYNTHETIC_CLIENTS, "data.synthetic.num_clients",
@@ -338,6 +374,7 @@ def validate(cfg: DictConfig, population: int, *, custom_model: bool = False) ->
         r(syn.seed >= 0, "data.synthetic.seed", "must be >= 0", syn.seed)
     sv = cfg.server
     r(0 <= sv.momentum < 1, "server.momentum", "must be in [0, 1)", sv.momentum)
+    r(0 <= sv.dampening < 1, "server.dampening", "must be in [0, 1)", sv.dampening)
     r(0 <= sv.beta1 < 1, "server.beta1", "must be in [0, 1)", sv.beta1)
     r(0 <= sv.beta2 < 1, "server.beta2", "must be in [0, 1)", sv.beta2)
     r(sv.tau > 0, "server.tau", "must be > 0", sv.tau)

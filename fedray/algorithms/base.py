@@ -129,6 +129,8 @@ class WorkerEnv:
     # the loss -- what a part's own train() needs to honour the job's client section
     global_weights: torch.Tensor | None = None  # this round's broadcast model (flat)
     broadcast: dict[str, torch.Tensor] = field(default_factory=dict)  # Aggregator.broadcast
+    seed: int = 0  # the job's seed: a part's per-client stream that must stay the same in
+    # every round (Elastic's B_k) derives from (seed, tag, client id), never from a worker
 
     @property
     def num_params(self) -> int:
@@ -270,6 +272,13 @@ class Aggregator(Part):
     def finish(self, acc: PartialSum) -> torch.Tensor:
         """The round's update (float64) from the merged partial sum; may update ``state``."""
         return acc.mean()
+
+    def round_metrics(self) -> dict[str, float]:
+        """Scalars the last ``finish`` measured, added to the round's line of metrics.jsonl
+        (e.g. Elastic's share of boosted parameters). Name them after the part
+        (``elastic_...``) so they never shadow the runtime's keys; a round without a
+        ``finish`` (no examples) records none."""
+        return {}
 
     def state_dict(self) -> dict[str, torch.Tensor]:
         return {k: v.clone() for k, v in getattr(self, "state", {}).items()}

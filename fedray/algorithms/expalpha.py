@@ -4,7 +4,9 @@ Each client measures its training risk F_k (mean loss on its own training data, 
 before and after its local update; its weight is rho_k proportional to
 exp((F_k(after) - F_k(before)) / alpha) over the round's clients -- a softmax, which the
 partial sum keeps log-scaled (fedray.algorithms.reduction), so a small temperature alpha
-cannot overflow.
+cannot overflow. Seed 003: eq. 3 (line 101), Alg. 1 (line 249), CalculateRisk a forward
+pass over the local data (line 251). With ``data.per_round`` (fedray.data.per_round) the
+risks are measured on the client's data of the round, the data it trained on.
 """
 
 from __future__ import annotations
@@ -44,8 +46,9 @@ class ExpAlphaAggregator(Aggregator):
     def weight(self, update: LocalUpdate) -> float:
         return 1.0
 
-    def accumulate(self, env: WorkerEnv, ctx: ClientContext, update: LocalUpdate,
-                   acc: PartialSum) -> None:
+    def accumulate(
+        self, env: WorkerEnv, ctx: ClientContext, update: LocalUpdate, acc: PartialSum
+    ) -> None:
         after = env.risk(env.trained_weights(update), ctx.x, ctx.y)
         before = env.risk(env.global_weights, ctx.x, ctx.y)
         acc.add(update.delta, 1.0, expalpha_log_weight(before, after, self.params.alpha))

@@ -138,29 +138,37 @@ class ServerSGD(ServerOptimizer):
 
 @register
 class ServerMomentum(ServerOptimizer):
-    """FedAvgM (Hsu et al. 2019): m <- beta * m + delta; x <- x + lr * m, with m_0 = 0.
+    """FedAvgM (Hsu et al. 2019): m <- beta * m + (1 - dampening) * delta; x <- x + lr * m,
+    with m_0 = 0.
 
+    ``dampening`` is PyTorch SGD's: 0 (the default) is the undamped heavy ball; dampening =
+    beta is the exponential moving average m <- beta m + (1 - beta) delta of Chen et al.'s
+    Alg. 1 (seed 000 line 130), whose steady state is delta itself rather than
+    delta / (1 - beta), so the same ``lr`` takes a step 1 / (1 - beta) times shorter.
     Nesterov: the same m, then x <- x + lr * (delta + beta * m) (PyTorch SGD's form applied to
-    the negative pseudo-gradient). momentum = 0 gives ServerSGD exactly."""
+    the negative pseudo-gradient). momentum = 0 and dampening = 0 give ServerSGD exactly."""
 
     name = "momentum"
     buffers = ("m",)
 
     @classmethod
     def from_config(cls, server, params=None) -> ServerMomentum:
-        return cls(server.lr, server.momentum, nesterov=cls.name == "nesterov")
+        return cls(server.lr, server.momentum, nesterov=cls.name == "nesterov",
+                   dampening=getattr(server, "dampening", 0.0))
 
-    def __init__(self, lr: float, momentum: float, nesterov: bool = False):
+    def __init__(self, lr: float, momentum: float, nesterov: bool = False,
+                 dampening: float = 0.0):
         super().__init__()
         self.lr = _positive("lr", lr)
         self.momentum = _unit("momentum", momentum)
+        self.dampening = _unit("dampening", dampening)
         self.nesterov = bool(nesterov)
         if self.nesterov:
             self.name = "nesterov"
 
     def _update(self, delta: torch.Tensor) -> torch.Tensor:
         m = self.state["m"]
-        m.mul_(self.momentum).add_(delta)
+        m.mul_(self.momentum).add_(delta, alpha=1.0 - self.dampening)
         if self.nesterov:
             return self.lr * (delta + self.momentum * m)
         return self.lr * m
@@ -256,7 +264,8 @@ class ServerNesterov(ServerMomentum):
 
 
 def build_server_optimizer(name: str, lr: float, momentum: float = 0.9, beta1: float = 0.9,
-                           beta2: float = 0.99, tau: float = 1e-3) -> ServerOptimizer:
+                           beta2: float = 0.99, tau: float = 1e-3,
+                           dampening: float = 0.0) -> ServerOptimizer:
     """The registered optimizer ``name`` from explicit hyper-parameters (as the ``server``
     section gives them); values it does not use are not checked."""
     from types import SimpleNamespace
@@ -268,4 +277,4 @@ def build_server_optimizer(name: str, lr: float, momentum: float = 0.9, beta1: f
         raise key_error("algorithm.server_opt", "must be a registered name", name)
     _positive("lr", lr)
     return cls.from_config(SimpleNamespace(lr=lr, momentum=momentum, beta1=beta1, beta2=beta2,
-                                           tau=tau))
+                                           tau=tau, dampening=dampening))

@@ -41,6 +41,7 @@ from fedray.core.losses import correct_fn
 from fedray.core.models import fit_problem
 from fedray.core.sampling import federated_eval_clients, select_round
 from fedray.core.seeding import TAG_INIT, derive_seed
+from fedray.data.per_round import parse_per_round
 from fedray.data.source import ClientSource
 from fedray.errors import FedrayError, key_error
 from fedray.kernels.vectorized import vectorize_plan
@@ -139,7 +140,8 @@ class Driver:
             resources=WorkerResources(num_cpus=w.num_cpus, cache_mb=w.cache_mb,
                                       state_cache_mb=w.state_cache_mb,
                                       vectorize=self._vectorize_plan(client)),
-            client=worker_parts[0], aggregator=worker_parts[1], state_url=state_url)
+            client=worker_parts[0], aggregator=worker_parts[1], state_url=state_url,
+            per_round=parse_per_round(c.data.get("per_round")))
         if resume:  # before the pool starts: a checkpoint that cannot be used fails fast
             self._restore()
         start = time.perf_counter()
@@ -299,14 +301,17 @@ class Driver:
             del res
         if v is not None:
             self._record_versions(r, stored)
+        part_metrics: dict[str, float] = {}
         if acc.weight > 0:  # a round without examples (or all dropped) leaves the model as is
             self.weights = self.server_opt.step(self.weights, self.aggregator.finish(acc))
+            part_metrics = self.aggregator.round_metrics()
         return {"clients": len(ids), "dropped_out": sel.dropped_out, "late": sel.late,
                 "examples": int(stats["examples"]), "updates": int(stats["updates"]),
                 "dropped_updates": int(stats["dropped"]),
                 "worker_failures": self.pool.round_failures,
                 "train_loss": stats["loss_sum"] / max(1, stats["examples_seen"]),
-                "worker_busy_s": stats["busy_s"], "worker_mem_mb": worker_mem}
+                "worker_busy_s": stats["busy_s"], "worker_mem_mb": worker_mem,
+                **part_metrics}
 
     def evaluate(self, r: int) -> dict[str, float]:
         """Central and federated evaluation of the current global model."""

@@ -36,6 +36,7 @@ from fedray.core.evaluation import EvalSums, evaluate, merge_sums
 from fedray.core.flat_model import FlatModel
 from fedray.core.seeding import client_seed
 from fedray.core.tensors import readonly_tensor
+from fedray.data.per_round import PerRound, apply_per_round
 from fedray.data.source import ClientCache, ClientSource
 from fedray.kernels.sequential import client_batch_size, local_sgd
 from fedray.kernels.vectorized import group_size, group_sizes, vmap_local_sgd
@@ -87,6 +88,7 @@ class WorkerSpec:
     aggregator: Aggregator
     state_url: str | None = None  # client state store, under the run dir (when the client
     # part keeps per-client state)
+    per_round: PerRound | None = None  # data.per_round: each round's client data transform
 
 
 def _chunks(items: Iterator, sizes: list[int]) -> Iterator[list]:
@@ -122,7 +124,7 @@ class ClientWorker:
         self.client, self.aggregator = spec.client, spec.aggregator
         self.env = WorkerEnv(model=self.model, device=self.device, lr=t.lr, loss=t.loss,
                              eval_batch_size=t.eval_batch_size, batch_size_for=t.batch_size_for,
-                             training=t)
+                             training=t, seed=spec.seed)
         self.client.setup(self.env)
         self.aggregator.setup(self.env)
         self.extras = extra_sizes((self.client, self.aggregator), self.model.num_params)
@@ -133,6 +135,35 @@ class ClientWorker:
         self.group = (group_size(self.model.num_params, self.device.type == "cuda")
                       if res.vectorize and not own_training else 0)
         self._prefetch = spec.source.cacheable or self.device.type == "cuda"
+        self._pool: tuple[np.ndarray, np.ndarray] | None = None
+        pr = spec.per_round
+        if pr is not None and pr.resamples and pr.pool == "all":
+            self._pool = self._training_pool()
+
+    def _training_pool(self) -> tuple[np.ndarray, np.ndarray]:
+        """Every client's training data, in client-id order: the pool that
+        ``data.per_round.imbalance.pool: all`` draws each round's clients from. Each worker
+        holds its own copy (the whole training split: meant for small data sets)."""
+        src = self.spec.source
+        parts = [src.client(cid) for cid in range(src.population)]
+        return (np.concatenate([np.asarray(x) for x, _ in parts]),
+                np.concatenate([np.asarray(y) for _, y in parts]))
+
+    def client_data(self, round_idx: int, cid: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """A client's training data for a round: its stored examples, transformed by
+        ``data.per_round`` when the job sets it (fedray.data.per_round: a pure function of
+        (seed, round, client_id), so the same on any worker and in any order)."""
+        x, y = self.cache.get(cid)
+        pr = self.spec.per_round
+        if pr is None:
+            return x, y
+        own = None
+        if pr.resamples and pr.size is None and pr.pool == "all":
+            own = int(self.spec.source.train_sizes()[cid])
+        nx, ny, _ = apply_per_round(pr, self.spec.seed, round_idx, cid, x.numpy(), y.numpy(),
+                                    self.spec.source.num_classes, self._pool, own)
+        return (readonly_tensor(np.ascontiguousarray(nx)),
+                readonly_tensor(np.ascontiguousarray(ny)))
 
     def assigned_gpus(self) -> list:
         """The GPUs Ray gave this worker; outside Ray, none: the CPU."""
@@ -159,7 +190,7 @@ class ClientWorker:
         whatever the aggregator prepares (examples it holds out, say). Runs on the prefetch
         thread: it must not touch the replica."""
         seed = client_seed(self.spec.seed, round_idx, cid)
-        x, y = self.cache.get(cid)
+        x, y = self.client_data(round_idx, cid)
         ctx = ClientContext(cid, round_idx, seed, x, y, self.env.batch_size_for(len(y)),
                             version)
         self.aggregator.prepare(self.env, ctx)

@@ -58,6 +58,9 @@ def test_part_sections_and_legacy_keys():
     ("algorithm.name=fedprox algorithm.fedprox.mu=-1", "algorithm.fedprox.mu"),
     ("algorithm.name=feddyn algorithm.feddyn.alpha=0", "algorithm.feddyn.alpha"),
     ("server.momentum=1.0", "server.momentum"),
+    ("server.dampening=1.0", "server.dampening"),
+    ("algorithm.name=elastic_fedavgm algorithm.elastic.method=mean",
+     "algorithm.elastic.method"),
     ("server.tau=0", "server.tau"),
 ])
 def test_bad_parts(override, key):

@@ -18,9 +18,8 @@ from linear_regression import W0, D, linear_model_fn, regression_clients
 from tolerance import ULPS_PER_STEP, f32_atol, merge_ulps
 
 import fedray
-from fedray.algorithms.elastic import holdout_split
+from fedray.algorithms.elastic import holdout_seed, holdout_split
 from fedray.core.sampling import sample_clients
-from fedray.core.seeding import TAG_HOLDOUT, client_seed, derive_seed
 from fedray.state.client_state import ClientStateStore
 from fedray.state.run_dir import read_metrics
 
@@ -221,15 +220,20 @@ def test_scaffold_reaches_the_global_optimum_where_fedavg_drifts(tmp_path):
 # -- Elastic aggregation ------------------------------------------------------------------
 
 def test_elastic_by_hand(tmp_path):
-    """Chen et al. Alg. 1 (FedAvgM backbone) on a 3-parameter model, two rounds."""
-    tau, mu, share, beta = 0.4, 0.9, 0.3, 0.5
+    """Chen et al. Alg. 1 (FedAvgM backbone) on a 3-parameter model, two rounds: B_k drawn
+    once from (seed, client id) and left out of D_k in both rounds (seed 000 lines 94-95),
+    the damped momentum m <- beta m + (1 - beta) Delta (line 130), and the boosted share
+    (zeta > 1) in each round's metrics."""
+    tau, mu, share, beta, lr = 0.4, 0.9, 0.3, 0.5, 2.0
     x, m = W0.copy(), np.zeros(D)
-    for r in (1, 2):
+    splits = {i: [t.numpy() for t in holdout_split(len(CLIENTS[i][1]), share,
+                                                   holdout_seed(SEED, i))] for i in CLIENTS}
+    boosted = []
+    for _ in (1, 2):
         deltas, omegas, weights = [], [], []
         for i in sorted(CLIENTS):
             xi, yi = data(i)
-            held, keep = (t.numpy() for t in holdout_split(
-                len(yi), share, derive_seed(client_seed(SEED, r, i), TAG_HOLDOUT)))
+            held, keep = splits[i]
             xh = xi[held]  # one batch: d ||w.x||^2 / dw = 2 (w.x) x, batch-averaged
             omegas.append((1 - mu) * np.abs((2 * (xh @ x)[:, None] * xh).mean(0)))
             sub = {0: (xi[keep], yi[keep])}
@@ -239,14 +243,17 @@ def test_elastic_by_hand(tmp_path):
         omega = sum(wk * o for wk, o in zip(w, omegas, strict=True))
         zeta = 1 + tau - omega / omega.max()
         assert zeta.min() == pytest.approx(tau) and (zeta <= 1 + tau).all()
+        boosted.append(float((zeta > 1).mean()))
         update = zeta * sum(wk * d for wk, d in zip(w, deltas, strict=True))
-        m = beta * m + update
-        x = x + m
-    got, _ = run_job(tmp_path, "elastic", rounds=2,
-                     algorithm={"name": "elastic_fedavgm",
-                                "elastic": {"tau": tau, "mu": mu, "holdout": share}},
-                     server={"momentum": beta})
+        m = beta * m + (1 - beta) * update
+        x = x + lr * m
+    got, run_dir = run_job(tmp_path, "elastic", rounds=2,
+                           algorithm={"name": "elastic_fedavgm",
+                                      "elastic": {"tau": tau, "mu": mu, "holdout": share}},
+                           server={"momentum": beta, "dampening": beta, "lr": lr})
     np.testing.assert_allclose(got, x, atol=ref_atol(x, rounds=2))
+    # a share of 3 parameters: k / 3 exactly, unless an Omega_i / max sits on tau itself
+    assert [r["elastic_boosted_share"] for r in read_metrics(run_dir)] == boosted
 
 
 # -- Exp-alpha ----------------------------------------------------------------------------

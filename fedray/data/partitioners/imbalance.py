@@ -30,8 +30,12 @@ def _largest_remainder(shares: np.ndarray, total: int) -> np.ndarray:
     return out
 
 
-def imbalance(dataset: Dataset, seed: int, num_clients: int,
-              ratios: Sequence[float] = (1.0, 0.5, 0.1, 0.05, 0.01, 0.005, 0.001)) -> Partition:
+def imbalance(
+    dataset: Dataset,
+    seed: int,
+    num_clients: int,
+    ratios: Sequence[float] = (1.0, 0.5, 0.1, 0.05, 0.01, 0.005, 0.001),
+) -> Partition:
     """Exponential class imbalance per client (the Exp-alpha style split).
 
     Each client draws an imbalance ratio rho uniformly from ``ratios`` and a random order of
@@ -50,6 +54,9 @@ def imbalance(dataset: Dataset, seed: int, num_clients: int,
     with no example at all takes one of the class with the most examples left (the pool never
     runs dry, since each earlier client took at most B), so every client has >= 1 example.
     ``info["client_ratios"]`` records each client's rho. The test split stays central.
+    Static: a client keeps its ratio for the whole run; seed 003 re-draws clients and ratios
+    every round (seed 003 line 136), which is the job key ``data.per_round.imbalance``
+    (fedray.data.per_round).
     """
     seed = _seed(seed)
     n = len(dataset.train)
@@ -73,11 +80,13 @@ def imbalance(dataset: Dataset, seed: int, num_clients: int,
         take = np.minimum(target, left)
         if take.sum() == 0:
             take[int(np.argmax(left))] = 1
-        got = [pools[c][used[c]:used[c] + take[c]] for c in np.flatnonzero(take)]
+        got = [pools[c][used[c] : used[c] + take[c]] for c in np.flatnonzero(take)]
         used += take
         left -= take
         parts.append(np.concatenate(got))
         client_ratios.append(rho)
-    return Partition(_names(k), _to_original(order, parts),
-                     info={"unassigned": int(left.sum()), "budget": budget,
-                           "client_ratios": client_ratios})
+    return Partition(
+        _names(k),
+        _to_original(order, parts),
+        info={"unassigned": int(left.sum()), "budget": budget, "client_ratios": client_ratios},
+    )

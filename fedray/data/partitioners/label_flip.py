@@ -30,8 +30,15 @@ def _derangement(c: int, g: np.random.Generator) -> np.ndarray:
             return perm
 
 
-def label_flip(dataset: Dataset, seed: int, num_clients: int, corruption: float = 1 / 3,
-               flip_ratio: float = 1.0, base: str = "iid", alpha: float = 0.5) -> Partition:
+def label_flip(
+    dataset: Dataset,
+    seed: int,
+    num_clients: int,
+    corruption: float = 1 / 3,
+    flip_ratio: float = 1.0,
+    base: str = "iid",
+    alpha: float = 0.5,
+) -> Partition:
     """Label-flipping corruption on top of an iid or dirichlet split.
 
     First the train split is partitioned with ``base`` ("iid", or "dirichlet" with ``alpha``
@@ -44,6 +51,11 @@ def label_flip(dataset: Dataset, seed: int, num_clients: int, corruption: float 
     copies for clean clients). ``info``: "flipped_clients" (names), "flip_maps" (name ->
     perm as a list), "flipped_examples" (total relabelled), plus "base" and "base_info". A
     corrupted client with round(flip_ratio * size) == 0 is listed but keeps its labels.
+
+    Static: the corruption holds for the whole run, and ``flip_ratio`` is a share of the
+    client's *examples*. Seed 003's protocol re-draws the corruption every round and counts
+    its flip ratio in *classes* (seed 003 lines 156, 173): the job key
+    ``data.per_round.label_flip`` (fedray.data.per_round).
     """
     seed = _seed(seed)
     n = len(dataset.train)
@@ -70,7 +82,11 @@ def label_flip(dataset: Dataset, seed: int, num_clients: int, corruption: float 
         labels[i][sel] = perm[labels[i][sel]]
         flip_maps[part.client_names[i]] = [int(v) for v in perm]
         flipped += len(sel)
-    info = {"base": base, "base_info": part.info,
-            "flipped_clients": [part.client_names[i] for i in bad],
-            "flip_maps": flip_maps, "flipped_examples": int(flipped)}
+    info = {
+        "base": base,
+        "base_info": part.info,
+        "flipped_clients": [part.client_names[i] for i in bad],
+        "flip_maps": flip_maps,
+        "flipped_examples": int(flipped),
+    }
     return Partition(part.client_names, part.train, part.test, train_labels=labels, info=info)

@@ -1,0 +1,177 @@
+"""data.per_round: a client's training data in round r is a pure function of
+(seed, r, client_id) -- identical on any worker, in any order, whatever the other clients of
+the round -- and changes from round to round."""
+
+import functools
+
+import numpy as np
+import pytest
+import torch
+
+from fedray.algorithms.registry import resolve
+from fedray.config import ServerConfig, load_config, validate
+from fedray.core.models import build_model
+from fedray.data.per_round import (
+    PerRound,
+    apply_per_round,
+    class_profile,
+    flip_map,
+    parse_per_round,
+)
+from fedray.errors import ConfigError
+from fedray.runtime.messages import Broadcast, RoundTask
+from fedray.runtime.worker import ClientWorker, LocalTraining, WorkerResources, WorkerSpec
+
+C = 10
+SHAPE = (1, 4, 4)
+
+
+def _pool(n: int = 600, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    g = np.random.default_rng(seed)
+    return (g.standard_normal((n, *SHAPE)).astype(np.float32), g.integers(0, C, n).astype(np.int64))
+
+
+IMB = PerRound(ratios=(1.0, 0.1, 0.01), size=120, pool="all")
+FLIP = PerRound(ratios=(1.0,), size=120, pool="all", corruption=1 / 3, flip_ratio=1.0)
+
+
+@pytest.mark.parametrize("spec", [IMB, FLIP], ids=["imbalance", "label_flip"])
+def test_same_seed_round_client_gives_identical_data(spec):
+    pool = _pool()
+    own = _pool(30, seed=5)
+    a = apply_per_round(spec, 3, 7, 11, *own, C, pool)
+    b = apply_per_round(spec, 3, 7, 11, *own, C, pool)
+    np.testing.assert_array_equal(a[0], b[0])
+    np.testing.assert_array_equal(a[1], b[1])
+    assert a[2] == b[2]
+
+
+def test_rounds_and_clients_differ():
+    pool = _pool()
+    own = _pool(30, seed=5)
+    base = apply_per_round(IMB, 3, 7, 11, *own, C, pool)[1]
+    for r in (8, 9):
+        assert not np.array_equal(apply_per_round(IMB, 3, r, 11, *own, C, pool)[1], base)
+    assert not np.array_equal(apply_per_round(IMB, 3, 7, 12, *own, C, pool)[1], base)
+    assert not np.array_equal(apply_per_round(IMB, 4, 7, 11, *own, C, pool)[1], base)
+    # a client's corruption is drawn afresh each round: over 300 rounds one client is
+    # corrupted in about a third of them (binomial sd 8 rounds; the bounds are 5 sd wide)
+    flipped = [flip_map(0, r, 3, C, 1 / 3, 1.0) is not None for r in range(300)]
+    assert 60 <= sum(flipped) <= 140
+
+
+def test_imbalance_profile_and_pool():
+    pool = _pool(4000)
+    x, y, info = apply_per_round(
+        PerRound(ratios=(0.01,), size=500, pool="all"), 0, 1, 2, *_pool(10, seed=3), C, pool
+    )
+    assert info["ratio"] == 0.01 and len(y) == 500
+    counts = np.sort(np.bincount(y, minlength=C))[::-1]
+    np.testing.assert_array_equal(counts, np.sort(class_profile(0.01, np.arange(C), 500))[::-1])
+    assert counts[-1] <= 0.01 * counts[0] + 1  # smallest / largest = the drawn ratio
+    for xi, yi in zip(x[:20], y[:20], strict=True):  # every example is a pool row, label kept
+        row = np.flatnonzero((pool[0] == xi).all(axis=(1, 2, 3)))
+        assert len(row) == 1 and pool[1][row[0]] == yi
+    # pool: client draws from the client's own examples; size null keeps its count
+    own = _pool(50, seed=4)
+    _, y2, _ = apply_per_round(PerRound(ratios=(1.0,), pool="client"), 0, 1, 2, *own, C)
+    assert len(y2) <= 50 and set(y2.tolist()) <= set(own[1].tolist())
+
+
+def test_label_flip_flips_a_share_of_classes():
+    for r in range(40):
+        m = flip_map(1, r, 0, C, 1.0, 0.3)
+        if m is None:
+            continue
+        changed = np.flatnonzero(m != np.arange(C))
+        assert len(changed) == 3  # round(0.3 * 10) classes, each to a wrong label
+    m = flip_map(1, 0, 0, C, 1.0, 1.0)
+    assert (m != np.arange(C)).all() and sorted(m.tolist()) == list(range(C))
+    assert flip_map(1, 0, 0, C, 0.0, 1.0) is None
+
+
+def test_config_keys_are_checked():
+    assert parse_per_round(load_config().data.per_round) is None  # off by default
+    for key, value, msg in [
+        ("imbalance.ratios", "[0.5,0]", r"imbalance\.ratios': every ratio must be in \(0, 1\]"),
+        ("imbalance.pool", "everyone", r"imbalance\.pool': must be client or all"),
+        ("imbalance.size", "0", r"imbalance\.size': must be >= 1"),
+        ("label_flip.corruption", "1.5", r"label_flip\.corruption': must be in \[0, 1\]"),
+        ("label_flip.flip_ratio", "0", r"label_flip\.flip_ratio': must be in \(0, 1\]"),
+    ]:
+        with pytest.raises(ConfigError, match=msg):
+            validate(load_config(None, [f"data.per_round.{key}={value}"]), 10)
+
+
+class _Clients:
+    population = 9
+    num_classes = C
+    input_shape = SHAPE
+    has_client_test = False
+    cacheable = False
+
+    def train_sizes(self) -> np.ndarray:
+        return np.full(self.population, 40)
+
+    def client(self, cid: int, split: str = "train"):
+        g = np.random.default_rng(100 + cid)
+        return (
+            g.standard_normal((40, *SHAPE)).astype(np.float32),
+            g.integers(0, C, 40).astype(np.int64),
+        )
+
+
+def _worker(per_round: PerRound, vectorize: bool = False) -> ClientWorker:
+    torch.manual_seed(0)
+    parts = resolve({"name": "expalpha"}, ServerConfig())
+    spec = WorkerSpec(
+        make_model=functools.partial(build_model, "mlp", SHAPE, C),
+        source=_Clients(),
+        seed=7,
+        training=LocalTraining(
+            lr=0.1, batch_size=8, local_epochs=1, local_steps=3, eval_batch_size=16
+        ),
+        resources=WorkerResources(num_cpus=1, cache_mb=0, vectorize=vectorize),
+        client=parts.client,
+        aggregator=parts.aggregator,
+        per_round=per_round,
+    )
+    w = ClientWorker(spec)
+    if vectorize:
+        w.group = 4
+    return w
+
+
+def test_worker_data_independent_of_worker_and_order():
+    """Two workers (as with 1 or 2 workers: a client lands on either), other clients and
+    another order: client 5's round-4 data are the same bytes."""
+    a, b = _worker(FLIP), _worker(FLIP)
+    seen_a = {c.cid: c for c in a._jobs(4, [0, 2, 5, 8], None)}
+    seen_b = {c.cid: c for c in b._jobs(4, [5], None)}
+    for got in (seen_a[5], seen_b[5]):
+        x, y, _ = apply_per_round(FLIP, 7, 4, 5, *_Clients().client(5), C, a._pool)
+        assert torch.equal(got.x, torch.from_numpy(x)) and torch.equal(got.y, torch.from_numpy(y))
+    assert got.batch_size == 8 and len(got.y) == 120  # size from the pool, not the store's 40
+    other = next(iter(a._jobs(5, [5], None)))
+    assert not torch.equal(other.y, seen_a[5].y)  # the next round draws client 5 afresh
+
+
+def test_sequential_and_vectorized_train_on_the_same_round_data():
+    """Both kernels see the transformed data: their partial sums agree to float32 rounding
+    (3 steps of an MLP with weights of size ~0.3: 1e-5 absolute is ~100 float32 ulps of the
+    largest weight, far below the O(1e-2) change the transform makes)."""
+    res = {}
+    for vec in (False, True):
+        w = _worker(FLIP, vectorize=vec)
+        weights = w.model.flat.detach().cpu().numpy().copy()
+        out = w.train(Broadcast(weights, {}), RoundTask(round=2, client_ids=list(range(9))))
+        res[vec] = out
+    assert res[False].examples == res[True].examples == 9 * 120
+    a, b = (r.partial.sum / r.partial.weight for r in (res[False], res[True]))
+    np.testing.assert_allclose(a, b, atol=1e-5, rtol=0)
+    plain = _worker(None).train(
+        Broadcast(weights, {}), RoundTask(round=2, client_ids=list(range(9)))
+    )
+    assert plain.examples == 9 * 40  # without per_round: the store's clients
+    c = plain.partial.sum / plain.partial.weight
+    assert np.abs(c - a).max() > 1e-3  # the transform changed what was trained
