@@ -44,6 +44,7 @@ from typing import Any
 import numpy as np
 
 from fedray.core.seeding import rng
+from fedray.data.partitioners.common import derangement, largest_remainder
 from fedray.errors import key_error
 
 # Stream tag of the per-round transforms: fixed forever (fedray.core.seeding's tags are
@@ -110,13 +111,7 @@ def class_profile(rho: float, rank: np.ndarray, total: int) -> np.ndarray:
     proportional to rho^(rank[c] / (C - 1)) (largest remainder; ties: lower class first)."""
     c_count = len(rank)
     expo = rank / (c_count - 1) if c_count > 1 else np.zeros(c_count)
-    shares = float(rho) ** expo
-    raw = shares / shares.sum() * total
-    out = np.floor(raw).astype(np.int64)
-    short = total - int(out.sum())
-    if short > 0:
-        out[np.argsort(-(raw - out), kind="stable")[:short]] += 1
-    return out
+    return largest_remainder(float(rho) ** expo, total)
 
 
 def draw_imbalanced(
@@ -144,15 +139,6 @@ def draw_imbalanced(
     return idx.astype(np.int64), rho
 
 
-def _derangement(c: int, g: np.random.Generator) -> np.ndarray:
-    """A uniformly random permutation of 0..c-1 without fixed points (rejection sampling)."""
-    ident = np.arange(c)
-    while True:
-        perm = g.permutation(c)
-        if (perm != ident).all():
-            return perm
-
-
 def flip_map(
     seed: int,
     round_idx: int,
@@ -168,7 +154,7 @@ def flip_map(
     if not g.random() < corruption or num_classes < 2:
         return None
     k = max(1, round(flip_ratio * num_classes))
-    perm = _derangement(num_classes, g)
+    perm = derangement(num_classes, g)
     flipped = g.choice(num_classes, size=k, replace=False)
     out = np.arange(num_classes)
     out[flipped] = perm[flipped]

@@ -187,3 +187,24 @@ def _to_original(order: np.ndarray, parts: list[np.ndarray]) -> list[np.ndarray]
 
 def _names(k: int) -> list[str]:
     return [str(i) for i in range(k)]
+
+
+def largest_remainder(shares: np.ndarray, total: int) -> np.ndarray:
+    """Integers proportional to ``shares`` summing to ``total`` (ties: lower index first):
+    class sizes from shares, for the static partitioners and the per-round transforms."""
+    raw = shares / shares.sum() * total
+    out = np.floor(raw).astype(np.int64)
+    short = total - int(out.sum())
+    if short > 0:
+        out[np.argsort(-(raw - out), kind="stable")[:short]] += 1
+    return out
+
+
+def derangement(c: int, g: np.random.Generator) -> np.ndarray:
+    """A uniformly random permutation of 0..c-1 without fixed points (rejection sampling):
+    a flipped client's label map, where no flipped class keeps its label."""
+    ident = np.arange(c)
+    while True:
+        perm = g.permutation(c)
+        if (perm != ident).all():
+            return perm

@@ -17,17 +17,8 @@ from fedray.data.partitioners.common import (
     _seed,
     _to_original,
     canonical_order,
+    largest_remainder,
 )
-
-
-def _largest_remainder(shares: np.ndarray, total: int) -> np.ndarray:
-    """Integers proportional to ``shares`` summing to ``total`` (ties: lower index first)."""
-    raw = shares / shares.sum() * total
-    out = np.floor(raw).astype(np.int64)
-    short = total - int(out.sum())
-    if short > 0:
-        out[np.argsort(-(raw - out), kind="stable")[:short]] += 1
-    return out
 
 
 def imbalance(
@@ -76,7 +67,7 @@ def imbalance(
     for _ in range(k):
         rho = rhos[int(g.integers(len(rhos)))]
         rank = g.permutation(c_count)  # rank[c]: position of class c in this client's order
-        target = _largest_remainder(rho ** expo[rank], budget)
+        target = largest_remainder(rho ** expo[rank], budget)
         take = np.minimum(target, left)
         if take.sum() == 0:
             take[int(np.argmax(left))] = 1

@@ -15,19 +15,11 @@ from fedray.data.partitioners.common import (
     _num_clients,
     _positive,
     _seed,
+    derangement,
 )
 from fedray.data.partitioners.dirichlet import dirichlet
 from fedray.data.partitioners.iid import iid
 from fedray.errors import FedrayError
-
-
-def _derangement(c: int, g: np.random.Generator) -> np.ndarray:
-    """A uniformly random permutation of 0..c-1 without fixed points (rejection sampling)."""
-    ident = np.arange(c)
-    while True:
-        perm = g.permutation(c)
-        if (perm != ident).all():
-            return perm
 
 
 def label_flip(
@@ -77,7 +69,7 @@ def label_flip(
     flip_maps: dict[str, list[int]] = {}
     flipped = 0
     for i in bad:
-        perm = _derangement(c_count, g)
+        perm = derangement(c_count, g)
         sel = g.choice(len(labels[i]), size=round(ratio * len(labels[i])), replace=False)
         labels[i][sel] = perm[labels[i][sel]]
         flip_maps[part.client_names[i]] = [int(v) for v in perm]
