@@ -395,6 +395,16 @@ def report(results: list[dict], out: str) -> str:
     return text
 
 
+def save(fig, title: str, path: str) -> None:
+    """Title, lay out, write and close one table's figure."""
+    import matplotlib.pyplot as plt
+
+    fig.suptitle(title, fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
 def figures(results: list[dict], runs: str, out: str) -> None:
     """table3.png / table4.png: rounds to the target as bars (mean, seeds as dots, unreached
     drawn at the horizon and hatched), one panel per similarity; table5.png: the test
@@ -441,14 +451,8 @@ def figures(results: list[dict], runs: str, out: str) -> None:
             ]
             bars(ax, items, f"{SIMS[s]} similarity")
         axes[0].set_ylabel(f"rounds to {TARGET3} (hatched: not reached, at the horizon)")
-        fig.suptitle(
-            "Seed 004 Table 3 on MNIST: logistic regression, 20% of clients, "
-            "lr tuned per cell, seeds 0-2",
-            fontsize=10,
-        )
-        fig.tight_layout()
-        fig.savefig(os.path.join(out, "table3.png"), dpi=110)
-        plt.close(fig)
+        save(fig, "Seed 004 Table 3 on MNIST: logistic regression, 20% of clients, "
+            "lr tuned per cell, seeds 0-2", os.path.join(out, "table3.png"))
     t4 = [r for r in results if r["cell"]["table"] == 4]
     if t4:
         fig, axes = plt.subplots(1, 2, figsize=(8, 4), sharey=True)
@@ -460,10 +464,8 @@ def figures(results: list[dict], runs: str, out: str) -> None:
             ]
             bars(ax, items, f"{SIMS[s]} similarity")
         axes[0].set_ylabel(f"rounds to {TARGET4}")
-        fig.suptitle("Seed 004 Table 4 on MNIST: logistic regression, E = 5", fontsize=10)
-        fig.tight_layout()
-        fig.savefig(os.path.join(out, "table4.png"), dpi=110)
-        plt.close(fig)
+        save(fig, "Seed 004 Table 4 on MNIST: logistic regression, E = 5",
+             os.path.join(out, "table4.png"))
     t5 = [r for r in results if r["cell"]["table"] == 5]
     if t5:
         fig, axes = plt.subplots(1, 2, figsize=(10, 4), sharey=True)
@@ -494,14 +496,8 @@ def figures(results: list[dict], runs: str, out: str) -> None:
             ax.grid(alpha=0.3)
             ax.legend(fontsize=8)
         axes[0].set_ylabel("test accuracy")
-        fig.suptitle(
-            "Seed 004 Table 5 on MNIST: 2-layer FC net (200 hidden), E = 5, 20% "
-            "of clients, mean and min-max of seeds 0-2",
-            fontsize=10,
-        )
-        fig.tight_layout()
-        fig.savefig(os.path.join(out, "table5.png"), dpi=110)
-        plt.close(fig)
+        save(fig, "Seed 004 Table 5 on MNIST: 2-layer FC net (200 hidden), E = 5, 20% "
+            "of clients, mean and min-max of seeds 0-2", os.path.join(out, "table5.png"))
 
 
 def main() -> None:
