@@ -6,12 +6,11 @@ float64 reference of the three algorithms."""
 
 from __future__ import annotations
 
-import importlib.util
 import pathlib
-import sys
 
 import numpy as np
 import pytest
+from paper_scripts import load_paper_script
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 WS = np.linspace(-3.0, 3.0, 13)  # the points where gradients are measured
@@ -19,12 +18,7 @@ WS = np.linspace(-3.0, 3.0, 13)  # the points where gradients are measured
 
 @pytest.fixture(scope="module")
 def quad():
-    path = ROOT / "jobs" / "paper" / "quadratics" / "run.py"
-    sys.path.insert(0, str(path.parent.parent))  # jobs/paper/common.py
-    spec = importlib.util.spec_from_file_location("paper_quadratics", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_paper_script("quadratics")
 
 
 def _grads(quad, G: float) -> np.ndarray:

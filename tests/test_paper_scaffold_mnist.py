@@ -3,25 +3,15 @@ seed table compares, and the lr search picks by the table's metric. Pure Python,
 
 from __future__ import annotations
 
-import importlib.util
 import math
-import pathlib
-import sys
 
 import pytest
-
-ROOT = pathlib.Path(__file__).resolve().parents[1]
+from paper_scripts import load_paper_script
 
 
 @pytest.fixture(scope="module")
 def sm():
-    path = ROOT / "jobs" / "paper" / "scaffold_mnist" / "run.py"
-    sys.path.insert(0, str(path.parent.parent))  # jobs/paper/common.py
-    spec = importlib.util.spec_from_file_location("paper_scaffold_mnist", path)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # its dataclass looks its module up there
-    spec.loader.exec_module(module)
-    return module
+    return load_paper_script("scaffold_mnist")
 
 
 def test_cells_cover_the_seed_tables(sm):

@@ -3,28 +3,19 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import pathlib
-import sys
 
 import numpy as np
 import pytest
+from paper_scripts import load_paper_script
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 
 
-def _load(name: str, path: pathlib.Path):
-    sys.path.insert(0, str(path.parent.parent))  # jobs/paper/common.py
-    spec = importlib.util.spec_from_file_location(name, path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 @pytest.fixture(scope="module")
 def toy():
-    return _load("paper_toy", ROOT / "jobs" / "paper" / "toy" / "run.py")
+    return load_paper_script("toy")
 
 
 def _metrics(run_dir) -> list[dict]:
