@@ -1,6 +1,6 @@
 """Seed 001's toy: client drift from one outlier client, as local steps (tau) grow.
 
-Every setting and where it comes from (seed 001 = /work/shared/seeds/001_eaef941d18240f45.txt):
+Every setting and where it comes from (seed 001 = ../shared/seeds/001_eaef941d18240f45.txt):
   50 points per class per client, 2-D                          seed 001 line 55
   class 0 ~ N((0,0), I/4) on every client                      line 55
   class 1 ~ N((1,1), I/4), outlier (last client) N((4,4), I/4) line 55
