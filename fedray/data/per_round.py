@@ -166,16 +166,17 @@ def apply_per_round(
     seed: int,
     round_idx: int,
     client_id: int,
-    x: np.ndarray,
-    y: np.ndarray,
+    x: np.ndarray | None,
+    y: np.ndarray | None,
     num_classes: int,
     pool: tuple[np.ndarray, np.ndarray] | None = None,
     own_size: int | None = None,
 ) -> tuple[np.ndarray, np.ndarray, dict]:
     """The client's training data for round ``round_idx`` under ``spec``: a pure function of
     (seed, round, client_id), the client's own data (``x``, ``y``) and, with ``pool: all``,
-    the pool (every client's training data in client-id order). Returns the new arrays
-    (copies where anything changed) and what was drawn: ``{"ratio": rho}`` and/or
+    the pool (every client's training data in client-id order; ``x`` and ``y`` are then not
+    read and may be None, with ``own_size`` or ``spec.size`` giving the size). Returns the new
+    arrays (copies where anything changed) and what was drawn: ``{"ratio": rho}`` and/or
     ``{"flipped": True/False}``."""
     info: dict = {}
     if spec.resamples:

@@ -153,14 +153,15 @@ class ClientWorker:
         """A client's training data for a round: its stored examples, transformed by
         ``data.per_round`` when the job sets it (fedray.data.per_round: a pure function of
         (seed, round, client_id), so the same on any worker and in any order)."""
-        x, y = self.cache.get(cid)
         pr = self.spec.per_round
         if pr is None:
-            return x, y
-        own = None
-        if pr.resamples and pr.size is None and pr.pool == "all":
+            return self.cache.get(cid)
+        x = y = own = None
+        if self._pool is None:
+            x, y = (a.numpy() for a in self.cache.get(cid))
+        elif pr.size is None:  # pool: all draws from the pool: only the client's size is read
             own = int(self.spec.source.train_sizes()[cid])
-        nx, ny, _ = apply_per_round(pr, self.spec.seed, round_idx, cid, x.numpy(), y.numpy(),
+        nx, ny, _ = apply_per_round(pr, self.spec.seed, round_idx, cid, x, y,
                                     self.spec.source.num_classes, self._pool, own)
         return (readonly_tensor(np.ascontiguousarray(nx)),
                 readonly_tensor(np.ascontiguousarray(ny)))
