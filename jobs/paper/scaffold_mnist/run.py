@@ -279,6 +279,19 @@ def mean_rounds(res: dict) -> float:
     return statistics.mean(x["rounds_to_target"] or horizon for x in res["seeds"])
 
 
+def rounds_row(pairs: list[tuple[dict | None, dict | None]], ratio) -> tuple[list[str], list[str]]:
+    """A table row's cells, "rounds (ratio×)" for each (result, reference) pair ("–" for a
+    cell not run; no bracket without a reference), and the lrs chosen for its cells."""
+    row, lrs = [], []
+    for r, ref in pairs:
+        if r is None:
+            row.append("–")
+            continue
+        row.append(rounds_text(r) + (f" ({ratio(r, ref):.1f}×)" if ref else ""))
+        lrs.append(f"{r['lr']:g}")
+    return row, lrs
+
+
 def report(results: list[dict], out: str) -> str:
     by = {
         (
@@ -308,15 +321,10 @@ def report(results: list[dict], out: str) -> str:
         ]
         for a in ALGS:
             for e in (1,) if a == "fedsgd" else (1, 5, 10, 20):
-                row, lrs = [], []
-                for s in SIMS:
-                    r, sgd = by.get((3, a, e, s, 20)), by.get((3, "fedsgd", 1, s, 20))
-                    if r is None:
-                        row.append("–")
-                        continue
-                    sp = f" ({mean_rounds(sgd) / mean_rounds(r):.1f}×)" if sgd else ""
-                    row.append(rounds_text(r) + sp)
-                    lrs.append(f"{r['lr']:g}")
+                row, lrs = rounds_row(
+                    [(by.get((3, a, e, s, 20)), by.get((3, "fedsgd", 1, s, 20))) for s in SIMS],
+                    lambda r, sgd: mean_rounds(sgd) / mean_rounds(r),
+                )
                 lines.append(f"| {LABEL[a]} | {e} | " + " | ".join(row) + f" | {', '.join(lrs)} |")
         lines += [
             "",
@@ -344,15 +352,10 @@ def report(results: list[dict], out: str) -> str:
         ]
         for a in ("scaffold", "fedavg"):
             for p in (20, 5, 1):
-                row, lrs = [], []
-                for s in ("0", "0.1"):
-                    r, ref = by.get((4, a, 5, s, p)), by.get((4, a, 5, s, 20))
-                    if r is None:
-                        row.append("–")
-                        continue
-                    slow = f" ({mean_rounds(r) / mean_rounds(ref):.1f}×)" if ref else ""
-                    row.append(rounds_text(r) + slow)
-                    lrs.append(f"{r['lr']:g}")
+                row, lrs = rounds_row(
+                    [(by.get((4, a, 5, s, p)), by.get((4, a, 5, s, 20))) for s in ("0", "0.1")],
+                    lambda r, ref: mean_rounds(r) / mean_rounds(ref),
+                )
                 lines.append(f"| {LABEL[a]} | {p}% | " + " | ".join(row) + f" | {', '.join(lrs)} |")
     if any(k[0] == 5 for k in by):
         lines += [
