@@ -38,11 +38,13 @@ PARTITION_HELP = """Build a partition store from a recipe, or describe one.
 examples:
   fedray partition partitions/femnist.yaml source.path=../data/femnist out=stores/femnist
   fedray partition partitions/dirichlet.yaml partitioner.alpha=0.1 out=stores/dir01
+  fedray partition partitions/table.yaml source.path=data/mine.csv out=stores/mine
   fedray partition --describe stores/femnist --plot femnist.png
 
 Every recipe takes source.path=PATH (the raw files, in their official format) and out=URL
-(where the store goes: a new local path or fsspec URL). Recipes: partitions/*.yaml;
-recipe keys and partitioners: docs/partitions.md."""
+(where the store goes: a new local path or fsspec URL). Your own data: source.name numpy
+(.npz), table (CSV, parquet) or hf_disk (Hugging Face save_to_disk). Recipes:
+partitions/*.yaml; recipe keys and partitioners: docs/partitions.md."""
 
 REPORT_HELP = """Tables and plots from finished runs: one line per method, a band over seeds.
 

@@ -1,9 +1,12 @@
 """Federated data sources: what a worker reads when it trains a virtual client."""
 
-__all__ = ["ClientCache", "ClientSource", "MemorySource", "SyntheticFEMNIST", "build_source"]
+__all__ = ["ClientCache", "ClientSource", "Dataset", "MemorySource", "SyntheticFEMNIST",
+           "build_source", "from_arrays", "from_hf_disk", "from_table"]
 
 _MODULE = {"ClientCache": "source", "ClientSource": "source", "MemorySource": "source",
-           "build_source": "source", "SyntheticFEMNIST": "synthetic"}
+           "build_source": "source", "SyntheticFEMNIST": "synthetic", "Dataset": "dataset",
+           # your own data -> Dataset -> .partition(...) -> .write_store(url) (docs/api.md)
+           "from_arrays": "arrays", "from_table": "table", "from_hf_disk": "hf_disk"}
 
 
 def __getattr__(name: str):

@@ -10,9 +10,13 @@ already in [0, 1]).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING
 
 import numpy as np
+
+if TYPE_CHECKING:
+    from fedray.data.partitioned import PartitionedDataset
 
 
 @dataclass
@@ -53,7 +57,38 @@ class Dataset:
     owners: list[str] | None = None  # natural client ids (writers), shared by both splits
     num_coarse: int | None = None  # number of coarse labels (CIFAR-100: 20)
     scale: float = 1.0  # model input = x * scale (1/255 for uint8 pixels)
+    # how it was read, as a recipe's ``source`` section (JSON-safe): what a store written by
+    # ``partition(...).write_store(...)`` records; None for the recipe path, which records
+    # its whole recipe instead
+    source: dict | None = None
+    # {"fraction", "seed"} of hold_out_test, recorded as the recipe's test_fraction
+    holdout: dict | None = None
 
     @property
     def input_shape(self) -> tuple[int, ...]:
         return tuple(int(d) for d in self.train.x.shape[1:])
+
+    def hold_out_test(self, fraction: float, seed: int = 0) -> Dataset:
+        """This data set with ``fraction`` of its train rows, stratified by label and drawn
+        from ``seed``, as its test split: a recipe's ``test_fraction`` (same rows for the
+        same seed), for data that comes without a test split."""
+        from fedray.data.recipe import hold_out_test
+        from fedray.errors import key_error
+
+        if isinstance(fraction, bool) or not isinstance(fraction, (int, float)) \
+                or not 0.0 < fraction < 1.0:
+            raise key_error("test_fraction", "must be in (0, 1)", fraction, what="recipe")
+        held = hold_out_test(self, float(fraction), seed)
+        return replace(held, holdout={"fraction": float(fraction), "seed": int(seed)})
+
+    def partition(self, name: str, seed: int = 0, **params: object) -> PartitionedDataset:
+        """Split this data set into clients with partitioner ``name`` (docs/partitions.md)
+        and ``params``, from ``seed``; ``.write_store(url)`` on the result writes the store.
+
+        The same call as a recipe's ``partitioner`` section, so a store made in Python and
+        one made by ``fedray partition`` from the same data and settings are the same store."""
+        from fedray.data.partitioned import PartitionedDataset
+        from fedray.data.partitioners import partition
+
+        return PartitionedDataset(self, partition(self, name, seed, **params), name, seed,
+                                  dict(params))

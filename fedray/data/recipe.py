@@ -22,15 +22,30 @@ from fedray.core.seeding import TAG_TEST_HOLDOUT, rng
 from fedray.data.dataset import Dataset
 from fedray.errors import ConfigError, key_error
 from fedray.state.redact import mask_tree
-from fedray.state.storage import absolute_url, check_writable, filesystem, storage_failure
+from fedray.state.storage import absolute_url, check_writable, filesystem
 
 
 @dataclass
 class SourceSpec:
     # leaf_femnist | tff_emnist | tff_cifar100 | cifar100 | mnist | leaf_shakespeare |
-    # tff_shakespeare | shakespeare_folio | synthetic
+    # tff_shakespeare | shakespeare_folio | synthetic; your own data: numpy | table | hf_disk
     name: str = ""
     path: str | None = None  # where the raw files are (not used by 'synthetic')
+    # numpy | table | hf_disk (fedray.data.columns.SOURCE_KEYS says which reads which;
+    # docs/partitions.md, "Bring your own data"). Row numbers in error lines count from 0.
+    x: str = "x"  # numpy only: the .npz array of inputs [n, ...]
+    label: str | None = None  # the label column (integers >= 0); null: 'y' (numpy), 'label'
+    features: list[str] | None = None  # table, hf_disk: numeric columns (or lists of numbers)
+    image: str | None = None  # table, hf_disk: a column of encoded images (PNG, JPEG, ...)
+    text: str | None = None  # table, hf_disk: a text column, read as character ids
+    text_length: int = 80  # table, hf_disk with text: ids per example (cut or padded with 0)
+    user: str | None = None  # the user-id column (integers or strings): natural's clients
+    split: str | None = None  # a column of 'train'/'test' (or 0/1) per row: the test rows
+    num_classes: int | None = None  # null: the largest label + 1 (hf_disk: a ClassLabel's)
+    channels_last: bool = False  # numpy only: x is [n, H, W, C] images, made [n, C, H, W]
+    scale: float | None = None  # numpy only: model input = x * scale; null: 1/255 for uint8
+    train_split: str = "train"  # hf_disk only: the DatasetDict split read as train data
+    test_split: str | None = "test"  # hf_disk only: the DatasetDict's test split (null: none)
     num_writers: int = 1000  # synthetic only: writers to generate
     min_examples: int = 30  # synthetic only
     max_examples: int = 90  # synthetic only
@@ -55,11 +70,11 @@ class Recipe:
 
 def load_recipe(source: Any, overrides: list[str] | tuple = ()) -> DictConfig:
     """Load and validate a recipe; reads no data."""
-    from fedray.data.loaders import LOADERS
+    from fedray.data.loaders import GENERIC_LOADERS, LOADERS
     from fedray.data.partitioners import PARAMS, check_params
 
     cfg = load_structured(Recipe, source, overrides, what="recipe", kind="recipe")
-    sources = [*LOADERS, "synthetic"]
+    sources = [*LOADERS, *GENERIC_LOADERS, "synthetic"]
     if cfg.source.name not in sources:
         raise ConfigError(f"recipe key 'source.name': must be one of: {', '.join(sources)}, "
                           f"got {cfg.source.name!r}")
@@ -84,12 +99,46 @@ def load_recipe(source: Any, overrides: list[str] | tuple = ()) -> DictConfig:
     if s.name == "synthetic" and not (1 <= s.min_examples <= s.max_examples and s.num_writers >= 1):
         raise ConfigError("recipe keys 'source.num_writers/min_examples/max_examples': need "
                           "num_writers >= 1 and 1 <= min_examples <= max_examples")
+    _check_own_data_keys(s, pname)
     OmegaConf.set_readonly(cfg, True)
     return cfg
 
 
+def _check_own_data_keys(s: DictConfig, partitioner: str) -> None:
+    """The numpy/table/hf_disk keys: each set only for a source that reads it, every value
+    possible, and what the partitioner needs of them, all before any data is read."""
+    from fedray.data.columns import SOURCE_KEYS, check_keys
+
+    reads = SOURCE_KEYS.get(s.name, ())
+    defaults = SourceSpec()
+    for key in sorted(set().union(*SOURCE_KEYS.values())):
+        if key not in reads and s[key] != getattr(defaults, key):
+            users = [n for n, keys in SOURCE_KEYS.items() if key in keys]
+            raise key_error(f"source.{key}", f"is read by source {' / '.join(users)} only, "
+                            f"not {s.name!r}", s[key], what="recipe")
+    if not reads:
+        return
+    keys = {k: OmegaConf.to_container(s[k]) if OmegaConf.is_config(s[k]) else s[k]
+            for k in reads}
+    check_keys(s.name, keys)
+    if s.text is None and s.text_length != defaults.text_length:
+        raise key_error("source.text_length", "goes with source.text", s.text_length,
+                        what="recipe")
+    if partitioner == "natural" and s.user is None:
+        raise key_error("source.user", f"partitioner 'natural' makes one client per user: "
+                        f"name the {s.name} source's user-id column", what="recipe")
+    if partitioner == "pachinko":
+        raise key_error("partitioner.name", f"'pachinko' needs coarse labels, which source "
+                        f"{s.name!r} does not have", "pachinko", what="recipe")
+
+
 def _partitioner_params(cfg: DictConfig) -> dict[str, Any]:
-    return {k: v for k, v in OmegaConf.to_container(cfg.partitioner).items() if k != "name"}
+    """The partitioner's parameters; one set to null is left out (its default applies), so
+    that a command line can switch a recipe to a partitioner that does not take one of its
+    parameters (``partitioner.name=iid partitioner.min_examples=null``): an override can
+    set a key, never remove one."""
+    return {k: v for k, v in OmegaConf.to_container(cfg.partitioner).items()
+            if k != "name" and v is not None}
 
 
 def load_dataset(spec: DictConfig) -> Dataset:
@@ -99,10 +148,14 @@ def load_dataset(spec: DictConfig) -> Dataset:
         src = SyntheticFEMNIST(num_clients=spec.num_writers, min_examples=spec.min_examples,
                                max_examples=spec.max_examples, seed=spec.seed)
         return src.to_dataset()
+    from fedray.data.columns import SOURCE_KEYS
     from fedray.data.loaders import load_source
 
-    options = {"test_fraction": spec.client_test_fraction} \
+    options: dict[str, Any] = {"test_fraction": spec.client_test_fraction} \
         if spec.name == "shakespeare_folio" else {}
+    for key in SOURCE_KEYS.get(spec.name, ()):
+        value = spec[key]
+        options[key] = OmegaConf.to_container(value) if OmegaConf.is_config(value) else value
     return load_source(spec.name, spec.path, **options)
 
 
@@ -130,8 +183,9 @@ def hold_out_test(dataset: Dataset, fraction: float, seed: int) -> Dataset:
 def build(recipe: Any, overrides: list[str] | tuple = (),
           log: Callable[[str], None] = lambda s: None) -> tuple[str, dict]:
     """Run a recipe end to end; returns the store's URL and manifest."""
+    from fedray.data.partitioned import write
     from fedray.data.partitioners import partition
-    from fedray.data.store import check_new_store, write_store
+    from fedray.data.store import check_new_store
 
     cfg = load_recipe(recipe, overrides)
     out = absolute_url(cfg.out)
@@ -152,15 +206,7 @@ def build(recipe: Any, overrides: list[str] | tuple = (),
         f"({time.perf_counter() - t1:.1f}s)")
     t2 = time.perf_counter()
     recipe_doc = mask_tree(OmegaConf.to_container(cfg, resolve=True))
-    try:
-        manifest = write_store(out, dataset, part, recipe=recipe_doc, shard_mb=cfg.shard_mb,
-                               log=log)
-    except OSError as exc:  # write_store removed its temporary copy: nothing is left
-        failure = storage_failure(exc)
-        if failure is None:
-            raise
-        raise key_error("out", f"writing the store failed: {failure.strerror}; nothing was "
-                        f"left at {out}", what="recipe") from None
+    manifest = write(out, dataset, part, recipe_doc, cfg.shard_mb, log)
     log(f"wrote {len(manifest['shards'])} shards to {out} ({time.perf_counter() - t2:.1f}s; "
         f"{time.perf_counter() - t0:.1f}s in all)")
     return out, manifest

@@ -1,0 +1,112 @@
+"""A data set split into clients, on its way to a store: the Python path to what
+``fedray partition`` builds.
+
+``from_arrays(x, y).partition("dirichlet", alpha=0.5, num_clients=100).write_store(url)``
+ends a user's own preprocessing in a real store that ``fedray run``, sweeps and ``--resume``
+treat like any other. ``write`` is also the last step of ``fedray.data.recipe.build``, so the
+two paths write a store the same way, and fail the same way (nothing left at the target).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, NamedTuple
+
+import numpy as np
+
+from fedray.data.dataset import Dataset
+from fedray.data.partition import Partition
+from fedray.errors import FedrayError, key_error
+from fedray.state.redact import mask_tree
+from fedray.state.storage import absolute_url, check_writable, filesystem, storage_failure
+
+
+class WrittenStore(NamedTuple):
+    url: str  # the store's absolute path or URL: data.partition=URL
+    manifest: dict  # what it holds (manifest.json)
+
+
+def _json_safe(value: Any, key: str) -> Any:
+    """``value`` as JSON types (NumPy scalars and arrays as numbers and lists)."""
+    if isinstance(value, np.generic):
+        return value.item()
+    if isinstance(value, np.ndarray):
+        return value.tolist()
+    if isinstance(value, dict):
+        return {str(k): _json_safe(v, f"{key}.{k}") for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_json_safe(v, key) for v in value]
+    try:
+        json.dumps(value)
+    except (TypeError, ValueError):
+        raise key_error(key, "must be a number, string, boolean or list of them, to be "
+                        "recorded in the manifest", value, what="recipe") from None
+    return value
+
+
+def recipe_doc(dataset: Dataset, partitioner: str, seed: int, params: dict, url: str,
+               shard_mb: float) -> dict:
+    """The recipe a store written from Python records: a recipe file's shape, so
+    ``fedray partition --describe`` reads it, and so does a person who wants to rebuild
+    the store (``source.name: python`` says the data came from memory, not a file)."""
+    source = dict(dataset.source or {"name": "python", "path": None})
+    params = {k: _json_safe(v, f"partitioner.{k}") for k, v in params.items()}
+    held = dataset.holdout or {"fraction": 0.0, "seed": seed}
+    doc = {"name": dataset.name, "seed": int(seed), "source": source,
+           "partitioner": {"name": partitioner, **params}, "out": url,
+           "shard_mb": float(shard_mb), "test_fraction": held["fraction"]}
+    if held["seed"] != seed:  # a recipe draws both from its one seed; here they differ
+        doc["test_fraction_seed"] = held["seed"]
+    return mask_tree(doc)
+
+
+def write(url: str, dataset: Dataset, part: Partition, recipe: dict, shard_mb: float,
+          log: Callable[[str], None]) -> dict:
+    """Write the store (``fedray.data.store.write_store``), reporting a full disk or a
+    refused write as one line naming ``out``; returns the manifest."""
+    from fedray.data.store import write_store
+
+    try:
+        return write_store(url, dataset, part, recipe=recipe, shard_mb=shard_mb, log=log)
+    except OSError as exc:  # write_store removed its temporary copy: nothing is left
+        failure = storage_failure(exc)
+        if failure is None:
+            raise
+        raise key_error("out", f"writing the store failed: {failure.strerror}; nothing was "
+                        f"left at {url}", what="recipe") from None
+
+
+@dataclass
+class PartitionedDataset:
+    """What ``Dataset.partition`` returns: the data set, its clients, and how they were made."""
+
+    dataset: Dataset
+    partition: Partition
+    partitioner: str
+    seed: int
+    params: dict
+
+    @property
+    def num_clients(self) -> int:
+        return self.partition.num_clients
+
+    def write_store(self, url: str, shard_mb: float = 64.0,
+                    log: Callable[[str], None] = lambda s: None) -> WrittenStore:
+        """Write the store at ``url`` (a new local path or fsspec URL) in shards of about
+        ``shard_mb`` MB; returns its absolute URL and manifest. An existing store is never
+        overwritten, and a failed write leaves nothing behind."""
+        from fedray.data.store import check_new_store
+
+        if isinstance(shard_mb, bool) or not isinstance(shard_mb, (int, float)) \
+                or not shard_mb > 0:
+            raise key_error("shard_mb", "must be > 0", shard_mb, what="recipe")
+        if not isinstance(url, str) or not url:
+            raise FedrayError(f"write_store needs the store's path or URL, got {url!r}")
+        out = absolute_url(url)
+        fs, path = filesystem(out, "out", durable=True, what="recipe")
+        check_new_store(out)
+        check_writable(fs, path, out, "out", what="recipe")
+        doc = recipe_doc(self.dataset, self.partitioner, self.seed, self.params, out, shard_mb)
+        return WrittenStore(out, write(out, self.dataset, self.partition, doc, shard_mb, log))
