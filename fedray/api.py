@@ -71,8 +71,12 @@ def prepare(config: ConfigSource | None, overrides: list[str] | tuple = (),
     has_client_test = client_data is None
     train_counts = None  # synthetic writers have at least data.synthetic.min_examples >= 1
     if client_data is not None:
+        from fedray.data.source import client_splits
+
         population = len(client_data)
-        train_counts = [len(xy[1]) for xy in client_data.values()]
+        splits = [client_splits(v, k) for k, v in client_data.items()]
+        train_counts = [len(train[1]) for train, _ in splits]
+        has_client_test = any(test is not None for _, test in splits)
     elif cfg.data.partition == "synthetic":
         population = cfg.data.synthetic.num_clients
         has_client_test = cfg.data.synthetic.test_fraction > 0
@@ -211,7 +215,9 @@ def run(config: ConfigSource | None = None, model_fn: Callable[[], nn.Module] | 
     config: a YAML path, a dict, a DictConfig or a FedrayConfig; ``overrides`` are
     ``key=value`` strings applied on top. model_fn: a zero-argument factory of a
     torch.nn.Module (default: ``model.name``). client_data: ``{client_id: (x, y)}`` arrays
-    to train on instead of ``data.partition``; test_data: a central ``(x, y)`` test set.
+    to train on instead of ``data.partition``, or ``{client_id: {"train": (x, y), "test":
+    (x, y)}}`` where clients hold out their own test data (federated evaluation,
+    eval.federated_clients); test_data: a central ``(x, y)`` test set.
     progress: called with each round's metrics as they arrive (a function, or a Callback).
     callbacks: fedray.tracking.callbacks.Callback instances, called in this process after those of
     ``output.callbacks``; ``on_round_end`` returning STOP ends the run after its round.

@@ -165,11 +165,25 @@ class RuntimeConfig:
 
 
 @dataclass
+class PersonalizeConfig:
+    # personalized evaluation: each federated-eval client fine-tunes a copy of the global
+    # model on its own train split (local SGD from its own seed) before its test split is
+    # evaluated; on when steps or epochs > 0. The global model is never touched.
+    steps: int = 0  # local steps (takes precedence over epochs when > 0)
+    epochs: int = 0  # or passes over the client's train split
+    lr: float | None = None  # None: client.lr
+    batch_size: int | None = None  # None: client.batch_size
+
+
+@dataclass
 class EvalConfig:
     every: int = 1  # evaluate after every N-th round and after the last; 0: only after the last
     central: bool = True  # on the data set's central test set
-    federated_clients: int = 0  # also on the held-out data of this many fixed clients
+    # also on the held-out data of this many fixed clients: pooled (fed_test_*), per-client
+    # statistics (clients_*) and a per-client table per eval round (client_eval/)
+    federated_clients: int = 0
     batch_size: int = 500
+    personalize: PersonalizeConfig = field(default_factory=PersonalizeConfig)
 
 
 @dataclass
@@ -426,6 +440,15 @@ def validate(cfg: DictConfig, population: int, *, custom_model: bool = False) ->
     r(e.federated_clients <= population, "eval.federated_clients",
       f"must be <= the population of {population} clients", e.federated_clients)
     r(e.batch_size >= 1, "eval.batch_size", "must be >= 1", e.batch_size)
+    p = e.personalize
+    r(p.steps >= 0, "eval.personalize.steps", "must be >= 0", p.steps)
+    r(p.epochs >= 0, "eval.personalize.epochs", "must be >= 0", p.epochs)
+    r(p.lr is None or p.lr > 0, "eval.personalize.lr", "must be > 0", p.lr)
+    r(p.batch_size is None or p.batch_size >= 1, "eval.personalize.batch_size", "must be >= 1",
+      p.batch_size)
+    r(not (p.steps or p.epochs) or e.federated_clients > 0, "eval.personalize",
+      "needs eval.federated_clients > 0: clients are personalized on their own train split "
+      "and evaluated on their own test split", p.steps or p.epochs)
     r(cfg.checkpoint.every >= 0, "checkpoint.every", "must be >= 0", cfg.checkpoint.every)
     r(bool(cfg.output.dir), "output.dir", "must be a path or URL", cfg.output.dir)
     from fedray.tracking.callbacks import callback_class

@@ -2,7 +2,10 @@
 
 Workers return sums (loss_sum, correct, count) for their share of a test set; the driver adds
 them. Central (one held-out set split over workers) and federated (each sampled client's own
-held-out data) evaluation share this one function.
+held-out data) evaluation share this one function. Federated evaluation comes back as one
+row of sums per client (``ClientEval``), so the driver can also report how the model serves
+clients one by one -- the distribution cross-device papers report (fairness, personalization)
+-- and the pooled numbers are those rows added up.
 """
 
 from __future__ import annotations
@@ -61,3 +64,22 @@ def merge_sums(parts: list[EvalSums]) -> EvalSums:
     for p in parts:
         out = out + p
     return out
+
+
+@dataclass
+class ClientEval:
+    """One evaluated client's row, as a worker sends it back: the global model's sums on
+    the client's test split, and, with personalized evaluation, the sums of the copy it
+    fine-tuned on its train split. Rows, not weights: the driver only ever merges numbers."""
+
+    client_id: int
+    sums: EvalSums
+    personalized: EvalSums | None = None
+
+
+def pooled(rows: list[ClientEval], personalized: bool = False) -> EvalSums:
+    """The rows' sums added in client-id order: the pooled federated evaluation, the same
+    floats whichever worker evaluated which client."""
+    ordered = sorted(rows, key=lambda row: row.client_id)
+    return merge_sums([row.personalized if personalized else row.sums for row in ordered])
+

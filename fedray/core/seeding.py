@@ -20,6 +20,7 @@ TAG_CONTROL = 6  # SCAFFOLD option I's extra gradient pass, from a client's roun
 TAG_TEST_HOLDOUT = 7  # a recipe's central test set carved out of a train-only source
 TAG_DROPOUT = 8  # whether a sampled client drops out of a round, per (round, client)
 TAG_SPEED = 9  # a sampled client's simulated speed in a round (over-selection), per client
+TAG_PERSONALIZE = 10  # an evaluated client's fine-tuning (eval.personalize), per round
 
 
 def derive_seed(*parts: int) -> int:
@@ -31,6 +32,12 @@ def derive_seed(*parts: int) -> int:
 def client_seed(seed: int, round_idx: int, client_id: int) -> int:
     """The seed of one client's local training in one round."""
     return derive_seed(seed, TAG_TRAIN, round_idx, client_id)
+
+
+def personalize_seed(seed: int, round_idx: int, client_id: int) -> int:
+    """The seed of one client's personalization (fine-tuning before it is evaluated) in an
+    eval round: its own stream, so personalizing never shifts the training streams."""
+    return derive_seed(seed, TAG_PERSONALIZE, round_idx, client_id)
 
 
 def rng(*parts: int) -> np.random.Generator:

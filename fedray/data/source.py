@@ -52,43 +52,73 @@ def _as_xy(x: Any, y: Any, what: str) -> Arrays:
     return x, y
 
 
-class MemorySource:
-    """Client data given in memory as ``{client_id: (x, y)}`` (fedray.run's client_data).
+def client_splits(value: Any, key: Any) -> tuple[Any, Any | None]:
+    """One client of ``client_data``: ``(x, y)`` (train only), or ``{"train": (x, y),
+    "test": (x, y)}`` (a client that also holds out its own test data); returns the train
+    pair and the test pair or None."""
+    if isinstance(value, Mapping):
+        unknown = sorted(set(value) - {"train", "test"}, key=str)
+        if unknown or "train" not in value:
+            raise FedrayError(f"client_data[{key!r}]: give (x, y) or {{'train': (x, y), "
+                              f"'test': (x, y)}} (got keys {sorted(value, key=str)})")
+        return value["train"], value.get("test")
+    return value, None
 
-    All clients are concatenated into one array pair that goes into Ray's object store once;
-    every worker on a node maps the same shared-memory copy, so reading a client is a slice.
-    ``in_process`` (runtime.backend=inline, no Ray): the pair is kept in this object.
+
+class MemorySource:
+    """Client data given in memory (fedray.run's client_data): ``{client_id: (x, y)}``, or
+    ``{client_id: {"train": (x, y), "test": (x, y)}}`` where clients keep their own test
+    data, so federated evaluation (eval.federated_clients) works on it as on a store.
+
+    Each split of all clients is concatenated into one array pair that goes into Ray's
+    object store once; every worker on a node maps the same shared-memory copy, so reading
+    a client is a slice. ``in_process`` (runtime.backend=inline, no Ray): the pairs are
+    kept in this object.
     """
 
     cacheable = False
-    has_client_test = False
 
-    def __init__(self, client_data: Mapping[Any, tuple[Any, Any]],
+    def __init__(self, client_data: Mapping[Any, Any],
                  test_data: tuple[Any, Any] | None = None, in_process: bool = False):
         self.in_process = in_process
         if not client_data:
             raise FedrayError("client_data is empty: give at least one client")
-        xs, ys, sizes = [], [], []
+        xs, ys, txs, tys = [], [], [], []
         self.client_ids = list(client_data)
         for key in self.client_ids:
-            x, y = _as_xy(*client_data[key], what=f"client_data[{key!r}]")
+            train, test = client_splits(client_data[key], key)
+            x, y = _as_xy(*train, what=f"client_data[{key!r}]")
             if len(y) == 0:
                 raise FedrayError(f"client_data[{key!r}] has no examples")
             xs.append(x)
             ys.append(y)
-            sizes.append(len(y))
-        shapes = {x.shape[1:] for x in xs}
+            if test is not None:
+                tx, ty = _as_xy(*test, what=f"client_data[{key!r}]['test']")
+                txs.append(tx)
+                tys.append(ty)
+            else:
+                txs.append(None)
+                tys.append(None)
+        self.has_client_test = any(t is not None for t in tys)
+        shapes = {x.shape[1:] for x in xs + [t for t in txs if t is not None]}
         if len(shapes) != 1:
             raise FedrayError(f"client_data: clients have different example shapes {shapes}")
-        label_shapes = {y.shape[1:] for y in ys}
+        label_shapes = {y.shape[1:] for y in ys + [t for t in tys if t is not None]}
         if len(label_shapes) != 1:
             raise FedrayError(f"client_data: clients have different label shapes "
                               f"{label_shapes}")
         self.input_shape = tuple(int(d) for d in xs[0].shape[1:])
         self.label_shape = tuple(int(d) for d in ys[0].shape[1:])  # (): one label each
-        self._sizes = np.asarray(sizes, dtype=np.int64)
+        if self.has_client_test:  # a client given no test split holds out nothing
+            txs = [np.zeros((0, *self.input_shape), np.float32) if t is None else t
+                   for t in txs]
+            tys = [np.zeros((0, *self.label_shape), ys[0].dtype) if t is None else t
+                   for t in tys]
+        self._sizes = np.asarray([len(y) for y in ys], dtype=np.int64)
         self._offsets = np.concatenate([[0], np.cumsum(self._sizes)])
-        labels = np.concatenate(ys)
+        self._test_sizes = np.asarray([0 if t is None else len(t) for t in tys], np.int64)
+        self._test_offsets = np.concatenate([[0], np.cumsum(self._test_sizes)])
+        labels = np.concatenate(ys + ([np.concatenate(tys)] if self.has_client_test else []))
         self._test = None
         if test_data is not None:
             tx, ty = _as_xy(*test_data, what="test_data")
@@ -105,9 +135,12 @@ class MemorySource:
             if labels.min() < 0:
                 raise FedrayError("client_data: labels must be >= 0")
             self.num_classes = int(labels.max()) + 1
-        self.population = len(sizes)
-        self._data = self._put((np.concatenate(xs), labels[: self._offsets[-1]]))
-        self._arrays: Arrays | None = None
+        self.population = len(ys)
+        n, tn = self._offsets[-1], self._test_offsets[-1]
+        self._data = self._put((np.concatenate(xs), labels[:n]))
+        self._client_test = self._put((np.concatenate(txs), labels[n:n + tn])) \
+            if self.has_client_test else None
+        self._arrays: dict[str, Arrays] = {}
 
     def _put(self, arrays: Arrays) -> Any:
         if self.in_process:
@@ -127,15 +160,19 @@ class MemorySource:
         return self._sizes
 
     def test_sizes(self) -> np.ndarray:
-        return np.zeros_like(self._sizes)
+        return self._test_sizes
 
     def client(self, cid: int, split: str = "train") -> Arrays:
-        if split != "train":
-            raise FedrayError("in-memory client_data has no per-client test split")
-        if self._arrays is None:
-            self._arrays = self._get(self._data)
-        a, b = self._offsets[cid], self._offsets[cid + 1]
-        return self._arrays[0][a:b], self._arrays[1][a:b]
+        if split != "train" and not self.has_client_test:
+            raise FedrayError("in-memory client_data has no per-client test split: give "
+                              "clients as {'train': (x, y), 'test': (x, y)}")
+        if split not in self._arrays:
+            self._arrays[split] = self._get(self._data if split == "train"
+                                            else self._client_test)
+        offsets = self._offsets if split == "train" else self._test_offsets
+        a, b = offsets[cid], offsets[cid + 1]
+        x, y = self._arrays[split]
+        return x[a:b], y[a:b]
 
     def central_test(self) -> Arrays | None:
         if self._test is None:
@@ -144,7 +181,7 @@ class MemorySource:
 
     def __getstate__(self) -> dict:
         state = dict(self.__dict__)
-        state["_arrays"] = None  # every process maps the object store itself
+        state["_arrays"] = {}  # every process maps the object store itself
         state["client_ids"] = None  # names stay with the caller
         return state
 

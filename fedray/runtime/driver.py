@@ -35,7 +35,7 @@ from fedray import __version__
 from fedray.algorithms.base import ClientWork, PartialSum, extra_sizes
 from fedray.algorithms.registry import Resolved, resolve
 from fedray.core.assignment import assign_balanced
-from fedray.core.evaluation import merge_sums
+from fedray.core.evaluation import ClientEval, EvalSums, merge_sums, pooled
 from fedray.core.flat_model import FlatModel
 from fedray.core.losses import correct_fn
 from fedray.core.models import fit_problem
@@ -49,10 +49,11 @@ from fedray.runtime.inline import InlinePool, frozen, frozen_tree
 from fedray.runtime.messages import Broadcast, RoundResult, RoundTask
 from fedray.runtime.pool import WorkerPool
 from fedray.runtime.session import private_mb
-from fedray.runtime.worker import LocalTraining, WorkerResources, WorkerSpec
+from fedray.runtime.worker import LocalTraining, Personalize, WorkerResources, WorkerSpec
 from fedray.state.checkpoint import CHECKPOINT_FILE, Checkpoint, encode, read_checkpoint
 from fedray.state.client_state import ClientStateStore
 from fedray.state.run_dir import CLIENT_STATE_DIR, SERVER_STATE_FILE, WEIGHTS_FILE, RunDir
+from fedray.tracking.client_eval import client_metrics, client_table, table_bytes, table_name
 
 
 def _data_name(cfg: Any) -> str:
@@ -160,6 +161,10 @@ class Driver:
         self.fed_eval_ids = (federated_eval_clients(c.seed, source.population,
                                                     c.eval.federated_clients)
                              if c.eval.federated_clients else None)
+        p = c.eval.personalize
+        self.personalize = Personalize(
+            lr=cl.lr if p.lr is None else p.lr, batch_size=p.batch_size, epochs=p.epochs,
+            steps=p.steps) if p.steps or p.epochs else None
         self.run_dir.create(OmegaConf.to_yaml(self.cfg, resolve=True))
         return self.notes
 
@@ -223,7 +228,7 @@ class Driver:
     @staticmethod
     def _history_entry(m: dict) -> dict:
         return {k: m[k] for k in (*_HISTORY_KEYS, "round") if k in m} | {
-            k: v for k, v in m.items() if k.startswith(("test_", "fed_test_"))}
+            k: v for k, v in m.items() if k.startswith(("test_", "fed_test_", "clients_"))}
 
     def _checkpoint(self, r: int) -> None:
         """Write the checkpoint after round ``r``; then the client state versions only the
@@ -331,15 +336,35 @@ class Driver:
             ids = self.fed_eval_ids
             groups = assign_balanced(ids, self.source.test_sizes()[ids], n)
             pending["fed_test"] = ("evaluate_clients", [
-                (slot, (weights_ref, g), f"round {r} evaluation: clients {g}")
+                (slot, (weights_ref, g, r, self.personalize),
+                 f"round {r} evaluation: clients {g}")
                 for slot, g in enumerate(groups) if g])
         out: dict[str, float] = {}
+        per_client: dict[str, float] = {}  # after the pooled metrics in metrics.jsonl
+        has_accuracy = correct_fn(self.cfg.model.loss) is not None  # regression (mse): none
         for prefix, (method, tasks) in pending.items():
-            s = merge_sums(list(self.pool.gather(method, tasks)))
-            out[f"{prefix}_loss"] = s.mean_loss
-            if correct_fn(self.cfg.model.loss) is not None:  # regression (mse) has no accuracy
-                out[f"{prefix}_accuracy"] = s.accuracy
-        return out
+            parts = list(self.pool.gather(method, tasks))
+            sums = {prefix: merge_sums(parts)} if prefix == "test" else \
+                self._client_evaluation(r, [row for rows in parts for row in rows],
+                                        per_client)
+            for name, s in sums.items():
+                out[f"{name}_loss"] = s.mean_loss
+                if has_accuracy:
+                    out[f"{name}_accuracy"] = s.accuracy
+        return out | per_client
+
+    def _client_evaluation(self, r: int, rows: list[ClientEval],
+                           out: dict[str, float]) -> dict[str, EvalSums]:
+        """Federated evaluation's rows (one per client): the round's table written to the
+        run directory, its per-client statistics into ``out``; returns the pooled sums
+        (and the personalized ones), added in client-id order whatever the worker count."""
+        table = client_table(rows, correct_fn(self.cfg.model.loss) is not None)
+        self.run_dir.write_bytes(table_name(r), table_bytes(table))
+        out.update(client_metrics(table))
+        sums = {"fed_test": pooled(rows)}
+        if self.personalize is not None:
+            sums["fed_test_personalized"] = pooled(rows, personalized=True)
+        return sums
 
     def begin(self) -> dict[str, Any]:
         """Start the run's clock. Where the rounds start, and the rounds before that (a
@@ -402,7 +427,7 @@ class Driver:
         last = history[-1] if history else {}
         accs = [h["test_accuracy"] for h in history if "test_accuracy" in h]
         ups = [h["updates_per_s"] for h in history]
-        final = {k: v for k, v in last.items() if k.startswith(("test_", "fed_test_"))}
+        final = {k: v for k, v in last.items() if k.startswith(("test_", "fed_test_", "clients_"))}
         return {
             "name": c.name, "rounds": c.rounds, "population": self.source.population,
             "algorithm": {"name": c.algorithm.name, **self.algorithm.names},

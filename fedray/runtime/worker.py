@@ -32,9 +32,9 @@ from fedray.algorithms.base import (
     WorkerEnv,
     extra_sizes,
 )
-from fedray.core.evaluation import EvalSums, evaluate, merge_sums
+from fedray.core.evaluation import ClientEval, EvalSums, evaluate
 from fedray.core.flat_model import FlatModel
-from fedray.core.seeding import client_seed
+from fedray.core.seeding import client_seed, personalize_seed
 from fedray.core.tensors import readonly_tensor
 from fedray.data.per_round import PerRound, apply_per_round
 from fedray.data.source import ClientCache, ClientSource
@@ -61,6 +61,18 @@ class LocalTraining:
 
     def batch_size_for(self, n: int) -> int:
         return client_batch_size(n, self.batch_size, self.steps_per_epoch)
+
+
+@dataclass
+class Personalize:
+    """eval.personalize resolved: how an evaluated client fine-tunes its copy of the global
+    model (lr and batch size default to the client section's)."""
+
+    lr: float
+    batch_size: int | None  # None: the client section's rule (client.batch_size, or
+    #                         client.steps_per_epoch)
+    epochs: int
+    steps: int  # > 0: exactly this many steps, else ``epochs`` passes
 
 
 @dataclass
@@ -329,12 +341,31 @@ class ClientWorker:
         t = self.spec.training
         return evaluate(self.model.module, x, y, t.eval_batch_size, self.device, t.loss)
 
-    def evaluate_clients(self, weights: np.ndarray, client_ids: list[int]) -> EvalSums:
-        """Evaluation sums over the held-out data of ``client_ids``."""
-        self.model.load_(readonly_tensor(weights))
-        parts = []
+    def evaluate_clients(self, weights: np.ndarray, client_ids: list[int], round_idx: int = 0,
+                         personalize: Personalize | None = None) -> list[ClientEval]:
+        """One row of evaluation sums per client of ``client_ids``, on its held-out data:
+        the global model's, and with ``personalize`` also those of a copy fine-tuned on the
+        client's train split (local SGD from the client's personalization seed for
+        ``round_idx``). The copy lives in the replica, which is reloaded with the global
+        weights for every client; nothing a later round reads is changed."""
+        t = self.spec.training
+        self._weights.copy_(readonly_tensor(weights))
+        rows = []
         for cid in client_ids:
+            self.model.load_(self._weights)
             x, y = self.cache.get(cid, "test")
-            parts.append(evaluate(self.model.module, x, y, self.spec.training.eval_batch_size,
-                                  self.device, self.spec.training.loss))
-        return merge_sums(parts)
+            row = ClientEval(cid, evaluate(self.model.module, x, y, t.eval_batch_size,
+                                           self.device, t.loss))
+            if personalize is not None:
+                tx, ty = self.cache.get(cid)
+                if len(ty):
+                    local_sgd(self.model, self._weights, tx, ty, lr=personalize.lr,
+                              batch_size=personalize.batch_size or t.batch_size_for(len(ty)),
+                              local_epochs=personalize.epochs,
+                              local_steps=personalize.steps or None,
+                              seed=personalize_seed(self.spec.seed, round_idx, cid),
+                              delta_out=self._delta, loss=t.loss)
+                row.personalized = evaluate(self.model.module, x, y, t.eval_batch_size,
+                                            self.device, t.loss)
+            rows.append(row)
+        return rows

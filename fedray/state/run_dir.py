@@ -2,12 +2,14 @@
 
 Layout: ``config.yaml`` (the resolved config), ``metrics.jsonl`` (one JSON object per round),
 ``summary.json``, ``model.safetensors`` (the final global weights as a plain state_dict),
-``server_state.safetensors`` (server optimizer and aggregator state) and, for stateful
-clients (SCAFFOLD), ``client_state/`` (fedray.state.client_state). The same metrics as TensorBoard
+``server_state.safetensors`` (server optimizer and aggregator state), for stateful
+clients (SCAFFOLD) ``client_state/`` (fedray.state.client_state), and with federated
+evaluation ``client_eval/round_NNNNNN.arrow``, the per-client table of each eval round
+(fedray.tracking.client_eval). The same metrics as TensorBoard
 events (``events.out.tfevents.fedray``) are written beside them by a callback in the
 process that called fedray.run (fedray.tracking.tensorboard.TensorBoardCallback).
 Whole files are written to a temporary name and renamed into place, so a reader never sees a
-half-written summary or weights file. Only safe formats: YAML, JSON, safetensors.
+half-written summary or weights file. Only safe formats: YAML, JSON, safetensors, Arrow.
 """
 
 from __future__ import annotations
@@ -27,6 +29,8 @@ if TYPE_CHECKING:  # checking a run directory's path needs no torch (fedray run'
 WEIGHTS_FILE = "model.safetensors"
 SERVER_STATE_FILE = "server_state.safetensors"
 CLIENT_STATE_DIR = "client_state"
+CLIENT_EVAL_DIR = "client_eval"
+SUBDIRS = (CLIENT_EVAL_DIR,)  # written through write_bytes: may hold a killed write's .tmp
 
 
 __all__ = ["RunDir", "absolute_url", "load_tensors", "load_weights", "read_metrics"]
@@ -50,7 +54,13 @@ class RunDir:
         self.write_text("config.yaml", mask(config_yaml))
 
     def write_bytes(self, name: str, data: bytes) -> None:
-        tmp = self._p(f".{name}.{uuid.uuid4().hex}.tmp")
+        """Write ``name`` (may be in a subdirectory, e.g. client_eval/...) atomically: a
+        temporary file beside it, renamed into place."""
+        folder, _, base = name.rpartition("/")
+        if folder:
+            self.fs.makedirs(self._p(folder), exist_ok=True)
+        tmp = self._p(f"{folder}/.{base}.{uuid.uuid4().hex}.tmp" if folder
+                      else f".{base}.{uuid.uuid4().hex}.tmp")
         try:
             with self.fs.open(tmp, "wb") as f:
                 f.write(data)
@@ -86,7 +96,8 @@ class RunDir:
 
     def remove_temporaries(self) -> None:
         """Drop the temporary files of writes a killed run left half-done."""
-        leftovers = [p for p in self.fs.ls(self.path, detail=False)
+        folders = [self.path] + [self._p(d) for d in SUBDIRS if self.fs.isdir(self._p(d))]
+        leftovers = [p for folder in folders for p in self.fs.ls(folder, detail=False)
                      if p.rsplit("/", 1)[-1].startswith(".") and p.endswith(".tmp")]
         if leftovers:
             self.fs.rm(leftovers)

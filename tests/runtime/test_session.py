@@ -33,7 +33,10 @@ def test_run_directory_contents(ray_cluster, tmp_path):
     assert {p.name for p in run.iterdir()} == {"config.yaml", "metrics.jsonl", "summary.json",
                                                 "model.safetensors", "server_state.safetensors",
                                                 "checkpoint.safetensors",
-                                                "events.out.tfevents.fedray"}
+                                                "events.out.tfevents.fedray", "client_eval"}
+    # federated evaluation's per-client table, every eval round (fedray.tracking.client_eval)
+    assert sorted(p.name for p in (run / "client_eval").iterdir()) == \
+        ["round_000002.arrow", "round_000003.arrow"]
     assert int(load_file(run / "server_state.safetensors")["server_opt.step"]) == 3
     lines = [json.loads(s) for s in (run / "metrics.jsonl").read_text().splitlines()]
     assert [m["round"] for m in lines] == [1, 2, 3]
