@@ -61,6 +61,10 @@ def _restore(handlers: dict[int, object]) -> None:
             signal.signal(sig, handler)
 
 
+def _uncoloured(msg: str) -> str:
+    return msg
+
+
 def _plain_log_prefixes() -> None:
     """Ray colours the prefix of lines its actors print; escape codes belong on a terminal,
     not in a redirected log (RAY_COLOR_PREFIX=0 is Ray's switch; NO_COLOR the convention)."""
@@ -68,6 +72,14 @@ def _plain_log_prefixes() -> None:
                                                                            sys.stderr))
     if not ttys or os.environ.get("NO_COLOR"):
         os.environ.setdefault("RAY_COLOR_PREFIX", "0")
+        # the "[repeated Nx across cluster]" note of Ray's log deduplication is coloured
+        # whatever RAY_COLOR_PREFIX says; Ray has no switch for it (ray 2.x formats it with
+        # ray._private.ray_logging._color): plain text where Ray still has that function
+        with contextlib.suppress(ImportError, AttributeError):
+            from ray._private import ray_logging
+
+            if callable(ray_logging._color):
+                ray_logging._color = _uncoloured
 
 
 @contextlib.contextmanager
