@@ -107,10 +107,14 @@ def prepare(config: ConfigSource | None, overrides: list[str] | tuple = (),
         from fedray.tracking.mlflow_tracking import require_mlflow
 
         require_mlflow()
+    if cfg.output.wandb:
+        from fedray.tracking.wandb_tracking import require_wandb
+
+        require_wandb()
     if cfg.eval.federated_clients and not has_client_test:
         raise key_error("eval.federated_clients", "this data has no per-client test split; set "
-                        "it to 0 (and pass test_data for in-memory client_data)",
-                        cfg.eval.federated_clients)
+                        "it to 0, or give in-memory clients as {'train': (x, y), "
+                        "'test': (x, y)}", cfg.eval.federated_clients)
     return cfg
 
 
@@ -266,9 +270,9 @@ def run(config: ConfigSource | None = None, model_fn: Callable[[], nn.Module] | 
 def run_callbacks(cfg: DictConfig, progress: Callable[[dict], None] | Callback | None = None,
                   given: list[Callback] | tuple = ()) -> Callbacks:
     """A run's callbacks, in the order they are called: fedray's own writers
-    (``output.tensorboard``, ``output.mlflow``) first, so that a round is recorded before a
-    user's callback can fail or stop the run; then ``progress``; then ``output.callbacks``;
-    then ``fedray.run(callbacks=...)``."""
+    (``output.tensorboard``, ``output.mlflow``, ``output.wandb``) first, so that a round is
+    recorded before a user's callback can fail or stop the run; then ``progress``; then
+    ``output.callbacks``; then ``fedray.run(callbacks=...)``."""
     items: list[Callback] = []
     if cfg.output.tensorboard:
         from fedray.tracking.tensorboard import TensorBoardCallback
@@ -278,6 +282,10 @@ def run_callbacks(cfg: DictConfig, progress: Callable[[dict], None] | Callback |
         from fedray.tracking.mlflow_tracking import MLflowCallback
 
         items.append(MLflowCallback())
+    if cfg.output.wandb:
+        from fedray.tracking.wandb_tracking import WandbCallback
+
+        items.append(WandbCallback())
     if progress is not None:
         items.append(progress if isinstance(progress, Callback) else FunctionCallback(progress))
     return Callbacks([*items, *from_config(cfg.output.callbacks), *given])

@@ -55,10 +55,13 @@ examples:
   fedray report runs/* --out reports/loss --metric test_loss \\
       --group-by algorithm.name,sampling.clients_per_round --title "FEMNIST, test loss"
 
-Runs with the same values of the --group-by config keys (default: name) form one method;
-its runs are repetitions (normally different seeds). --out receives report.md, report.csv,
-report.json and <metric>.png; it is refused if it already holds a report.md. Run
-directories can be any fsspec URL. Details: docs/report.md."""
+Runs with the same values of the --group-by config keys form one method; its runs are
+repetitions (normally different seeds). By default the keys are every config key whose
+value differs between the runs, less seed, name and those that cannot change results
+(output.*, runtime.*, ...); the report says which. --out receives report.md, report.csv,
+report.json and <metric>.png (and client_<metric>_cdf.png for runs with per-client
+evaluation); it is refused if it already holds a report.md. Run directories can be any
+fsspec URL. Details: docs/report.md."""
 
 
 SWEEP_HELP = """Sweep config keys over many runs on Ray Tune: a grid or a random search.
@@ -76,8 +79,9 @@ SWEEP.yaml names a job and the keys to vary, e.g.
 Each trial is a fedray run with its own driver and workers (workers_per_trial, reserved
 through a placement group). Every round's metrics go to Tune (scheduler.name=asha stops poor
 trials early); the sweep directory (output, any fsspec URL) receives sweep.yaml, tune/,
-trials/<trial id>/ (run directories with TensorBoard events), results.csv and report/ (a
-curve per setting, a band over seeds). Keys: docs/cluster.md."""
+trials/<trial name>/ (run directories named by their swept values, e.g. lr=0.1,seed=0, with
+TensorBoard events), results.csv and report/ (a curve per setting, a band over seeds).
+Keys: docs/cluster.md."""
 
 SUBMIT_HELP = """Submit a fedray job to a Ray cluster's job server (Ray Jobs).
 
@@ -114,8 +118,8 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--allow-change", metavar="KEY", action="append", default=[],
                      help="with --resume: let this safe key (rounds, eval.every, eval.batch_size, "
                      "checkpoint.every, output.save_weights, output.tensorboard, output.mlflow, "
-                     "runtime.*) differ from the run's "
-                     "config; repeatable")
+                     "output.wandb, output.callbacks, runtime.*) differ from the run's config; "
+                     "repeatable")
     run.add_argument("--quiet", action="store_true", help="no progress bar")
     part = _command(sub, "partition", "build or describe a partition store", PARTITION_HELP)
     part.add_argument("recipe", metavar="RECIPE.yaml", nargs="?", help="partition recipe")
@@ -132,7 +136,18 @@ def _parser() -> argparse.ArgumentParser:
                      help="a key of metrics.jsonl (default: test_accuracy); lower is better "
                      "when its name contains 'loss'")
     rep.add_argument("--group-by", metavar="KEY[,KEY...]",
-                     help="dotted config keys whose values make a method (default: name)")
+                     help="dotted config keys whose values make a method (default: every key "
+                     "whose value differs between the runs, less seed and keys that cannot "
+                     "change results)")
+    rep.add_argument("--allow-differing", metavar="KEY[,KEY...]",
+                     help="let the runs of one method differ in these keys (or KEY.* "
+                     "prefixes) and average them anyway (default: refused)")
+    rep.add_argument("--client-metric", default="accuracy", metavar="COLUMN",
+                     help="column of the per-client tables (client_eval/) whose distribution "
+                     "over clients is shown (default: accuracy; also personalized_<COLUMN> "
+                     "when present)")
+    rep.add_argument("--client-round", type=int, metavar="ROUND",
+                     help="the round of that distribution (default: each run's last table)")
     rep.add_argument("--target", type=float, metavar="VALUE",
                      help="report the rounds each run needs to reach VALUE")
     rep.add_argument("--title", metavar="TEXT", help="title of the report and the plot "
@@ -222,9 +237,12 @@ def _report(args: argparse.Namespace) -> int:
     from fedray.tracking.report import build_report
 
     filesystem(args.out, "--out", durable=True, what=None)  # a report this process forgets
-    table = build_report(args.runs, args.out, metric=args.metric, group_by=args.group_by,
-                         target=args.target, title=args.title)
-    print(table)
+    report = build_report(args.runs, args.out, metric=args.metric, group_by=args.group_by,
+                          target=args.target, title=args.title,
+                          allow_differing=args.allow_differing,
+                          client_metric=args.client_metric, client_round=args.client_round)
+    print(report.grouping)
+    print(report.table)
     print(f"report in {mask(args.out)}", flush=True)
     return 0
 

@@ -201,6 +201,9 @@ class OutputConfig:
     # log params and per-round metrics to MLflow (needs `pip install mlflow`); the tracking
     # server is MLFLOW_TRACKING_URI's, or ./mlruns
     mlflow: bool = False
+    # log the config and per-round metrics to Weights & Biases (needs `pip install wandb`);
+    # where to is W&B's environment (WANDB_MODE=offline: no network, WANDB_PROJECT)
+    wandb: bool = False
     # fedray.tracking.callbacks.Callback subclasses as module:Class (a dotted module or a .py path),
     # instantiated with no arguments and called in the process that runs the job
     callbacks: list[str] = field(default_factory=list)

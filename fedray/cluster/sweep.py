@@ -7,7 +7,9 @@ trial's own process, one bundle per worker), so trials never compete for a worke
 GPU share and an autoscaler sees exactly what a waiting trial needs. Trials read the job's
 partition store in place. Every round's metrics go to Tune (for ASHA early stopping and Tune's
 own logs) and to the trial's run directory ``SWEEP_DIR/trials/<trial id>/`` (metrics.jsonl,
-TensorBoard events, checkpoints). After the sweep, ``results.csv`` (one row per trial) and
+TensorBoard events, checkpoints), named by its swept values (``trial_name``: e.g.
+``lr=0.1,seed=0``, which TensorBoard shows as the run's name). After the sweep,
+``results.csv`` (one row per trial) and
 a report (``report/``: a curve per setting with a band over seeds, fedray.tracking.report)
 are written.
 
@@ -23,7 +25,7 @@ trial puts them on its import path before its run imports the job's parts.
 
 Layout of SWEEP_DIR (any fsspec URL Tune and fedray can both write: a local path, s3://, gs://):
 ``sweep.yaml`` (the sweep with its job inlined, so a resume needs no other file),
-``tune/`` (Tune's experiment state), ``trials/<trial id>/`` (fedray run directories),
+``tune/`` (Tune's experiment state), ``trials/<trial name>/`` (fedray run directories),
 ``results.csv`` and ``report/``.
 """
 
@@ -35,6 +37,7 @@ import importlib
 import io
 import itertools
 import os
+import re
 import shutil
 import sys
 import tempfile
@@ -58,6 +61,7 @@ RESULTS_FILE = "results.csv"
 REPORT_DIR = "report"
 DISTRIBUTIONS = ("uniform", "loguniform", "randint")
 MAX_MODULES_MB = 64  # the user's modules shipped with every trial
+MAX_NAME = 120  # characters of a trial's name from its values (a directory name)
 
 
 @dataclass
@@ -265,8 +269,10 @@ def _trial(params: dict, *, job: dict, sweep_dir: str, workers: int,
 
     import fedray
 
-    trial_id = tune.get_context().get_trial_id()
-    run_dir = _url(sweep_dir, TRIALS_DIR, trial_id)
+    # the run directory is named as Tune's directory of the trial (TrialNamer; a sweep
+    # started before trials were named: its id), which is how _rows finds it again
+    name = os.path.basename(tune.get_context().get_trial_dir().rstrip("/"))
+    run_dir = _url(sweep_dir, TRIALS_DIR, name)
     fs, path = fsspec.core.url_to_fs(run_dir)
     resume = None
     if fs.exists(f"{path}/config.yaml"):
@@ -376,7 +382,6 @@ def _progress_callback(sweep: DictConfig, total: int, log: Callable[[str], None]
     """One line per trial start and end, instead of Tune's tables."""
     from ray.tune import Callback
 
-    keys = list(sweep.parameters)
     metric = sweep.metric
 
     class Progress(Callback):
@@ -385,8 +390,7 @@ def _progress_callback(sweep: DictConfig, total: int, log: Callable[[str], None]
             self.last: dict[str, dict] = {}
 
         def _what(self, trial) -> str:
-            values = ", ".join(f"{k}={trial.config.get(k)}" for k in keys)
-            return f"trial {trial.trial_id} ({values})"
+            return f"trial {trial}"  # its name (TrialNamer)
 
         def on_trial_start(self, iteration, trials, trial, **info):
             log(f"{self._what(trial)} started")
@@ -412,8 +416,62 @@ def _progress_callback(sweep: DictConfig, total: int, log: Callable[[str], None]
 
 
 def _trial_dirname(trial) -> str:
-    """Tune's directory of a trial is named by its id, like its fedray run directory."""
+    """How trials were named before TrialNamer: by id. Kept because a sweep started then
+    restores its Tune state, which refers to this function, on ``--resume``."""
     return trial.trial_id
+
+
+def _value_text(value: Any) -> str:
+    """A swept value in a trial's name: floats to 6 significant digits (0.1, 1e-05)."""
+    if isinstance(value, float):
+        return f"{value:.6g}"
+    return str(value)
+
+
+def short_keys(keys: list[str]) -> dict[str, str]:
+    """Each swept key's name in trial names: its last part (``client.lr`` -> ``lr``), or the
+    whole key where two swept keys end alike (``client.lr`` and ``server.lr``)."""
+    last = [k.rsplit(".", 1)[-1] for k in keys]
+    return {k: s if last.count(s) == 1 else k for k, s in zip(keys, last, strict=True)}
+
+
+def trial_name(keys: list[str], config: dict[str, Any]) -> str:
+    """A trial's name from its swept values, e.g. ``lr=0.1,seed=0``: safe as a directory
+    name anywhere (characters other than letters, digits and ``_ . , = + -`` become ``_``;
+    Tune and fsspec URLs take it as it is), at most MAX_NAME characters."""
+    short = short_keys(keys)
+    text = ",".join(f"{short[k]}={_value_text(config.get(k))}" for k in keys)
+    return re.sub(r"[^A-Za-z0-9_.,=+-]", "_", text)[:MAX_NAME]
+
+
+class TrialNamer:
+    """Tune's trial name and directory name: the swept values (``trial_name``), and where
+    those may repeat -- random search, ``num_samples`` > 1, or values that read alike
+    once made safe or cut -- followed by the trial's number (``lr=0.1,seed=0,trial=3``),
+    so that every trial's name is unique. A class, not a closure: Tune saves it with its
+    state, and a resumed sweep names its remaining trials with it."""
+
+    def __init__(self, keys: list[str], unique: bool):
+        self.keys = list(keys)
+        self.unique = unique
+
+    def __call__(self, trial) -> str:
+        name = trial_name(self.keys, trial.config)
+        if self.unique:
+            return name
+        m = re.search(r"_(\d+)$", trial.trial_id)  # Tune numbers the trials it generates
+        return f"{name},trial={int(m.group(1)) if m else trial.trial_id}"
+
+
+def namer(sweep: DictConfig) -> TrialNamer:
+    """The sweep's TrialNamer: names alone where the grid's settings, each run once, all
+    read differently."""
+    keys = list(sweep.parameters)
+    unique = False
+    if sweep.search == "grid" and sweep.num_samples == 1:
+        names = [trial_name(keys, params) for params in _candidates(sweep)]
+        unique = len(set(names)) == len(names)
+    return TrialNamer(keys, unique)
 
 
 def _tuner(sweep: DictConfig, job: DictConfig, restore: bool, progress):
@@ -437,11 +495,12 @@ def _tuner(sweep: DictConfig, job: DictConfig, restore: bool, progress):
         scheduler = ASHAScheduler(time_attr="round", metric=sweep.metric, mode=sweep.mode,
                                   max_t=job.rounds, grace_period=sweep.scheduler.grace_period,
                                   reduction_factor=sweep.scheduler.reduction_factor)
+    names = namer(sweep)
     tune_config = tune.TuneConfig(
         num_samples=sweep.num_samples, scheduler=scheduler,
         search_alg=BasicVariantGenerator(random_state=sweep.seed),
         max_concurrent_trials=sweep.max_concurrent_trials or None,
-        trial_dirname_creator=_trial_dirname, trial_name_creator=_trial_dirname)
+        trial_dirname_creator=names, trial_name_creator=names)
     run_config = tune.RunConfig(name=TUNE_DIR, storage_path=sweep.output, verbose=0,
                                 failure_config=tune.FailureConfig(max_failures=0),
                                 callbacks=[progress])
@@ -451,7 +510,7 @@ def _tuner(sweep: DictConfig, job: DictConfig, restore: bool, progress):
 
 @dataclass
 class SweepResult:
-    rows: list[dict[str, Any]]  # one per trial, as in results.csv
+    rows: list[dict[str, Any]]  # one per trial, as in results.csv (trial: its name)
     sweep_dir: str
     wall_s: float
     report_table: str | None  # the report's Markdown table (None: no trial has the metric)
@@ -468,8 +527,8 @@ def _rows(sweep: DictConfig, job: DictConfig, grid) -> list[dict[str, Any]]:
     keys = list(sweep.parameters)
     rows = []
     for result in grid:
-        trial_id = os.path.basename(result.path.rstrip("/"))  # _trial_dirname
-        run_dir = _url(sweep.output, TRIALS_DIR, trial_id)
+        name = os.path.basename(result.path.rstrip("/"))  # as _trial named the run directory
+        run_dir = _url(sweep.output, TRIALS_DIR, name)
         try:
             metrics = read_metrics(run_dir)
         except FileNotFoundError:
@@ -483,13 +542,17 @@ def _rows(sweep: DictConfig, job: DictConfig, grid) -> list[dict[str, Any]]:
             status = "stopped early"
         else:
             status = "finished"
-        rows.append({"trial": trial_id, **{k: result.config.get(k) for k in keys},
+        rows.append({"trial": name, **{k: result.config.get(k) for k in keys},
                      "status": status, "rounds": rounds,
                      f"final_{sweep.metric}": values[-1] if values else None,
                      f"best_{sweep.metric}": best,
                      "elapsed_s": round(metrics[-1]["elapsed_s"], 1) if metrics else None,
                      "run_dir": run_dir})
-    return sorted(rows, key=lambda row: row["trial"])
+    def order(row: dict) -> tuple:  # by the swept values, numbers as numbers (10 < 100)
+        return tuple((0, v, "") if isinstance(v, int | float) and not isinstance(v, bool)
+                     else (1, 0, str(v)) for v in (row[k] for k in keys)) + (row["trial"],)
+
+    return sorted(rows, key=order)
 
 
 def _csv(rows: list[dict[str, Any]]) -> str:
@@ -528,7 +591,7 @@ def _report(sweep: DictConfig, rows: list[dict[str, Any]]) -> str | None:
     if fs.exists(path):
         fs.rm(path, recursive=True)  # a resumed sweep's report covers every trial again
     return build_report(done, out, metric=sweep.metric, group_by=group_by,
-                        title=f"{sweep.name}: {sweep.metric}")
+                        title=f"{sweep.name}: {sweep.metric}").table
 
 
 def run_sweep(source: Any = None, overrides: list[str] | tuple = (), *,

@@ -49,8 +49,8 @@ _VERSIONS = "client_state.version"
 # (runtime.* with the pool size unchanged; a different pool size changes float64 sums by
 # ~1e-16, see docs/fault_tolerance.md)
 RESUME_SAFE = ("rounds", "eval.every", "eval.batch_size", "checkpoint.every",
-               "output.save_weights", "output.tensorboard", "output.mlflow", "output.callbacks",
-               "runtime.")
+               "output.save_weights", "output.tensorboard", "output.mlflow", "output.wandb",
+               "output.callbacks", "runtime.")
 
 
 @dataclass

@@ -2,20 +2,20 @@
 
 MLflow is optional (``pip install 'fedray[mlflow]'``): metrics.jsonl and the TensorBoard events
 are always written; this adds one MLflow run per fedray run, in the process that called
-``fedray.run`` (the one whose MLFLOW_TRACKING_URI and active experiment the user set), with
-the config as params (credentials masked) and each round's numeric metrics at step = round:
-a callback (fedray.tracking.callbacks), as any user's own tracking could be.
+``fedray.run`` (the one whose MLFLOW_TRACKING_URI and active experiment the user set), named
+after the job (a sweep's trial: after the trial, fedray.tracking.tags.run_name), with the
+config as params (credentials masked) and each round's numeric metrics at step = round (by
+their metrics.jsonl names): a callback (fedray.tracking.callbacks), as any user's own
+tracking could be.
 """
 
 from __future__ import annotations
 
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 
-from fedray.config import flat_keys
 from fedray.errors import FedrayError
-from fedray.state.redact import mask_tree
 from fedray.tracking.callbacks import Callback, RunInfo
-from fedray.tracking.tensorboard import numeric_metrics
+from fedray.tracking.tags import flat_config, numeric_metrics, run_name
 
 
 def require_mlflow() -> None:
@@ -29,9 +29,8 @@ def require_mlflow() -> None:
 
 def flat_params(cfg: DictConfig) -> dict[str, str]:
     """The config as dotted ``key: value`` strings, credentials masked."""
-    tree = mask_tree(OmegaConf.to_container(cfg, resolve=True))
     # MLflow caps a param value's length
-    return {k: str(v)[:500] for k, v in flat_keys(tree).items()}
+    return {k: str(v)[:500] for k, v in flat_config(cfg).items()}
 
 
 class MLflowCallback(Callback):
@@ -43,7 +42,7 @@ class MLflowCallback(Callback):
         import mlflow
 
         self._mlflow = mlflow
-        self._active = mlflow.start_run(run_name=run.config.name)
+        self._active = mlflow.start_run(run_name=run_name(run.config, run.run_dir))
         self._active.__enter__()  # exited in on_run_end / on_run_failed, as a with block
         mlflow.log_params(flat_params(run.config))
         mlflow.set_tag("fedray.state.run_dir", run.run_dir)

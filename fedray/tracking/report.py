@@ -2,10 +2,15 @@
 
 A method is rarely judged on one run: papers report a curve per method (accuracy against
 rounds) with a band over seeds, and a table of final/best accuracy and rounds to reach a
-target. This module groups run directories into methods by config keys, treats the runs of a
-group as repetitions, and writes ``report.md``, ``report.csv``, ``report.json`` and
-``<metric>.png``. Run directories are read and the report is written through fsspec, so
-both can live anywhere ``fedray run`` can write (a local path, s3://, ...).
+target. This module groups run directories into methods -- by default by every config key
+whose value differs between the runs, less the seed and the keys that cannot change what a
+run computes (REPEAT_KEYS), so that runs with different settings are never averaged as
+seeds of one -- treats the runs of a group as repetitions, and writes ``report.md``,
+``report.csv``, ``report.json`` and ``<metric>.png``; for runs with per-client evaluation
+tables (``client_eval/``) also the distribution over clients at the final round
+(``client_<metric>_cdf.png`` and a table). Run directories are read and the report is
+written through fsspec, so both can live anywhere ``fedray run`` can write (a local path,
+s3://, ...).
 """
 
 from __future__ import annotations
@@ -29,6 +34,17 @@ CONFIG_FILE = "config.yaml"
 METRICS_FILE = "metrics.jsonl"
 REPORT_FILE = "report.md"
 BAND = "band: min–max over seeds"
+CLIENT_EVAL_DIR = "client_eval"  # fedray.state.run_dir's: client_eval/round_NNNNNN.arrow
+
+# config keys in which the runs of one method may differ: the repetition itself (seed), what
+# a run is called and where it wrote, how long it ran (the final round is reported) and how
+# it was run, evaluated or checkpointed -- none changes the numbers of the rounds it ran
+# (runtime.*: the pool size changes float64 sums by ~1e-16, docs/fault_tolerance.md). The
+# default grouping uses every other key whose value differs between the runs; a group's
+# runs may differ in no other key (check_repetitions)
+REPEAT_KEYS = ("seed", "name", "rounds", "output.", "runtime.", "checkpoint.", "eval.every",
+               "eval.batch_size", "data.verify", "data.open_shards")
+ABSENT = "(absent)"  # a key one run's config lacks (written by another fedray version)
 
 
 @dataclass
@@ -62,6 +78,17 @@ class Group:
     label: str
     keys: dict[str, Any]
     results: list[RunResult] = field(default_factory=list)
+
+
+@dataclass
+class Report:
+    """What ``build_report`` wrote: the Markdown table, the keys the runs were grouped by
+    and how they were chosen (the line report.md and ``fedray report`` print)."""
+
+    table: str
+    group_by: list[str]
+    grouping: str
+    files: list[str]
 
 
 def _join(path: str, name: str) -> str:
@@ -128,16 +155,33 @@ def config_value(config: dict, key: str) -> Any:
     return node
 
 
-def parse_group_by(group_by: str | Sequence[str] | None) -> list[str] | None:
-    """``"a.b,c"`` or ``["a.b", "c"]`` -> ``["a.b", "c"]``; None stays None (group by name)."""
+def parse_group_by(group_by: str | Sequence[str] | None,
+                   what: str = "group-by") -> list[str] | None:
+    """``"a.b,c"`` or ``["a.b", "c"]`` -> ``["a.b", "c"]``; None stays None (group by the
+    keys that differ)."""
     if group_by is None:
         return None
     keys = group_by.split(",") if isinstance(group_by, str) else list(group_by)
     keys = [k.strip() for k in keys]
     if not keys or any(not k for k in keys):
-        raise FedrayError(f"group-by {group_by!r}: give config keys separated by commas, "
+        raise FedrayError(f"{what} {group_by!r}: give config keys separated by commas, "
                           "e.g. algorithm.name,sampling.clients_per_round")
     return keys
+
+
+def _flat(config: dict) -> dict[str, Any]:
+    from fedray.config import flat_keys
+
+    return flat_keys(config)
+
+
+def differing_keys(runs: Sequence[Run]) -> list[str]:
+    """The config keys whose values differ between the runs, less REPEAT_KEYS, in the order
+    they first appear in the runs' configs: the default group-by keys."""
+    flat = [_flat(r.config) for r in runs]
+    order = list(dict.fromkeys(k for f in flat for k in f))
+    return [k for k in order if not _repeat_key(k)
+            and any(f.get(k, ABSENT) != flat[0].get(k, ABSENT) for f in flat)]
 
 
 def series(run: Run, metric: str) -> dict[int, float]:
@@ -192,27 +236,57 @@ def _md_cell(text: str) -> str:
     return text.replace("|", "\\|")
 
 
+def _auto_labels(runs: Sequence[Run], keys: list[str]) -> list[str]:
+    """Each run's group label when grouped by the keys that differ: ``k=v, ...``, after the
+    runs' ``name`` when names tell the groups apart (``fedprox (client.lr=0.1)``); the name
+    (or names) alone when no key differs."""
+    combos = [tuple(_flat(r.config).get(k, ABSENT) for k in keys) for r in runs]
+    names: dict[tuple, set[str]] = {}
+    for run, combo in zip(runs, combos, strict=True):
+        names.setdefault(combo, set()).add(str(run.config.get("name")))
+    # a name per group, and a different one for each group: the user's own words for it
+    named = all(len(n) == 1 for n in names.values()) and len(
+        {next(iter(n)) for n in names.values()}) == len(names)
+    labels = []
+    for run, combo in zip(runs, combos, strict=True):
+        pairs = ", ".join(f"{k}={v}" for k, v in zip(keys, combo, strict=True))
+        if not keys:
+            all_names = sorted({str(r.config.get("name")) for r in runs})
+            labels.append(" / ".join(all_names[:3]) + (" / ..." if len(all_names) > 3
+                                                       else ""))
+        elif named and len(names) > 1:
+            labels.append(f"{run.config.get('name')} ({pairs})")
+        else:
+            labels.append(pairs)
+    return labels
+
+
 def group_runs(runs: Sequence[Run], metric: str, group_by: list[str] | None,
-               target: float | None) -> list[Group]:
-    """Runs -> groups (methods) in the order they first appear, with per-run numbers."""
+               target: float | None, allow_differing: Sequence[str] = ()) -> list[Group]:
+    """Runs -> groups (methods) in the order they first appear, with per-run numbers.
+    ``group_by`` None: by the keys that differ between the runs (``differing_keys``)."""
     if not any(r.metrics and any(rec.get(metric) is not None for rec in r.metrics)
                for r in runs):
         raise FedrayError(f"metric {metric!r} is in no run's {METRICS_FILE}; available: "
                           f"{', '.join(_available(runs)) or 'none'}")
     lower = lower_is_better(metric)
+    auto = group_by is None
+    by = differing_keys(runs) if auto else group_by
+    labels = _auto_labels(runs, by) if auto else None
     groups: dict[str, Group] = {}
-    for run in runs:
+    for i, run in enumerate(runs):
         keys = {}
-        for key in group_by or ["name"]:
+        for key in by:
             try:
                 keys[key] = config_value(run.config, key)
             except KeyError:
+                if auto:
+                    keys[key] = ABSENT
+                    continue
                 raise FedrayError(f"group-by key {key!r} is not in "
                                   f"{_join(run.url, CONFIG_FILE)}") from None
-        if group_by is None:
-            label = str(keys["name"])
-        else:
-            label = ", ".join(f"{k}={v}" for k, v in keys.items())
+        label = labels[i] if labels is not None else ", ".join(f"{k}={v}"
+                                                               for k, v in keys.items())
         values = series(run, metric)
         if not values:
             raise FedrayError(f"{_join(run.url, METRICS_FILE)} has no {metric!r} values; "
@@ -228,31 +302,31 @@ def group_runs(runs: Sequence[Run], metric: str, group_by: list[str] | None,
             rounds_to_target=None if target is None else rounds_to_target(values, target, lower))
         groups.setdefault(label, Group(label=label, keys=keys)).results.append(result)
     for group in groups.values():
-        check_repetitions(group, group_by)
+        check_repetitions(group, by, allow_differing)
     return list(groups.values())
 
 
-# config keys in which the runs of one method may differ: the repetition itself (seed), what
-# a run is called and where it wrote, how long it ran (the final round is reported) and how
-# it was run, evaluated or checkpointed -- none changes the method being compared
-REPEAT_KEYS = ("seed", "name", "rounds", "output.", "runtime.", "checkpoint.", "eval.every",
-               "eval.batch_size", "data.verify", "data.open_shards")
+def _matches(key: str, patterns: Sequence[str]) -> bool:
+    """``key`` is one of ``patterns``, or under one ending in ``.`` (``runtime.``)."""
+    return any(key == k or (k.endswith(".") and key.startswith(k)) for k in patterns)
 
 
 def _repeat_key(key: str) -> bool:
-    return any(key == k or (k.endswith(".") and key.startswith(k)) for k in REPEAT_KEYS)
+    return _matches(key, REPEAT_KEYS)
 
 
-def check_repetitions(group: Group, group_by: list[str] | None) -> None:
+def check_repetitions(group: Group, group_by: list[str] | None,
+                      allow_differing: Sequence[str] = ()) -> None:
     """Refuse a group whose runs are not repetitions of one method: averaging runs with
     different learning rates as if they were seeds of one would report a method nobody ran.
-    Names the first keys that differ and the runs that differ in them."""
-    from fedray.config import flat_keys
-
+    Names the first keys that differ and the runs that differ in them. ``allow_differing``:
+    keys (or ``prefix.``) the user lets differ within a group (``--allow-differing``)."""
     if len(group.results) < 2:
         return
-    flat = [flat_keys(r.run.config) for r in group.results]
+    flat = [_flat(r.run.config) for r in group.results]
+    allowed = [k.rstrip("*") for k in allow_differing]
     keys = sorted({k for f in flat for k in f if not _repeat_key(k)
+                   and not _matches(k, allowed)
                    and any(g.get(k) != flat[0].get(k) for g in flat)})
     if not keys:
         return
@@ -261,11 +335,12 @@ def check_repetitions(group: Group, group_by: list[str] | None) -> None:
     runs = group.results
     more = f" (and {', '.join(keys[1:4])}{', ...' if len(keys) > 4 else ''})" if len(keys) > 1 \
         else ""
-    by = ",".join([*(group_by or ["name"]), *keys[:3]])
+    by = ",".join([*(group_by or []), *keys[:3]])
     raise FedrayError(f"the runs grouped as {group.label!r} are not repetitions of one method: "
                       f"they differ in {k}{more} ({runs[0].run.url}: {flat[0].get(k)!r}, "
                       f"{runs[other].run.url}: {flat[other].get(k)!r}); group them apart, "
-                      f"e.g. --group-by {by}")
+                      f"e.g. --group-by {by}, or average them anyway with --allow-differing "
+                      f"{','.join(keys)}")
 
 
 def curve(group: Group) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
@@ -384,16 +459,194 @@ def plot_file_name(metric: str) -> str:
     return re.sub(r"[^A-Za-z0-9_.-]", "_", metric) + ".png"
 
 
+# ---- the distribution over clients (runs with per-client evaluation, client_eval/) ----
+
+_TABLE = re.compile(r"round_(\d+)\.arrow$")
+
+
+@dataclass
+class ClientGroup:
+    """The per-client values of a group's runs at their final (or a chosen) round, pooled:
+    one value per client with test data per run. ``values``: column -> values, for the
+    metric's column and, where the tables have it, its personalized one; ``rounds``: the
+    round used of each run that has tables (``runs`` of them)."""
+
+    label: str
+    rounds: list[int]
+    values: dict[str, np.ndarray]
+    runs: int
+
+
+def client_rounds(run: Run) -> dict[int, str]:
+    """round -> URL of the run's per-client tables (``client_eval/round_NNNNNN.arrow``)."""
+    fs, path = filesystem(run.url, "run directory", what=None)
+    folder = _join(path, CLIENT_EVAL_DIR)
+    if not fs.isdir(folder):
+        return {}
+    out = {}
+    for p in fs.ls(folder, detail=False):
+        m = _TABLE.search(p.rsplit("/", 1)[-1])
+        if m:
+            out[int(m.group(1))] = _join(_join(run.url, CLIENT_EVAL_DIR), m.group(0))
+    return dict(sorted(out.items()))
+
+
+def client_values(url: str, metric: str) -> dict[str, np.ndarray]:
+    """``metric``'s column of one per-client table, and ``personalized_<metric>``'s when the
+    table has it, over the clients with test data (``count`` > 0: a client without any has
+    no accuracy); one line naming the file and the column when the table cannot be read or
+    lacks it."""
+    import pyarrow as pa
+
+    fs, path = filesystem(url, "client table", what=None)
+    try:
+        with fs.open(path, "rb") as f:
+            table = pa.ipc.open_file(pa.BufferReader(f.read())).read_all()
+    except (pa.ArrowInvalid, OSError) as exc:
+        first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        raise FedrayError(f"{url} is not an Arrow IPC file: {first}") from None
+    for name in ("count", metric):
+        if name not in table.column_names:
+            raise FedrayError(f"{url} has no column {name!r} (columns: "
+                              f"{', '.join(table.column_names)})")
+    has = table.column("count").to_numpy(zero_copy_only=False) > 0
+    columns = [metric]
+    if not metric.startswith("personalized_") and f"personalized_{metric}" in table.column_names:
+        columns.append(f"personalized_{metric}")
+    return {c: table.column(c).to_numpy(zero_copy_only=False).astype(np.float64)[has]
+            for c in columns}
+
+
+def client_groups(groups: Sequence[Group], metric: str, round_: int | None
+                  ) -> tuple[list[ClientGroup], list[str]]:
+    """Per group, the pooled per-client ``metric`` (and ``personalized_<metric>`` where
+    the tables have it) at each run's last table round (or ``round_``), and the URLs of the
+    runs without per-client tables (left out). Groups none of whose runs has a table are
+    left out; ([], ...) when no run has one."""
+    out: list[ClientGroup] = []
+    missing: list[str] = []
+    for g in groups:
+        rounds, pooled, runs = [], {}, 0
+        for res in g.results:
+            tables = client_rounds(res.run)
+            if not tables:
+                missing.append(res.run.url)
+                continue
+            r = max(tables) if round_ is None else round_
+            if r not in tables:
+                raise FedrayError(f"{_join(res.run.url, CLIENT_EVAL_DIR)} has no table of "
+                                  f"round {r} (rounds with one: "
+                                  f"{', '.join(map(str, tables))})")
+            for column, values in client_values(tables[r], metric).items():
+                pooled.setdefault(column, []).append(values)
+            rounds.append(r)
+            runs += 1
+        if runs:
+            out.append(ClientGroup(label=g.label, rounds=rounds, runs=runs,
+                                   values={k: np.concatenate(v) for k, v in pooled.items()}))
+    return out, missing
+
+
+def client_summary(values: np.ndarray, metric: str) -> dict[str, float]:
+    """Clients, mean, the 10th percentile (90th for a loss: the bad tail) and the worst-10%
+    mean, as the ``clients_*`` keys of metrics.jsonl compute them (fedray.tracking
+    .client_eval.client_stats)."""
+    from fedray.tracking.client_eval import client_stats
+
+    higher = not lower_is_better(metric)
+    stats = client_stats(values, "s", higher_is_better=higher)
+    tail = "p10" if higher else "p90"
+    return {"clients": len(values), "mean": stats.get("s_mean"), tail: stats.get(f"s_{tail}"),
+            "worst10": stats.get("s_worst10")}
+
+
+def client_table(cgroups: Sequence[ClientGroup], metric: str) -> str:
+    """The report.md table: per group and column, clients, mean, p10 and worst-10% mean."""
+    columns = list(dict.fromkeys(c for g in cgroups for c in g.values))
+    tail = "p10" if not lower_is_better(metric) else "p90"
+    head = ["method", "runs", "round"]
+    for c in columns:
+        head += [f"{c}: clients", "mean", tail, "worst 10%"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "|".join("---" for _ in head) + "|"]
+    for g in cgroups:
+        lo, hi = min(g.rounds), max(g.rounds)
+        cells = [_md_cell(g.label), str(g.runs), str(lo) if lo == hi else f"{lo}–{hi}"]
+        for c in columns:
+            if c not in g.values or not len(g.values[c]):
+                cells += ["0", "—", "—", "—"]
+                continue
+            st = client_summary(g.values[c], metric)
+            cells += [str(st["clients"]), f"{st['mean']:.4f}", f"{st[tail]:.4f}",
+                      f"{st['worst10']:.4f}"]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def _cdf_png(cgroups: Sequence[ClientGroup], metric: str, title: str) -> bytes:
+    """The empirical CDF of the per-client metric, a line per group (dashed: personalized).
+    """
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7.5, 4.8))
+    for i, g in enumerate(cgroups):
+        for column, values in g.values.items():
+            if not len(values):
+                continue
+            x = np.sort(values)
+            y = np.arange(1, len(x) + 1) / len(x)
+            personal = column.startswith("personalized_") and not metric.startswith(
+                "personalized_")
+            ax.step(x, y, where="post", color=f"C{i % 10}", linestyle="--" if personal else "-",
+                    label=f"{g.label}{' (personalized)' if personal else ''} "
+                          f"(n={len(values)})")
+    ax.set_xlabel(f"per-client {metric}")
+    ax.set_ylabel("fraction of clients ≤ x")
+    ax.set_ylim(0, 1)
+    ax.set_title(title)
+    ax.grid(True, alpha=0.3)
+    if ax.get_legend_handles_labels()[0]:
+        ax.legend(fontsize="small")
+    fig.tight_layout()
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=120)
+    plt.close(fig)
+    return buf.getvalue()
+
+
+def client_plot_name(metric: str) -> str:
+    """``client_<metric>_cdf.png``."""
+    return plot_file_name(f"client_{metric}_cdf")
+
+
+def _grouping_line(keys: list[str], auto: bool, allow: list[str]) -> str:
+    if auto:
+        said = ", ".join(keys) if keys else "nothing (the runs differ in no such key: one method)"
+        line = (f"grouped by: {said} -- the config keys whose values differ between the runs, "
+                f"less {', '.join(k + '*' if k.endswith('.') else k for k in REPEAT_KEYS)}")
+    else:
+        line = f"grouped by: {', '.join(keys)} (--group-by)"
+    if allow:
+        line += f"; allowed to differ within a method: {', '.join(allow)} (--allow-differing)"
+    return line
+
+
 def build_report(run_urls: Sequence[str], out: str, *, metric: str = "test_accuracy",
                  group_by: str | Sequence[str] | None = None, target: float | None = None,
-                 title: str | None = None) -> str:
+                 title: str | None = None, allow_differing: str | Sequence[str] | None = None,
+                 client_metric: str = "accuracy", client_round: int | None = None) -> Report:
     """Write report.md, report.csv, report.json and ``<metric>.png`` into the directory ``out``
-    (a local path or fsspec URL) and return the Markdown table.
+    (a local path or fsspec URL) -- and, when runs have per-client tables, the
+    distribution of ``client_metric`` over clients at the final round (or ``client_round``):
+    ``client_<metric>_cdf.png`` and a table in report.md -- and return what was written.
 
     Everything is read and checked before anything is written, and ``out`` is refused when it
     already holds a report.md, so a bad input or a repeated command never leaves a half-written
     or overwritten report. ``group_by``: dotted config keys (``"algorithm.name,seed"`` or a
-    list); None groups by the config's ``name``.
+    list); None groups by every key whose value differs between the runs, less REPEAT_KEYS.
+    ``allow_differing``: keys the runs of one group may differ in anyway (averaged as seeds).
     """
     if not run_urls:
         raise FedrayError("no run directories given")
@@ -410,12 +663,16 @@ def build_report(run_urls: Sequence[str], out: str, *, metric: str = "test_accur
             raise FedrayError(f"run directory {url} is given twice")
         seen.add(url.rstrip("/"))
     keys = parse_group_by(group_by)
+    allow = parse_group_by(allow_differing, "--allow-differing") or []
     runs = [load_run(u) for u in run_urls]
-    groups = group_runs(runs, metric, keys, target)
+    groups = group_runs(runs, metric, keys, target, allow)
+    by = list(groups[0].keys)
+    grouping = _grouping_line(by, keys is None, allow)
     lower = lower_is_better(metric)
     title = title or metric
     png, skipped = _plot_png(groups, metric, target, title)
     table = markdown_table(groups, metric, target)
+    cgroups, no_tables = client_groups(groups, client_metric, client_round)
 
     direction = "lower is better" if lower else "higher is better"
     md = [f"# {title}", "",
@@ -427,30 +684,59 @@ def build_report(run_urls: Sequence[str], out: str, *, metric: str = "test_accur
     else:
         md.append(f"target: {metric} {'≤' if lower else '≥'} {target:g}; rounds to target = "
                   "first round that reaches it, mean ± std over the runs that reach it")
-    md += ["", f"grouped by: {', '.join(keys) if keys else 'name'}", "",
-           f"run directories ({len(runs)}):", ""]
+    md += ["", grouping, "", f"run directories ({len(runs)}):", ""]
     md += [f"- `{r.run.url}` ({_md_cell(g.label)}, seed {_fmt_seed(r.seed)})"
            for g in groups for r in g.results]
     md += ["", table, "", f"![{metric}]({plot_file_name(metric)})", ""]
     for label in skipped:
         md += [f"note: the runs of {label} share no round with a {metric} value; not plotted",
                ""]
+    files = [plot_file_name(metric)]
+    client_json: dict[str, Any] | None = None
+    if cgroups:
+        where = "the final round (each run's last table)" if client_round is None else \
+            f"round {client_round}"
+        tail = "90th" if lower_is_better(client_metric) else "10th"
+        md += [f"## Per-client {client_metric} at {where}", "",
+               f"one value per evaluated client with test data (`{CLIENT_EVAL_DIR}/`), the "
+               f"clients of a method's runs pooled; {tail} percentile by numpy's linear "
+               "interpolation; worst 10% = mean over the ceil(10%) worst clients", "",
+               client_table(cgroups, client_metric), "",
+               f"![per-client {client_metric}]({client_plot_name(client_metric)})", ""]
+        md += [f"note: {u} has no per-client tables; not in this section" for u in no_tables]
+        if no_tables:
+            md.append("")
+        files.append(client_plot_name(client_metric))
+        client_json = {
+            "metric": client_metric, "round": client_round, "pooled": "over the runs' clients",
+            "groups": [{"method": g.label, "runs": g.runs, "rounds": g.rounds,
+                        **{c: client_summary(v, client_metric) for c, v in g.values.items()}}
+                       for g in cgroups]}
 
     rows = _rows(groups, target)
     report_json = {
         "metric": metric, "lower_is_better": lower, "target": target,
-        "group_by": keys or ["name"], "std": "population (ddof=0) over runs",
+        "group_by": by, "grouping": "given" if keys is not None else "differing keys",
+        "allow_differing": allow, "std": "population (ddof=0) over runs",
         "groups": rows,
         "runs": [{"run_dir": r.run.url, "group": r.group, "seed": r.seed,
                   "final": r.final, "final_round": r.final_round, "best": r.best,
                   "best_round": r.best_round, "rounds_to_target": r.rounds_to_target}
                  for g in groups for r in g.results],
     }
+    if client_json is not None:
+        report_json["clients"] = client_json
+    outputs = [(plot_file_name(metric), png)]
+    if cgroups:
+        outputs.append((client_plot_name(client_metric),
+                        _cdf_png(cgroups, client_metric, f"{title}: per-client "
+                                 f"{client_metric}")))
+    outputs += [("report.csv", _csv_text(rows).encode()),
+                ("report.json", (json.dumps(_json_safe(report_json), indent=2) + "\n").encode()),
+                (REPORT_FILE, "\n".join(md).encode())]  # last: it means complete
     fs.makedirs(out_path, exist_ok=True)
-    for name, data in ((plot_file_name(metric), png), ("report.csv", _csv_text(rows).encode()),
-                       ("report.json", (json.dumps(_json_safe(report_json), indent=2)
-                                        + "\n").encode()),
-                       (REPORT_FILE, "\n".join(md).encode())):  # last: it means complete
+    for name, data in outputs:
         with fs.open(_join(out_path, name), "wb") as f:
             f.write(data)
-    return table
+    return Report(table=table, group_by=by, grouping=grouping,
+                  files=[*files, "report.csv", "report.json", REPORT_FILE])
