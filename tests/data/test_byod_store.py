@@ -76,16 +76,34 @@ def test_csv_recipe_then_run_one_client_per_user(tmp_path, capsys):
                                                          (D.split == "train")).sum())
         assert m["clients"]["test"]["count"][k] == int(((D.users == user) &
                                                         (D.split == "test")).sum())
-    code = main(["run", str(ROOT / "jobs" / "quickstart.yaml"), f"data.partition={tmp_path}/nat",
+    last = _run(capsys, tmp_path / "nat", tmp_path / "run", USERS,
+                f"eval.federated_clients={USERS}")
+    assert 0.0 <= last["fed_test_accuracy"] <= 1.0 and last["clients_evaluated"] == USERS
+
+
+def _run(capsys, store: pathlib.Path, out: pathlib.Path, population: int, *over: str) -> dict:
+    """``fedray run`` on ``store`` for 2 rounds (logistic regression, no Ray); its last
+    metrics record."""
+    code = main(["run", str(ROOT / "jobs" / "quickstart.yaml"), f"data.partition={store}",
                  "model.name=logreg", "rounds=2", "eval.every=1", "runtime.backend=inline",
-                 "sampling.clients_per_round=3", "client.batch_size=8",
-                 f"eval.federated_clients={USERS}", "--quiet",
-                 f"output.dir={tmp_path}/run"])
+                 "sampling.clients_per_round=3", "client.batch_size=8", "--quiet",
+                 f"output.dir={out}", *over])
     assert code == 0, capsys.readouterr().err
-    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
-    assert summary["population"] == USERS
-    last = json.loads((tmp_path / "run" / "metrics.jsonl").read_text().splitlines()[-1])
-    assert last["round"] == 2 and 0.0 <= last["fed_test_accuracy"] <= 1.0
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["population"] == population
+    last = json.loads((out / "metrics.jsonl").read_text().splitlines()[-1])
+    assert last["round"] == 2
+    return last
+
+
+def test_npz_recipe_then_run(tmp_path, capsys):
+    npz = write_npz(tmp_path / "d.npz", D)
+    code, _, err = _partition(capsys, str(ROOT / "partitions" / "numpy.yaml"),
+                              f"source.path={npz}", "source.split=split",
+                              "partitioner.num_clients=4", f"out={tmp_path}/npz")
+    assert code == 0, err
+    assert read_manifest(str(tmp_path / "npz"))["central_test"]["rows"] == 12
+    assert 0.0 <= _run(capsys, tmp_path / "npz", tmp_path / "run", 4)["test_accuracy"] <= 1.0
 
 
 def test_parquet_images_and_hf_disk_through_the_cli(tmp_path, capsys):
@@ -105,6 +123,9 @@ def test_parquet_images_and_hf_disk_through_the_cli(tmp_path, capsys):
     m = read_manifest(str(tmp_path / "hf_iid"))
     assert m["num_classes"] == 5 and m["num_clients"] == 3 and m["central_test"]["rows"] == 12
     assert _contents(str(tmp_path / "img"))[1] != _contents(str(tmp_path / "hf_iid"))[1]
+    for store, population in (("img", 4), ("hf_iid", 3)):  # each trains
+        last = _run(capsys, tmp_path / store, tmp_path / f"run_{store}", population)
+        assert 0.0 <= last["test_accuracy"] <= 1.0
 
 
 def test_bad_input_exits_2_and_writes_nothing(tmp_path, capsys):
