@@ -9,6 +9,7 @@ backends agree bit for bit)."""
 from __future__ import annotations
 
 import math
+import pathlib
 
 import numpy as np
 import pytest
@@ -177,6 +178,25 @@ def test_personalization_reports_both_and_leaves_the_global_model_alone(tmp_path
     assert m["fed_test_personalized_accuracy"] == \
         t.column("personalized_correct").to_numpy().sum() / t.column("count").to_numpy().sum()
     assert "clients_personalized_accuracy_p10" in m
+
+
+def test_personalization_table_script(tmp_path, monkeypatch, capsys):
+    """jobs/personalization/table.py, docs/evaluation.md's table: it recomputes each run's
+    clients_* statistics from the last table (asserting they equal the logged ones) and
+    prints a row per seed."""
+    import importlib.util
+
+    path = pathlib.Path(__file__).resolve().parents[2] / "jobs" / "personalization" / "table.py"
+    spec = importlib.util.spec_from_file_location("personalization_table", path)
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    res = run(tmp_path, "pers", rounds=2, eval={"every": 0, "personalize": {"steps": 2}})
+    monkeypatch.setattr("sys.argv", ["table.py", res.run_dir])
+    script.main()
+    rows = capsys.readouterr().out.splitlines()
+    m = res.metrics[-1]
+    assert rows[2].startswith("| 5 | 2 | 9 | ")  # seed 5, round 2, 9 clients with test data
+    assert f"{m['clients_personalized_accuracy_p10']:.3f}" in rows[2].split(" | ")
 
 
 def test_in_memory_clients_keep_their_test_splits():
