@@ -187,3 +187,15 @@ class Callbacks:
             except Exception as exc:
                 print(f"fedray: {type(cb).__name__}.on_run_failed failed: "
                       f"{type(exc).__name__}: {one_line(exc)}", file=sys.stderr, flush=True)
+
+
+def require_tracker(module: str, key: str, product: str, extra: str) -> None:
+    """Fail before anything starts when a tracker's config key is on and its package
+    (an optional extra) is missing."""
+    import importlib
+
+    try:
+        importlib.import_module(module)
+    except ImportError:
+        raise FedrayError(f"config key '{key}': {product} is not installed; pip install "
+                          f"'fedray[{extra}]' or set {key}=false") from None

@@ -13,18 +13,13 @@ from __future__ import annotations
 
 from omegaconf import DictConfig
 
-from fedray.errors import FedrayError
-from fedray.tracking.callbacks import Callback, RunInfo
+from fedray.tracking.callbacks import Callback, RunInfo, require_tracker
 from fedray.tracking.tags import flat_config, numeric_metrics, run_name
 
 
 def require_mlflow() -> None:
     """Fail before anything starts when output.mlflow is on and MLflow is missing."""
-    try:
-        import mlflow  # noqa: F401
-    except ImportError:
-        raise FedrayError("config key 'output.mlflow': MLflow is not installed; pip install "
-                          "'fedray[mlflow]' or set output.mlflow=false") from None
+    require_tracker("mlflow", "output.mlflow", "MLflow", "mlflow")
 
 
 def flat_params(cfg: DictConfig) -> dict[str, str]:

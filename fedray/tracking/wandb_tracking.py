@@ -25,7 +25,7 @@ from omegaconf import OmegaConf
 from fedray.errors import FedrayError, one_line
 from fedray.state.redact import mask_tree
 from fedray.state.storage import filesystem, is_local
-from fedray.tracking.callbacks import Callback, RunInfo
+from fedray.tracking.callbacks import Callback, RunInfo, require_tracker
 from fedray.tracking.tags import run_name, tagged_metrics
 
 DEFAULT_PROJECT = "fedray"
@@ -33,11 +33,7 @@ DEFAULT_PROJECT = "fedray"
 
 def require_wandb() -> None:
     """Fail before anything starts when output.wandb is on and W&B is missing."""
-    try:
-        import wandb  # noqa: F401
-    except ImportError:
-        raise FedrayError("config key 'output.wandb': Weights & Biases is not installed; pip "
-                          "install 'fedray[wandb]' or set output.wandb=false") from None
+    require_tracker("wandb", "output.wandb", "Weights & Biases", "wandb")
 
 
 def summary_values(summary: dict) -> dict[str, float]:
