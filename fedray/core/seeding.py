@@ -21,6 +21,10 @@ TAG_TEST_HOLDOUT = 7  # a recipe's central test set carved out of a train-only s
 TAG_DROPOUT = 8  # whether a sampled client drops out of a round, per (round, client)
 TAG_SPEED = 9  # a sampled client's simulated speed in a round (over-selection), per client
 TAG_PERSONALIZE = 10  # an evaluated client's fine-tuning (eval.personalize), per round
+# the timing model's streams (fedray.timing.streams hashes client ids under one key each)
+TAG_DEVICE = 11  # a client's device profile, per (seed, client id): fixed for the run
+TAG_AVAILABILITY = 12  # a client's diurnal phase, and its jitter per (client id, period)
+TAG_ONLINE_SAMPLE = 13  # the candidates drawn to find k online clients, per (seed, draw)
 
 
 def derive_seed(*parts: int) -> int:
