@@ -91,6 +91,8 @@ def prepare(config: ConfigSource | None, overrides: list[str] | tuple = (),
         cfg = OmegaConf.merge(cfg, {"data": {"partition": url}})
         OmegaConf.set_readonly(cfg, True)
     validate(cfg, population, custom_model=model_fn is not None)
+    if cfg.clock.enabled:
+        cfg = _clock_traces(cfg)
     notes: list[str] = []
     cfg = with_algorithm(cfg, notes)
     for note in notes:
@@ -115,6 +117,29 @@ def prepare(config: ConfigSource | None, overrides: list[str] | tuple = (),
         raise key_error("eval.federated_clients", "this data has no per-client test split; set "
                         "it to 0, or give in-memory clients as {'train': (x, y), "
                         "'test': (x, y)}", cfg.eval.federated_clients)
+    return cfg
+
+
+def _clock_traces(cfg: DictConfig) -> DictConfig:
+    """The clock's trace files as absolute URLs (the driver, another process, reads them),
+    each read and checked now, so a bad trace fails before anything starts."""
+    from fedray.timing.rounds import availability_model, device_model
+
+    used = {"devices": cfg.clock.devices.source == "trace",
+            "availability": cfg.clock.availability.model == "trace"}
+    urls = {}
+    for section in [s for s, on in used.items() if on]:
+        url = absolute_url(cfg.clock[section].trace)
+        fs, path = filesystem(url, f"clock.{section}.trace")
+        if not fs.exists(path):
+            raise key_error(f"clock.{section}.trace", f"{url} does not exist",
+                            cfg.clock[section].trace)
+        urls[section] = {"trace": url}
+    if urls:
+        cfg = OmegaConf.merge(cfg, {"clock": urls})
+        OmegaConf.set_readonly(cfg, True)
+    device_model(cfg.clock, cfg.seed)
+    availability_model(cfg.clock, cfg.seed)
     return cfg
 
 

@@ -187,6 +187,46 @@ class EvalConfig:
 
 
 @dataclass
+class ClockDevicesConfig:
+    """clock.devices: each client's device (fedray.timing.devices): log-normal profiles
+    drawn once per (seed, client id), or the rows of a device trace file."""
+
+    source: str = "lognormal"  # lognormal | trace
+    trace: str | None = None  # a device trace file (CSV, Arrow, parquet; docs/time.md)
+    compute_s_per_example: float = 0.01  # median seconds per example per local pass
+    compute_sigma: float = 0.7
+    down_bytes_per_s: float = 2.5e6  # median download bandwidth
+    down_sigma: float = 0.8
+    up_bytes_per_s: float = 7.5e5  # median upload bandwidth
+    up_sigma: float = 0.8
+
+
+@dataclass
+class ClockAvailabilityConfig:
+    """clock.availability: when a client is online (fedray.timing.availability)."""
+
+    model: str = "always"  # always | diurnal | trace
+    trace: str | None = None  # an availability trace file (model: trace)
+    period_s: float = 86400.0  # diurnal: one window per period
+    online_s: float = 28800.0  # diurnal: the window's length
+    phase_spread_s: float | None = None  # diurnal: phases uniform in [0, this); None: period
+    jitter_s: float = 0.0  # diurnal: window start jitter per period
+
+
+@dataclass
+class ClockConfig:
+    """clock: simulated time (docs/time.md). Off: no clock work at all."""
+
+    enabled: bool = False
+    devices: ClockDevicesConfig = field(default_factory=ClockDevicesConfig)
+    availability: ClockAvailabilityConfig = field(default_factory=ClockAvailabilityConfig)
+    deadline_s: float | None = None  # round deadline in simulated seconds; None: none
+    down_bytes: float | None = None  # bytes down per update; None: 4 per model parameter
+    up_bytes: float | None = None  # bytes up per update; None: 4 per model parameter
+    max_sample_draws: int | None = None  # online sampler's bound; None: 1000 per client
+
+
+@dataclass
 class CheckpointConfig:
     # write run_dir/checkpoint.safetensors after every N-th round and after the last, so
     # `fedray run --resume RUN_DIR` can continue; 0: only after the last round
@@ -223,6 +263,7 @@ class FedrayConfig:
     guard: GuardConfig = field(default_factory=GuardConfig)
     runtime: RuntimeConfig = field(default_factory=RuntimeConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
+    clock: ClockConfig = field(default_factory=ClockConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     output: OutputConfig = field(default_factory=OutputConfig)
 
@@ -364,6 +405,41 @@ def check_finite(cfg: Any, what: str = "config", prefix: str = "") -> None:
             raise key_error(key, "must be a finite number", v, what=what)
 
 
+def _validate_clock(cfg: DictConfig) -> None:
+    """clock.*: checked whether or not the clock is on, so a typo waits for no run."""
+    r = _require
+    ck = cfg.clock
+    d, a = ck.devices, ck.availability
+    r(d.source in ("lognormal", "trace"), "clock.devices.source", "must be lognormal or trace",
+      d.source)
+    r(d.source != "trace" or bool(d.trace), "clock.devices.trace",
+      "must name a device trace file when clock.devices.source is trace", d.trace)
+    for key in ("compute_s_per_example", "down_bytes_per_s", "up_bytes_per_s"):
+        r(d[key] > 0, f"clock.devices.{key}", "must be > 0", d[key])
+    for key in ("compute_sigma", "down_sigma", "up_sigma"):
+        r(d[key] >= 0, f"clock.devices.{key}", "must be >= 0", d[key])
+    r(a.model in ("always", "diurnal", "trace"), "clock.availability.model",
+      "must be always, diurnal or trace", a.model)
+    r(a.model != "trace" or bool(a.trace), "clock.availability.trace",
+      "must name an availability trace file when clock.availability.model is trace", a.trace)
+    r(a.period_s > 0, "clock.availability.period_s", "must be > 0", a.period_s)
+    r(0 < a.online_s <= a.period_s, "clock.availability.online_s",
+      "must be in (0, clock.availability.period_s]", a.online_s)
+    r(a.jitter_s >= 0 and a.online_s + a.jitter_s <= a.period_s, "clock.availability.jitter_s",
+      "must be >= 0 with online_s + jitter_s <= period_s", a.jitter_s)
+    r(a.phase_spread_s is None or 0 < a.phase_spread_s <= a.period_s,
+      "clock.availability.phase_spread_s", "must be in (0, period_s]", a.phase_spread_s)
+    r(ck.deadline_s is None or ck.deadline_s > 0, "clock.deadline_s", "must be > 0",
+      ck.deadline_s)
+    for key in ("down_bytes", "up_bytes"):
+        r(ck[key] is None or ck[key] >= 0, f"clock.{key}", "must be >= 0", ck[key])
+    r(ck.max_sample_draws is None or ck.max_sample_draws >= 1, "clock.max_sample_draws",
+      "must be >= 1", ck.max_sample_draws)
+    r(not (ck.enabled and len(cfg.sampling.always)), "sampling.always",
+      "cannot be combined with clock.enabled: a pinned client may be offline",
+      list(cfg.sampling.always))
+
+
 def validate(cfg: DictConfig, population: int, *, custom_model: bool = False) -> None:
     """Reject impossible values with one line naming the key and what is allowed."""
     r = _require
@@ -453,6 +529,7 @@ def validate(cfg: DictConfig, population: int, *, custom_model: bool = False) ->
       "needs eval.federated_clients > 0: clients are personalized on their own train split "
       "and evaluated on their own test split", p.steps or p.epochs)
     r(cfg.checkpoint.every >= 0, "checkpoint.every", "must be >= 0", cfg.checkpoint.every)
+    _validate_clock(cfg)
     r(bool(cfg.output.dir), "output.dir", "must be a path or URL", cfg.output.dir)
     from fedray.tracking.callbacks import callback_class
 

@@ -212,6 +212,9 @@ class ClientWork(Part):
 
     state: ClassVar[tuple[str, ...]] = ()  # per-client state tensors, in the state store
     full_batch: ClassVar[bool] = False  # one step on all of the client's data (FedSGD)
+    # every local step draws its own batch (batch_schedule's independent): what the
+    # simulated clock (clock.enabled) counts as the examples an update touches
+    independent_batches: ClassVar[bool] = False
     uses_broadcast: ClassVar[tuple[str, ...]] = ()  # Aggregator.broadcast keys it reads
     extras: ClassVar[dict[str, str]] = {}  # extra sums it adds: name -> "params" (one value
     # per model parameter) -- see Aggregator.extras

@@ -111,6 +111,7 @@ class LocalUpdateClient(ClientWork):
     section = "local_update"
     Params = LocalUpdateParams
     allows_zero_lr = True
+    independent_batches = True
 
     def check(self, params: LocalUpdateParams) -> None:
         check_theta(params.theta)
@@ -160,6 +161,7 @@ class MAMLClient(ClientWork):
 
     name = "maml"
     allows_zero_lr = True  # gamma = 0: the gradient of f at x (FedSGD)
+    independent_batches = True
 
     def setup(self, env: WorkerEnv) -> None:
         self._delta = torch.empty_like(env.model.flat)

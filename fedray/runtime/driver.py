@@ -131,6 +131,14 @@ class Driver:
         self.resumed_from: int | None = None
         self.history: list[dict] = []
         cl, w = c.client, c.runtime.worker
+        self.clock, self.sim_time_s = None, 0.0
+        if c.clock.enabled:
+            from fedray.timing.rounds import LocalWork, RoundClock
+
+            self.clock = RoundClock(c.clock, c.seed, self.sizes, self.template.num_params,
+                                    LocalWork(cl.batch_size, cl.local_epochs, cl.local_steps,
+                                              cl.steps_per_epoch, client.full_batch,
+                                              client.independent_batches))
         spec = WorkerSpec(
             make_model=make_model, source=source, seed=c.seed,
             training=LocalTraining(lr=cl.lr, batch_size=cl.batch_size,
@@ -219,6 +227,8 @@ class Driver:
             self.start_round = ckpt.round + 1
         self.run_dir.remove_temporaries()
         lines = ckpt.metrics_lines if ckpt is not None else []
+        # the simulated clock goes on from where the checkpoint's last round ended it
+        self.sim_time_s = json.loads(lines[-1]).get("sim_time_s", 0.0) if lines else 0.0
         self.run_dir.restore_metrics(lines)
         self.history = [self._history_entry(json.loads(line)) for line in lines]
         if self.state_store is not None:  # versions written after the checkpoint, or unused
@@ -282,9 +292,16 @@ class Driver:
     def _train_round(self, r: int) -> dict[str, Any]:
         c = self.cfg
         sm = c.sampling
-        sel = select_round(c.seed, r, self.source.population, sm.clients_per_round,
-                           always=sm.always, dropout=sm.dropout,
-                           over_selection=sm.over_selection, sizes=self.sizes)
+        clocked: dict[str, float] = {}
+        if self.clock is not None:  # clock.enabled: online clients, durations, deadline
+            sel = self.clock.select(r, self.sim_time_s, sm.clients_per_round,
+                                    dropout=sm.dropout, over_selection=sm.over_selection)
+            clocked = {"sim_round_s": sel.outcome.duration_s, "sim_time_s": sel.outcome.end_s}
+            self.sim_time_s = sel.outcome.end_s
+        else:
+            sel = select_round(c.seed, r, self.source.population, sm.clients_per_round,
+                               always=sm.always, dropout=sm.dropout,
+                               over_selection=sm.over_selection, sizes=self.sizes)
         ids = sel.participants
         groups = assign_balanced(ids, self.sizes[ids], len(self.pool))
         broadcast = self._broadcast_round()
@@ -316,7 +333,7 @@ class Driver:
                 "worker_failures": self.pool.round_failures,
                 "train_loss": stats["loss_sum"] / max(1, stats["examples_seen"]),
                 "worker_busy_s": stats["busy_s"], "worker_mem_mb": worker_mem,
-                **part_metrics}
+                **clocked, **part_metrics}
 
     def evaluate(self, r: int) -> dict[str, float]:
         """Central and federated evaluation of the current global model."""
