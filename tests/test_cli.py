@@ -113,8 +113,10 @@ def _start_long_run(tmp_path, name: str):
 
 def _launch_long_run(tmp_path, name: str):
     job = tmp_path / f"{name}.yaml"
+    # one worker: a Ray of its own, its driver and a worker are what must end with the CLI;
+    # a second worker would only be one more process to start
     job.write_text(yaml.safe_dump(tiny_job(tmp_path, name=name, rounds=500,
-                                           eval={"every": 1},
+                                           eval={"every": 1}, runtime__num_workers=1,
                                            output={"dir": str(tmp_path / name)})))
     err = open(tmp_path / f"{name}.err", "w+")
     env = dict(os.environ, RAY_USAGE_STATS_ENABLED="0")
@@ -177,9 +179,12 @@ def test_interrupts_and_kill_leave_no_process(tmp_path):
                 proc.kill()
 
 
-def test_output_redirected_to_a_file_has_no_escape_codes(tmp_path):
+def test_output_redirected_to_a_file_has_no_escape_codes(ray_cluster, tmp_path):
     """Lines Ray relays from actors keep their (ClientWorker pid=...) prefix but lose its
-    colour codes when the output is not a terminal (reverting the fix: ESC[36m in the file)."""
+    colour codes when the output is not a terminal (reverting the fix: ESC[36m in the file).
+    The script joins the session's Ray (a driver of its own, which relays its actors' lines
+    as a driver that started Ray does) rather than starting one."""
+    gcs = ray_cluster.get_runtime_context().gcs_address
     script = tmp_path / "noisy.py"
     script.write_text(
         "import numpy as np\n"
@@ -191,7 +196,8 @@ def test_output_redirected_to_a_file_has_no_escape_codes(tmp_path):
         "        return super().forward(x)\n"
         "clients = {c: (np.ones((4, 3), np.float32), np.arange(4) % 2) for c in range(2)}\n"
         f"fedray.run({{'rounds': 1, 'sampling': {{'clients_per_round': 2}},\n"
-        f"            'runtime': {{'num_cpus': 1}}, 'output': {{'dir': '{tmp_path}/run'}}}},\n"
+        f"            'runtime': {{'address': '{gcs}', 'num_workers': 1}},\n"
+        f"            'output': {{'dir': '{tmp_path}/run'}}}},\n"
         "           model_fn=lambda: Noisy(3, 2), client_data=clients)\n")
     env = dict(os.environ, RAY_USAGE_STATS_ENABLED="0")
     env.pop("RAY_ADDRESS", None)

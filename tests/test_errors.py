@@ -205,35 +205,132 @@ def _unshare() -> list[str] | None:
 UNSHARE = _unshare()
 
 
-def _run_row(template: pathlib.Path, work: pathlib.Path, rid: str, command: str):
-    shutil.copytree(template, work, copy_function=shutil.copy2)
-    before = _snapshot(work)
+def _env() -> dict[str, str]:
     env = dict(os.environ, RAY_USAGE_STATS_ENABLED="0", TZ="UTC")
     env.pop("RAY_ADDRESS", None)
     env.pop("FEDRAY_DEBUG", None)
+    return env
+
+
+def _run_mount_row(work: pathlib.Path, rid: str, command: str):
+    """A row whose precondition is a mount: `python -m fedray.cli` inside `unshare`, and
+    the mounted directory's contents after the command, listed from inside the namespace
+    (outside it the mount is gone)."""
     args = [sys.executable, "-m", "fedray.cli", *shlex.split(command)[1:]]  # drop "fedray"
     listing = work.with_name(f"{rid}.listing")
-    if rid in MOUNTS:  # the mounted directory's contents after the command, listed from
-        # inside the namespace (outside it the mount is gone)
-        script = (f"{MOUNTS[rid]} && {shlex.join(args)}; rc=$?; "
-                  f"find {shlex.split(MOUNTS[rid])[-1]} > {shlex.quote(str(listing))}; exit $rc")
-        args = [*UNSHARE, "sh", "-c", script]
-    out = subprocess.run(args, cwd=work, env=env, capture_output=True, text=True, timeout=180)
-    return out, before, _snapshot(work), listing
+    script = (f"{MOUNTS[rid]} && {shlex.join(args)}; rc=$?; "
+              f"find {shlex.split(MOUNTS[rid])[-1]} > {shlex.quote(str(listing))}; exit $rc")
+    return subprocess.run([*UNSHARE, "sh", "-c", script], cwd=work, env=_env(),
+                          capture_output=True, text=True, timeout=180)
+
+
+# The other rows are forks of one process that has imported fedray and torch once (torch:
+# what a row whose error comes after the model's check imports). Each is still a process of
+# its own, in its own copy of the template, running fedray.cli as `python -m fedray.cli`
+# does (runpy, with the row's arguments, working directory and sys.path[0] as `-m` sets
+# them), and ending through the interpreter's exit steps (non-daemon threads joined, atexit
+# handlers, streams flushed) but for the teardown of every module, which with torch loaded
+# costs about a second of CPU. A fresh interpreter per row took about 80 s of CPU for the
+# 85 rows (2 s for each of the 26 that import torch); the forks take about 15 s.
+# A row that hangs gets SIGALRM after 180 s; one the server cannot start exits 70.
+FORK_SERVER = r"""
+import atexit, gc, json, os, runpy, signal, sys, threading, traceback
+
+import fedray.api, fedray.core.losses, fedray.core.models  # noqa: F401
+
+def row(cwd, out, err, argv):
+    signal.alarm(180)
+    os.chdir(cwd)
+    for fd, path in ((1, out), (2, err)):
+        os.dup2(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644), fd)
+    sys.path[0] = cwd
+    sys.argv = [sys.argv[0], *argv]
+    try:
+        runpy.run_module("fedray.cli", run_name="__main__", alter_sys=True)
+        code = 0
+    except SystemExit as exc:  # read as the interpreter reads it
+        code = exc.code
+        if code is None:
+            code = 0
+        elif not isinstance(code, int):
+            print(code, file=sys.stderr)
+            code = 1
+    except BaseException:
+        traceback.print_exc()
+        code = 1
+    threading._shutdown()
+    atexit._run_exitfuncs()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code & 0xFF)
+
+rows = json.loads(open(sys.argv[1]).read())
+gc.freeze()  # the collector leaves the parent's objects alone: no copy-on-write of them
+running = {}
+
+def reap():
+    pid, status = os.wait()
+    print(json.dumps([running.pop(pid), os.waitstatus_to_exitcode(status)]), flush=True)
+
+for i, spec in enumerate(rows):
+    while len(running) >= 2:
+        reap()
+    sys.stdout.flush()
+    pid = os.fork()
+    if pid == 0:
+        try:
+            row(*spec)
+        finally:  # never back into this loop
+            os._exit(70)
+    running[pid] = i
+while running:
+    reap()
+"""
+
+
+def _run_forked(base: pathlib.Path, rows: dict[str, str]) -> dict[str, subprocess.CompletedProcess]:
+    """Every row of ``rows`` as a fork of FORK_SERVER, two at a time."""
+    work = base / "work"
+    specs = [[str(work / rid), str(work / f"{rid}.stdout"), str(work / f"{rid}.stderr"),
+              shlex.split(cmd)[1:]] for rid, cmd in rows.items()]
+    (base / "rows.json").write_text(json.dumps(specs))
+    server = subprocess.run([sys.executable, "-c", FORK_SERVER, str(base / "rows.json")],
+                            env=_env(), stdin=subprocess.DEVNULL, capture_output=True,
+                            text=True, timeout=900)
+    assert server.returncode == 0, server.stderr[-3000:]
+    codes = dict(json.loads(line) for line in server.stdout.splitlines())
+    return {rid: subprocess.CompletedProcess(argv, codes[i], pathlib.Path(out).read_text(),
+                                             pathlib.Path(err).read_text())
+            for i, (rid, (_, out, err, argv)) in enumerate(zip(rows, specs, strict=True))}
 
 
 @pytest.fixture(scope="module")
 def results(tmp_path_factory):
-    """Every row run once, several at a time (each in its own copy of the template)."""
+    """Every row run once (each in its own copy of the template): the forks two at a time,
+    and meanwhile the rows that need a mount, two at a time."""
     base = tmp_path_factory.mktemp("errors")
     template = base / "template"
     _template(template)
-    rows = {rid: cmd for rid, (cmd, _, _) in CATALOGUE.items()
-            if rid not in MOUNTS or UNSHARE is not None}
-    with concurrent.futures.ThreadPoolExecutor(max_workers=4) as pool:
-        futures = {rid: pool.submit(_run_row, template, base / "work" / rid, rid, cmd)
-                   for rid, cmd in rows.items()}
-        return {rid: (base / "work" / rid, *f.result()) for rid, f in futures.items()}
+    work = base / "work"
+    mounted = {rid: CATALOGUE[rid][0] for rid in MOUNTS if UNSHARE is not None}
+    forked = {rid: cmd for rid, (cmd, _, _) in CATALOGUE.items() if rid not in MOUNTS}
+    before = {}
+
+    def copy(rid: str) -> None:
+        shutil.copytree(template, work / rid, copy_function=shutil.copy2)
+        before[rid] = _snapshot(work / rid)
+
+    with concurrent.futures.ThreadPoolExecutor(max_workers=2) as pool:
+        futures = {}
+        for rid, cmd in mounted.items():  # first: disk-full (a run on Ray) is the longest row
+            copy(rid)
+            futures[rid] = pool.submit(_run_mount_row, work / rid, rid, cmd)
+        for rid in forked:
+            copy(rid)
+        outs = _run_forked(base, forked)
+        outs.update({rid: f.result() for rid, f in futures.items()})
+    return {rid: (work / rid, outs[rid], before[rid], _snapshot(work / rid),
+                  work / f"{rid}.listing") for rid in outs}
 
 
 def test_catalogue_is_complete():

@@ -266,7 +266,8 @@ def test_submit_ships_it_to_the_cluster(tmp_path):
            "model": {"name": "logreg"}, "client": {"lr": 0.05, "batch_size": 8},
            "sampling": {"clients_per_round": 8}, "eval": {"every": 0},
            "algorithm": {"aggregator": QFFL, "qffl": {"q": 2.0}},
-           "runtime": {"worker": {"num_cpus": 1, "vectorize": "off"}},
+           # one worker: what is checked is that the job's processes import it at all
+           "runtime": {"num_workers": 1, "worker": {"num_cpus": 1, "vectorize": "off"}},
            "output": {"tensorboard": False}}
     (tmp_path / "job.yaml").write_text(yaml.safe_dump(job))
     out_dir = tmp_path / "on-cluster"

@@ -28,7 +28,8 @@ def _fedray(args, env, timeout=400):
 
 
 def test_submit_runs_the_job_on_the_cluster_and_writes_to_the_output_url(tmp_path):
-    job = tiny_job(tmp_path, runtime={"worker": {"num_cpus": 1}})
+    # one worker, sequential clients: all the job has to do is run on the cluster
+    job = tiny_job(tmp_path, runtime__num_workers=1, runtime__worker__num_cpus=1)
     del job["output"]
     (tmp_path / "job.yaml").write_text(yaml.safe_dump(job))
     out_url = f"file://{tmp_path}/on-cluster"
@@ -61,7 +62,7 @@ def test_submit_runs_the_job_on_the_cluster_and_writes_to_the_output_url(tmp_pat
 def test_a_sweep_on_an_autoscaling_cluster_adds_worker_nodes(tmp_path):
     """The head has no CPU, so no trial fits until the autoscaler adds 1-CPU worker nodes;
     two trials of one worker each make it add two."""
-    job = tiny_job(tmp_path, rounds=4, runtime={"worker": {"num_cpus": 1}})
+    job = tiny_job(tmp_path, rounds=4, runtime__worker__num_cpus=1)
     del job["output"]
     sweep = {"name": "scale", "job": job, "parameters": {"seed": [0, 1]},
              "output": str(tmp_path / "sweep")}

@@ -22,7 +22,9 @@ from fedray.tracking.tensorboard import EVENTS_FILE
 
 
 def _sweep(tmp_path, **over) -> dict:
-    job = tiny_job(tmp_path, rounds=6, runtime={"worker": {"num_cpus": 1}})
+    # tiny_job's sequential workers (runtime.worker.vectorize=off): a trial's worker would
+    # otherwise import torch._dynamo for its first vectorized step, about 1 s each
+    job = tiny_job(tmp_path, rounds=6, runtime__worker__num_cpus=1)
     del job["output"]
     return {"name": "t", "job": job, "parameters": {"seed": [0, 1]},
             "output": str(tmp_path / "sweep"), **over}
@@ -106,10 +108,11 @@ def test_asha_stops_poor_trials_and_the_results_cover_every_trial(ray_cluster, t
         run_sweep(sweep, log=lambda s: None)
 
 
-def test_an_interrupted_sweep_resumes_its_trials_from_their_checkpoints(ray_cluster, tmp_path):
+def test_an_interrupted_sweep_resumes_its_trials_from_their_checkpoints(tmp_path):
     """`fedray sweep` is SIGKILLed (with the Ray it started) once a trial has checkpointed;
     `fedray sweep --resume` finishes every trial, the cut one from its checkpoint, with the
-    weights an uninterrupted run of its config gives."""
+    weights an uninterrupted run of its config gives (run inline, in this process: Ray's
+    bit for bit at the same worker count, tests/runtime/test_inline.py)."""
     spec = _sweep(tmp_path, parameters={"seed": [0, 1]})
     spec["job"].update(rounds=24, checkpoint={"every": 3})
     spec["job"]["runtime"]["num_cpus"] = 2
@@ -143,6 +146,7 @@ def test_an_interrupted_sweep_resumes_its_trials_from_their_checkpoints(ray_clus
     row = resumed[0]  # one uninterrupted run to compare with: the trials differ only by seed
     cfg = yaml.safe_load(open(os.path.join(row["run_dir"], "config.yaml")))
     cfg["output"]["dir"] = str(tmp_path / "fresh")
+    cfg["runtime"]["backend"] = "inline"
     fresh = fedray.run(cfg)
     got = load_weights(row["run_dir"])
     assert all(torch.equal(got[k], fresh.weights[k]) for k in got)

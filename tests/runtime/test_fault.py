@@ -55,7 +55,10 @@ def _job(tmp_path, name: str, **over) -> dict:
 @pytest.mark.usefixtures("ray_cluster")
 def test_worker_killed_mid_round_gives_the_unfaulted_weights(tmp_path):
     sentinel = tmp_path / "killed"
-    clean = fedray.run(_job(tmp_path, "clean"), model_fn=suicidal_model_fn(None))
+    # the unfaulted run inline, in this process: Ray's bit for bit at the same worker count
+    # (tests/runtime/test_inline.py), without starting a driver and 2 workers for it
+    clean = fedray.run(_job(tmp_path, "clean", runtime__backend="inline"),
+                       model_fn=suicidal_model_fn(None))
     faulted = fedray.run(_job(tmp_path, "faulted"),
                          model_fn=suicidal_model_fn(str(sentinel), at_call=7))
     assert sentinel.exists()  # a worker really died mid-round
@@ -108,8 +111,10 @@ def test_sigkilled_run_resumes_bit_identically(ray_cluster, tmp_path, algorithm)
     path = tmp_path / "job.yaml"
     path.write_text(yaml.safe_dump(job))
     whole, killed = tmp_path / "whole", tmp_path / "killed"
-    # the uninterrupted run in this process (same pool of 2 workers, so the same sums)
-    fedray.run(str(path), overrides=[f"output.dir={whole}"])
+    # the uninterrupted run inline, in this process: 2 workers, as the CLI's run has, so the
+    # same sums (inline is Ray's bit for bit at the same worker count:
+    # tests/runtime/test_inline.py), without starting a driver and 2 workers for it
+    fedray.run(str(path), overrides=[f"output.dir={whole}", "runtime.backend=inline"])
     proc = _cli("run", str(path), f"output.dir={killed}", "--quiet", start_new_session=True)
     metrics = killed / "metrics.jsonl"
     deadline = time.monotonic() + 180
@@ -135,7 +140,10 @@ def test_sigkilled_run_resumes_bit_identically(ray_cluster, tmp_path, algorithm)
 
 @pytest.mark.usefixtures("ray_cluster")
 def test_a_finished_run_extended_with_allow_change_equals_a_longer_run(tmp_path):
-    long = fedray.run(_job(tmp_path, "long", rounds=5, algorithm__name="scaffold"))
+    # the longer run inline (Ray's bit for bit at the same worker count:
+    # tests/runtime/test_inline.py); the short one and its extension on Ray
+    long = fedray.run(_job(tmp_path, "long", rounds=5, algorithm__name="scaffold",
+                           runtime__backend="inline"))
     short = _job(tmp_path, "short", rounds=3, algorithm__name="scaffold")
     fedray.run(short)
     with pytest.raises(FedrayError, match=r"config.yaml in rounds \(3 -> 5\)"):
@@ -188,16 +196,25 @@ def test_pool_info_reports_a_worker_lost_after_the_last_round(ray_cluster):
     assert "pid" in got[0] and got[1] == {"dead": True, "error": "ActorDiedError"}
 
 
-def test_soak_script_counts_kills_reruns_and_lost_updates(tmp_path):
-    """benchmarks/soak.py, short: it must kill workers and find every update aggregated."""
+def test_soak_script_counts_kills_reruns_and_lost_updates(ray_cluster, tmp_path, monkeypatch):
+    """benchmarks/soak.py, short: it must kill workers and find every update aggregated.
+
+    Its main() runs in this process on the session's Ray, the script's own ray.init and
+    ray.shutdown made no-ops, rather than in a process of its own that starts a Ray: its
+    killer finds the workers among this process's descendants all the same."""
+    import importlib.util
     import json
     import pathlib
 
     script = pathlib.Path(__file__).resolve().parents[2] / "benchmarks" / "soak.py"
+    monkeypatch.setattr(sys, "path", list(sys.path))  # the script puts the repository first
+    spec = importlib.util.spec_from_file_location("soak", script)
+    soak = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(soak)
+    monkeypatch.setattr(ray_cluster, "init", lambda **kwargs: None)
+    monkeypatch.setattr(ray_cluster, "shutdown", lambda: None)
     out = tmp_path / "soak.json"
-    proc = subprocess.run([sys.executable, str(script), "--rounds", "20", "--kill-every", "6",
-                           "--out", str(out)], capture_output=True, text=True, timeout=400)
-    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    assert soak.main(["--rounds", "20", "--kill-every", "6", "--out", str(out)]) == 0
     r = json.loads(out.read_text())
     assert r["kills"] >= 2 and r["worker_failures_rerun"] >= r["kills"]
     assert r["lost"] == 0 and r["client_updates"] == 20 * 8 and r["weights_bit_identical"]

@@ -55,20 +55,34 @@ def test_run_directory_contents(ray_cluster, tmp_path):
     assert "seed: 3" in (run / "config.yaml").read_text()
 
 
-def test_same_seed_twice_identical(ray_cluster, tmp_path):
-    job = tiny_job(tmp_path, model__name="emnist_cnn", rounds=2, eval__central=False)
-    a = fedray.run(job, overrides=[f"output.dir={tmp_path / 'a'}"])
-    b = fedray.run(job, overrides=[f"output.dir={tmp_path / 'b'}"])
+def _cnn_job(tmp_path) -> dict:
+    # the CNN has dropout: per-client seeds must make it placement-independent too
+    return tiny_job(tmp_path, model__name="emnist_cnn", rounds=2, eval__central=False,
+                    client__local_epochs=2, runtime__worker__num_cpus=0.5)
+
+
+@pytest.fixture(scope="module")
+def cnn_on_two_workers(ray_cluster, tmp_path_factory) -> fedray.RunResult:
+    """The CNN job on 2 workers, run once for the two tests below: the first of the same
+    seed's two runs, and the 2-worker run among 1, 2 and 4."""
+    return fedray.run(_cnn_job(tmp_path_factory.mktemp("cnn")),
+                      overrides=["runtime.num_workers=2"])
+
+
+def test_same_seed_twice_identical(cnn_on_two_workers, tmp_path):
+    a = cnn_on_two_workers
+    job = _cnn_job(tmp_path)
+    b = fedray.run(job, overrides=["runtime.num_workers=2", f"output.dir={tmp_path / 'b'}"])
     assert _max_diff(a.weights, b.weights) == 0
-    c = fedray.run(job, overrides=[f"output.dir={tmp_path / 'c'}", "seed=4"])
+    c = fedray.run(job, overrides=["runtime.num_workers=2", f"output.dir={tmp_path / 'c'}",
+                                   "seed=4"])
     assert _max_diff(a.weights, c.weights) > 0
 
 
-def test_worker_count_does_not_change_result(ray_cluster, tmp_path):
-    # the CNN has dropout: per-client seeds must make it placement-independent too
-    job = tiny_job(tmp_path, model__name="emnist_cnn", rounds=2, eval__central=False,
-                   client__local_epochs=2, runtime__worker__num_cpus=0.5)
-    results = [fedray.run(job, overrides=[f"runtime.num_workers={n}",
+def test_worker_count_does_not_change_result(cnn_on_two_workers, tmp_path):
+    job = _cnn_job(tmp_path)
+    results = [cnn_on_two_workers if n == 2 else
+               fedray.run(job, overrides=[f"runtime.num_workers={n}",
                                           f"output.dir={tmp_path / str(n)}"])
                for n in (1, 2, 4)]
     assert [r.summary["num_workers"] for r in results] == [1, 2, 4]
@@ -190,12 +204,13 @@ def test_model_that_does_not_fit_the_data(ray_cluster, tmp_path):
 
 
 def test_population_scale_driver_memory(ray_cluster, tmp_path):
-    """1,000 vs 100,000 clients: the driver's memory must not grow with the population."""
+    """1,000 vs 100,000 clients: the driver's memory must not grow with the population
+    (one worker each: the driver is what is measured)."""
     rss = {}
     for n in (1_000, 100_000):
         res = fedray.run(tiny_job(tmp_path, rounds=3, data__synthetic__num_clients=n,
                                   sampling__clients_per_round=20, eval__central=False,
-                                  output__dir=str(tmp_path / str(n))))
+                                  runtime__num_workers=1, output__dir=str(tmp_path / str(n))))
         rss[n] = res.summary["driver_mem_mb"]
     assert abs(rss[100_000] - rss[1_000]) < 100, rss
 
