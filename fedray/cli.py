@@ -54,6 +54,7 @@ examples:
       --target 0.7
   fedray report runs/* --out reports/loss --metric test_loss \\
       --group-by algorithm.name,sampling.clients_per_round --title "FEMNIST, test loss"
+  fedray report runs/clocked-* --out reports/time --x sim_time --target 0.7 --until 36000
 
 Runs with the same values of the --group-by config keys form one method; its runs are
 repetitions (normally different seeds). By default the keys are every config key whose
@@ -149,7 +150,15 @@ def _parser() -> argparse.ArgumentParser:
     rep.add_argument("--client-round", type=int, metavar="ROUND",
                      help="the round of that distribution (default: each run's last table)")
     rep.add_argument("--target", type=float, metavar="VALUE",
-                     help="report the rounds each run needs to reach VALUE")
+                     help="report the rounds each run needs to reach VALUE (and, with a time "
+                     "--x, the time)")
+    rep.add_argument("--x", choices=("round", "sim_time", "wall_time"), default="round",
+                     help="x axis of the plot: round (default), sim_time (sim_time_s, runs "
+                     "with clock.enabled) or wall_time (elapsed_s); a time axis also adds the "
+                     "time to target and the final time to the table")
+    rep.add_argument("--until", type=float, metavar="X",
+                     help="cut every run at this x value (a round, or seconds with a time "
+                     "--x) and read final, best and target there: methods at equal time")
     rep.add_argument("--title", metavar="TEXT", help="title of the report and the plot "
                      "(default: the metric)")
     swp = _command(sub, "sweep", "sweep config keys over many runs (Ray Tune)", SWEEP_HELP)
@@ -240,7 +249,8 @@ def _report(args: argparse.Namespace) -> int:
     report = build_report(args.runs, args.out, metric=args.metric, group_by=args.group_by,
                           target=args.target, title=args.title,
                           allow_differing=args.allow_differing,
-                          client_metric=args.client_metric, client_round=args.client_round)
+                          client_metric=args.client_metric, client_round=args.client_round,
+                          x=args.x, until=args.until)
     print(report.grouping)
     print(report.table)
     print(f"report in {mask(args.out)}", flush=True)

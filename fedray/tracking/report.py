@@ -11,6 +11,11 @@ tables (``client_eval/``) also the distribution over clients at the final round
 (``client_<metric>_cdf.png`` and a table). Run directories are read and the report is
 written through fsspec, so both can live anywhere ``fedray run`` can write (a local path,
 s3://, ...).
+
+Cross-device methods are compared at equal time rather than equal rounds (a FedBuff "round"
+is not a synchronous one), so the x axis can also be a run's simulated time (``sim_time_s``,
+runs with ``clock.enabled``) or its wall time (``elapsed_s``), and every run can be cut at
+one x value (``until``): its final, best and target are then read at that budget.
 """
 
 from __future__ import annotations
@@ -46,6 +51,15 @@ REPEAT_KEYS = ("seed", "name", "rounds", "output.", "runtime.", "checkpoint.", "
                "eval.batch_size", "data.verify", "data.open_shards")
 ABSENT = "(absent)"  # a key one run's config lacks (written by another fedray version)
 
+# --x: the metrics.jsonl key that holds a round's x value (at the round's end), the axis
+# label and the table's shorter one
+X_AXES = {"round": ("round", "round", "round"),
+          "sim_time": ("sim_time_s", "simulated time", "sim time"),
+          "wall_time": ("elapsed_s", "wall time", "wall time")}
+# a time axis is shown in hours once some run's end (cut at until) reaches this: below, a
+# curve's few thousand seconds read better as seconds; above, hours are the unit people think in
+HOURS_FROM_S = 7200.0
+
 
 @dataclass
 class Run:
@@ -69,6 +83,12 @@ class RunResult:
     best: float
     best_round: int
     rounds_to_target: int | None
+    # the x values (X_AXES; the round itself for round) at the end of the rounds in series,
+    # at the run's last record, at final_round and at rounds_to_target
+    x: dict[int, float] = field(default_factory=dict)
+    end_x: float = 0.0
+    final_x: float = 0.0
+    x_to_target: float | None = None
 
 
 @dataclass
@@ -199,6 +219,42 @@ def series(run: Run, metric: str) -> dict[int, float]:
     return dict(sorted(out.items()))
 
 
+def x_values(run: Run, x: str) -> dict[int, float]:
+    """round -> the run's x value at the end of that round, for every record: the round
+    itself, ``sim_time_s`` (x ``sim_time``) or ``elapsed_s`` (x ``wall_time``).
+
+    A run without ``sim_time_s`` ran without the clock and has no simulated time to plot;
+    sim_time_s never goes back (a resumed run continues its clock). elapsed_s does: a
+    resumed run's restarts at 0, so each restart is counted on from the value before it
+    (the rounds' wall time, less the time between a crash and its resume).
+    """
+    if x == "round":
+        return {rec["round"]: float(rec["round"]) for rec in run.metrics}
+    key = X_AXES[x][0]
+    url = _join(run.url, METRICS_FILE)
+    out: dict[int, float] = {}
+    offset, prev = 0.0, None
+    for rec in run.metrics:
+        r, v = rec["round"], rec.get(key)
+        if v is None:
+            if x == "sim_time":
+                raise FedrayError(f"--x sim_time: run {run.url} has no sim_time_s (round {r} "
+                                  f"of {METRICS_FILE}): it ran without clock.enabled: true; "
+                                  "report it with --x round")
+            raise FedrayError(f"--x {x}: {url} round {r} has no {key}")
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
+            raise FedrayError(f"{url} round {r}: {key} is not a finite number ({v!r})")
+        v = float(v)
+        if prev is not None and v < prev:
+            if x == "sim_time":
+                raise FedrayError(f"{url} round {r}: sim_time_s goes back ({v:g} after "
+                                  f"{prev:g}); simulated time only goes forward")
+            offset += prev  # a resume: its elapsed_s counts from its own start
+        prev = v
+        out[r] = offset + v
+    return out
+
+
 def rounds_to_target(values: dict[int, float], target: float, lower: bool) -> int | None:
     """The first round whose value reaches ``target`` (<= when lower is better, else >=)."""
     for rnd, v in values.items():
@@ -262,9 +318,12 @@ def _auto_labels(runs: Sequence[Run], keys: list[str]) -> list[str]:
 
 
 def group_runs(runs: Sequence[Run], metric: str, group_by: list[str] | None,
-               target: float | None, allow_differing: Sequence[str] = ()) -> list[Group]:
+               target: float | None, allow_differing: Sequence[str] = (), *,
+               x: str = "round", until: float | None = None) -> list[Group]:
     """Runs -> groups (methods) in the order they first appear, with per-run numbers.
-    ``group_by`` None: by the keys that differ between the runs (``differing_keys``)."""
+    ``group_by`` None: by the keys that differ between the runs (``differing_keys``).
+    ``x``: a key of X_AXES; ``until``: keep only the values evaluated at or before this x
+    value (every per-run number is then read at that budget)."""
     if not any(r.metrics and any(rec.get(metric) is not None for rec in r.metrics)
                for r in runs):
         raise FedrayError(f"metric {metric!r} is in no run's {METRICS_FILE}; available: "
@@ -291,15 +350,26 @@ def group_runs(runs: Sequence[Run], metric: str, group_by: list[str] | None,
         if not values:
             raise FedrayError(f"{_join(run.url, METRICS_FILE)} has no {metric!r} values; "
                               f"available there: {', '.join(_available([run])) or 'none'}")
+        xs = x_values(run, x)
+        if until is not None:
+            first = xs[min(values)]
+            values = {r: v for r, v in values.items() if xs[r] <= until}
+            if not values:
+                key = X_AXES[x][0]
+                raise FedrayError(f"{_join(run.url, METRICS_FILE)} has no {metric!r} value at "
+                                  f"or before --until {until:g} ({key}); its first is at "
+                                  f"{key} {first:g}")
         final_round = max(values)
         pick = min if lower else max
         best = pick(values.values())
         best_round = next(r for r, v in values.items() if v == best)
+        rtt = None if target is None else rounds_to_target(values, target, lower)
         result = RunResult(
             run=run, group=label, seed=run.config.get("seed"), series=values,
             final=values[final_round], final_round=final_round, best=best,
-            best_round=best_round,
-            rounds_to_target=None if target is None else rounds_to_target(values, target, lower))
+            best_round=best_round, rounds_to_target=rtt,
+            x={r: xs[r] for r in values}, end_x=xs[max(xs)], final_x=xs[final_round],
+            x_to_target=None if rtt is None else xs[rtt])
         groups.setdefault(label, Group(label=label, keys=keys)).results.append(result)
     for group in groups.values():
         check_repetitions(group, by, allow_differing)
@@ -354,7 +424,54 @@ def curve(group: Group) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]
     return rounds, v.mean(axis=0), v.min(axis=0), v.max(axis=0)
 
 
-def _rows(groups: Sequence[Group], target: float | None) -> list[dict[str, Any]]:
+def step_values(xs: np.ndarray, values: np.ndarray, grid: np.ndarray) -> np.ndarray:
+    """One run's metric at each point t of ``grid``: the value of its last evaluation at or
+    before t (``xs`` sorted; of evaluations at one x, the later round's). A step function,
+    not an interpolation: between two evaluations the only model anyone measured is the
+    earlier one, and a line between them would invent values nobody evaluated."""
+    idx = np.searchsorted(xs, grid, side="right") - 1
+    if len(idx) and idx.min() < 0:
+        raise ValueError("a grid point lies before the run's first evaluation")
+    return values[idx]
+
+
+def run_end(result: RunResult, until: float | None) -> float:
+    """How far a run's step function reaches: its last record's x, cut at ``until``."""
+    return result.end_x if until is None else min(result.end_x, until)
+
+
+def time_curve(group: Group, until: float | None = None
+               ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """The group's runs on a common time grid, and the mean, min and max over runs there.
+
+    Seeds of one method evaluate at different times, so there is no common x to average at
+    (as rounds are for ``curve``): each run's step function (``step_values``) is read on the
+    union of the group's evaluation times from the latest first evaluation (before it some
+    run has no value) to the earliest run end (after it some run has stopped), both ends
+    included; between two grid points no run's value changes, so the mean is exact there
+    too, and is drawn as a step."""
+    runs = group.results
+    xs = [np.asarray([r.x[k] for k in r.series], dtype=float) for r in runs]
+    vs = [np.asarray(list(r.series.values()), dtype=float) for r in runs]
+    lo = max(float(a[0]) for a in xs)
+    hi = min(run_end(r, until) for r in runs)
+    if lo > hi:
+        empty = np.zeros(0)
+        return empty, empty, empty, empty
+    grid = np.unique(np.concatenate([*(a[(a >= lo) & (a <= hi)] for a in xs), [lo, hi]]))
+    v = np.stack([step_values(a, b, grid) for a, b in zip(xs, vs, strict=True)])
+    return grid, v.mean(axis=0), v.min(axis=0), v.max(axis=0)
+
+
+def time_unit(groups: Sequence[Group], until: float | None) -> tuple[float, str]:
+    """Seconds, or hours once some run's end (cut at until) reaches HOURS_FROM_S: one unit
+    for the plot and the table, so that they read alike."""
+    end = max(run_end(r, until) for g in groups for r in g.results)
+    return (3600.0, "h") if end >= HOURS_FROM_S else (1.0, "s")
+
+
+def _rows(groups: Sequence[Group], target: float | None, x: str = "round"
+          ) -> list[dict[str, Any]]:
     rows = []
     for g in groups:
         res = g.results
@@ -369,19 +486,34 @@ def _rows(groups: Sequence[Group], target: float | None) -> list[dict[str, Any]]
             rtt_mean, rtt_std = _mean_std(reached)
             row.update(rounds_to_target_mean=rtt_mean, rounds_to_target_std=rtt_std,
                        reached=len(reached))
+            if x != "round":
+                ttt = [r.x_to_target for r in res if r.x_to_target is not None]
+                row[f"{x}_to_target_s_mean"], row[f"{x}_to_target_s_std"] = _mean_std(ttt)
         row["final_round_min"] = min(r.final_round for r in res)
         row["final_round_max"] = max(r.final_round for r in res)
+        if x != "round":
+            row[f"final_{x}_s_mean"], row[f"final_{x}_s_std"] = _mean_std(
+                [r.final_x for r in res])
         rows.append(row)
     return rows
 
 
-def markdown_table(groups: Sequence[Group], metric: str, target: float | None) -> str:
-    """The report table: one row per group, mean ± std over its runs."""
+def markdown_table(groups: Sequence[Group], metric: str, target: float | None,
+                   x: str = "round", unit: tuple[float, str] = (1.0, "s")) -> str:
+    """The report table: one row per group, mean ± std over its runs; with a time ``x``
+    also the time to target and the final value's time, in ``unit`` (seconds, or hours)."""
     lower = lower_is_better(metric)
+    timed = x != "round"
+    scale, name = unit
+    decimals = 2 if name == "h" else 1
     head = ["method", "runs", "seeds", f"final {metric}", f"best {metric}"]
     if target is not None:
         head.append(f"rounds to {'≤' if lower else '≥'} {target:g}")
+        if timed:
+            head.append(f"{X_AXES[x][2]} to {'≤' if lower else '≥'} {target:g} ({name})")
     head.append("final round")
+    if timed:
+        head.append(f"final {X_AXES[x][2]} ({name})")
     lines = ["| " + " | ".join(head) + " |", "|" + "|".join("---" for _ in head) + "|"]
     for g in groups:
         res = g.results
@@ -391,15 +523,22 @@ def markdown_table(groups: Sequence[Group], metric: str, target: float | None) -
         if target is not None:
             reached = [r.rounds_to_target for r in res if r.rounds_to_target is not None]
             cells.append(f"{_fmt(reached, 1)} ({len(reached)}/{len(res)} reached)")
+            if timed:
+                cells.append(_fmt([r.x_to_target / scale for r in res
+                                   if r.x_to_target is not None], decimals))
         lo, hi = min(r.final_round for r in res), max(r.final_round for r in res)
         cells.append(str(lo) if lo == hi else f"{lo}–{hi}")
+        if timed:
+            cells.append(_fmt([r.final_x / scale for r in res], decimals))
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
 
 def _plot_png(groups: Sequence[Group], metric: str, target: float | None,
-              title: str) -> tuple[bytes, list[str]]:
-    """The curves as PNG bytes, and the labels of groups with no common round (not drawn)."""
+              title: str, x: str = "round", until: float | None = None,
+              unit: tuple[float, str] = (1.0, "s")) -> tuple[bytes, list[str]]:
+    """The curves as PNG bytes, and the labels of groups with no common round (not drawn);
+    against a time ``x``, each group's ``time_curve`` as steps, in ``unit``."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -409,18 +548,30 @@ def _plot_png(groups: Sequence[Group], metric: str, target: float | None,
     skipped = []
     fig, ax = plt.subplots(figsize=(7.5, 4.8))
     for i, g in enumerate(groups):
+        color = f"C{i % 10}"
+        if x != "round":
+            grid, mean, lo, hi = time_curve(g, until)
+            if not len(grid):
+                skipped.append(g.label)
+                continue
+            t = grid / unit[0]
+            ax.step(t, mean, where="post", color=color, label=f"{g.label} (n={len(g.results)})")
+            ax.fill_between(t, lo, hi, step="post", color=color, alpha=0.2, linewidth=0)
+            continue
         rounds, mean, lo, hi = curve(g)
         if not len(rounds):
             skipped.append(g.label)
             continue
-        color = f"C{i % 10}"
         ax.plot(rounds, mean, color=color, marker="o" if len(rounds) < 30 else None,
                 markersize=3, label=f"{g.label} (n={len(g.results)})")
         ax.fill_between(rounds, lo, hi, color=color, alpha=0.2, linewidth=0)
     if target is not None:
         ax.axhline(target, color="black", linestyle="--", linewidth=1, label=f"target {target:g}")
-    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
-    ax.set_xlabel("round")
+    if x == "round":
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+        ax.set_xlabel("round")
+    else:
+        ax.set_xlabel(f"{X_AXES[x][1]} ({unit[1]})")
     ax.set_ylabel(metric)
     ax.set_title(title)
     ax.grid(True, alpha=0.3)
@@ -633,10 +784,35 @@ def _grouping_line(keys: list[str], auto: bool, allow: list[str]) -> str:
     return line
 
 
+def _x_lines(groups: Sequence[Group], x: str, until: float | None,
+             unit: tuple[float, str]) -> list[str]:
+    """report.md's lines on the x axis and the cut (none for a round report without one):
+    how the curves were formed, and the runs that end before the cut."""
+    key, label, short = X_AXES[x]
+    lines: list[str] = []
+    if x != "round":
+        shown = "hours" if unit[1] == "h" else "seconds"
+        lines += ["", f"x: {label} (`{key}` at the end of a round), in {shown} (hours once "
+                  f"some run reaches {HOURS_FROM_S / 3600:g} h); a run's curve is a step "
+                  f"function, its value at t being its last evaluation at or before t (no "
+                  "interpolation between evaluations); a method's mean and band are taken on "
+                  "the union of its runs' evaluation times, from the latest first evaluation "
+                  f"to the earliest run end; {short} to target = `{key}` of the first round "
+                  f"that reaches it; final {short} = `{key}` of the final value's round"]
+    if until is not None:
+        lines += ["", f"cut at --until {until:g} (`{key}`): each run's values are those "
+                  "evaluated at or before it; final, best and targets are read there"]
+        lines += [f"note: {r.run.url} ends at {key} {r.end_x:g}, before --until {until:g}: "
+                  "its values are at its end" for g in groups for r in g.results
+                  if r.end_x < until]
+    return lines
+
+
 def build_report(run_urls: Sequence[str], out: str, *, metric: str = "test_accuracy",
                  group_by: str | Sequence[str] | None = None, target: float | None = None,
                  title: str | None = None, allow_differing: str | Sequence[str] | None = None,
-                 client_metric: str = "accuracy", client_round: int | None = None) -> Report:
+                 client_metric: str = "accuracy", client_round: int | None = None,
+                 x: str = "round", until: float | None = None) -> Report:
     """Write report.md, report.csv, report.json and ``<metric>.png`` into the directory ``out``
     (a local path or fsspec URL) -- and, when runs have per-client tables, the
     distribution of ``client_metric`` over clients at the final round (or ``client_round``):
@@ -647,9 +823,17 @@ def build_report(run_urls: Sequence[str], out: str, *, metric: str = "test_accur
     or overwritten report. ``group_by``: dotted config keys (``"algorithm.name,seed"`` or a
     list); None groups by every key whose value differs between the runs, less REPEAT_KEYS.
     ``allow_differing``: keys the runs of one group may differ in anyway (averaged as seeds).
+    ``x``: the plot's x axis, ``round``, ``sim_time`` (``sim_time_s``) or ``wall_time``
+    (``elapsed_s``); a time axis also adds the time to target and the final value's time to
+    the table. ``until``: an x value (a round, or seconds) at which every run is cut, to
+    compare methods at equal (simulated) time.
     """
     if not run_urls:
         raise FedrayError("no run directories given")
+    if x not in X_AXES:
+        raise FedrayError(f"--x {x!r}: choose one of {', '.join(X_AXES)}")
+    if until is not None and not (math.isfinite(until) and until > 0):
+        raise FedrayError(f"--until must be a positive number, got {until:g}")
     fs, out_path = filesystem(out, "--out", what=None)
     report_path = _join(out, REPORT_FILE)
     if fs.exists(out_path) and not fs.isdir(out_path):
@@ -665,13 +849,14 @@ def build_report(run_urls: Sequence[str], out: str, *, metric: str = "test_accur
     keys = parse_group_by(group_by)
     allow = parse_group_by(allow_differing, "--allow-differing") or []
     runs = [load_run(u) for u in run_urls]
-    groups = group_runs(runs, metric, keys, target, allow)
+    groups = group_runs(runs, metric, keys, target, allow, x=x, until=until)
     by = list(groups[0].keys)
     grouping = _grouping_line(by, keys is None, allow)
     lower = lower_is_better(metric)
     title = title or metric
-    png, skipped = _plot_png(groups, metric, target, title)
-    table = markdown_table(groups, metric, target)
+    unit = time_unit(groups, until) if x != "round" else (1.0, "s")
+    png, skipped = _plot_png(groups, metric, target, title, x, until, unit)
+    table = markdown_table(groups, metric, target, x, unit)
     cgroups, no_tables = client_groups(groups, client_metric, client_round)
 
     direction = "lower is better" if lower else "higher is better"
@@ -684,13 +869,14 @@ def build_report(run_urls: Sequence[str], out: str, *, metric: str = "test_accur
     else:
         md.append(f"target: {metric} {'≤' if lower else '≥'} {target:g}; rounds to target = "
                   "first round that reaches it, mean ± std over the runs that reach it")
+    md += _x_lines(groups, x, until, unit)
     md += ["", grouping, "", f"run directories ({len(runs)}):", ""]
     md += [f"- `{r.run.url}` ({_md_cell(g.label)}, seed {_fmt_seed(r.seed)})"
            for g in groups for r in g.results]
     md += ["", table, "", f"![{metric}]({plot_file_name(metric)})", ""]
     for label in skipped:
-        md += [f"note: the runs of {label} share no round with a {metric} value; not plotted",
-               ""]
+        md += [f"note: the runs of {label} share no {X_AXES[x][1]} with a {metric} value; "
+               "not plotted", ""]
     files = [plot_file_name(metric)]
     client_json: dict[str, Any] | None = None
     if cgroups:
@@ -713,7 +899,7 @@ def build_report(run_urls: Sequence[str], out: str, *, metric: str = "test_accur
                         **{c: client_summary(v, client_metric) for c, v in g.values.items()}}
                        for g in cgroups]}
 
-    rows = _rows(groups, target)
+    rows = _rows(groups, target, x)
     report_json = {
         "metric": metric, "lower_is_better": lower, "target": target,
         "group_by": by, "grouping": "given" if keys is not None else "differing keys",
@@ -721,9 +907,16 @@ def build_report(run_urls: Sequence[str], out: str, *, metric: str = "test_accur
         "groups": rows,
         "runs": [{"run_dir": r.run.url, "group": r.group, "seed": r.seed,
                   "final": r.final, "final_round": r.final_round, "best": r.best,
-                  "best_round": r.best_round, "rounds_to_target": r.rounds_to_target}
+                  "best_round": r.best_round, "rounds_to_target": r.rounds_to_target,
+                  **({} if x == "round" else {f"final_{x}_s": r.final_x,
+                                              f"{x}_to_target_s": r.x_to_target,
+                                              f"end_{x}_s": r.end_x})}
                  for g in groups for r in g.results],
     }
+    if x != "round" or until is not None:  # a round report's JSON stays as it was
+        report_json.update(x=x, x_key=X_AXES[x][0], until=until)
+        if x != "round":
+            report_json["time_unit"] = unit[1]
     if client_json is not None:
         report_json["clients"] = client_json
     outputs = [(plot_file_name(metric), png)]
