@@ -13,6 +13,7 @@ from collections.abc import Iterator
 from fedray import __version__
 from fedray.errors import FedrayError
 from fedray.state.redact import mask
+from fedray.timing.trace_commands import add_traces_command, run_traces
 
 RUN_HELP = """Run a federated job: JOB.yaml merged with key=value overrides.
 
@@ -183,6 +184,7 @@ def _parser() -> argparse.ArgumentParser:
                          "RAY_ADDRESS, else http://127.0.0.1:8265)")
         if verb == "logs":
             cmd.add_argument("--follow", action="store_true", help="until the job ends")
+    add_traces_command(sub, _command)  # generate, convert-fedscale, describe
     return p
 
 
@@ -375,7 +377,7 @@ def _main(argv: list[str] | None) -> int:
     try:
         commands = {"run": _run, "partition": _partition, "report": _report, "sweep": _sweep,
                     "submit": _submit, "status": _job_verb, "logs": _job_verb,
-                    "stop": _job_verb}
+                    "stop": _job_verb, "traces": run_traces}
         return commands[args.command](args)
     except FedrayError as exc:
         if debug:

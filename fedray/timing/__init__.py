@@ -9,5 +9,8 @@ a run can be computed, tested and checkpointed on its own (docs/time.md):
 - ``online_sampling``: k distinct online clients in O(k / online share) draws;
 - ``traces``: fedray's CSV/Arrow trace files, their checks, and seeded generators;
 - ``fedscale``: FedScale's pickled traces, read without running code, converted;
-- ``streams``: the counter-based random streams, vectorised over client ids.
+- ``streams``: the counter-based random streams, vectorised over client ids;
+- ``rounds``: a synchronous run's rounds on the clock (what the driver asks with
+  ``clock.enabled``);
+- ``trace_commands``: ``fedray traces generate / convert-fedscale / describe``.
 """

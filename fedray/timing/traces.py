@@ -71,7 +71,9 @@ def read_table(url: str) -> pa.Table:
 
     try:
         convert = pcsv.ConvertOptions(column_types=_CSV_TYPES)
-        return pcsv.read_csv(buf, convert_options=convert)
+        table = pcsv.read_csv(buf, convert_options=convert)
+        table.column_names  # noqa: B018  (a binary file's header fails to decode only here)
+        return table
     except (pa.ArrowException, UnicodeDecodeError) as exc:
         raise FedrayError(f"{url}: not a readable CSV trace ({one_line(exc)})") from None
 

@@ -176,3 +176,15 @@ def test_a_stray_huge_id_is_named_not_allocated(tmp_path):
     url = _write(tmp_path, "client_id,start_s,end_s\n0,0,1\n1000000000000,0,1\n", "a.csv")
     with pytest.raises(FedrayError, match="client id 1 has no row"):
         read_availability_trace(url)
+
+
+def test_a_binary_file_is_not_a_csv_trace(tmp_path):
+    """Not parquet, not Arrow, and a header that is not text (pyarrow reads it and fails
+    only when the column names are decoded): one line, not a UnicodeDecodeError."""
+    from fedray.errors import FedrayError
+    from fedray.timing.traces import read_table
+
+    bad = tmp_path / "trace.csv"
+    bad.write_bytes(b"\xff\xfeclient_id,start_s\n1,2\n")
+    with pytest.raises(FedrayError, match="not a readable CSV trace"):
+        read_table(str(bad))
