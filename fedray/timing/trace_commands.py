@@ -324,11 +324,7 @@ def describe_trace(url: str) -> str:
     from fedray.timing.traces import AVAILABILITY_COLUMNS, DEVICE_COLUMNS, read_table
 
     table = read_table(url)
-    try:
-        cols = set(table.column_names)
-    except UnicodeDecodeError:  # pyarrow's CSV reader leaves a binary header undecoded
-        raise FedrayError(f"{url}: not a readable CSV trace (its header is not UTF-8 "
-                          "text)") from None
+    cols = set(table.column_names)
     is_device = set(DEVICE_COLUMNS[1:]) <= cols
     is_availability = set(AVAILABILITY_COLUMNS[1:]) <= cols
     if is_device == is_availability:

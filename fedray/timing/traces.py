@@ -72,10 +72,14 @@ def read_table(url: str) -> pa.Table:
     try:
         convert = pcsv.ConvertOptions(column_types=_CSV_TYPES)
         table = pcsv.read_csv(buf, convert_options=convert)
-        table.column_names  # noqa: B018  (a binary file's header fails to decode only here)
-        return table
-    except (pa.ArrowException, UnicodeDecodeError) as exc:
+    except pa.ArrowException as exc:
         raise FedrayError(f"{url}: not a readable CSV trace ({one_line(exc)})") from None
+    try:
+        table.column_names  # noqa: B018  (pyarrow decodes a CSV header only when asked)
+    except UnicodeDecodeError:
+        raise FedrayError(f"{url}: not a readable CSV trace (its header is not UTF-8 "
+                          "text)") from None
+    return table
 
 
 def _format(url: str) -> tuple[str, str | None]:

@@ -2,10 +2,10 @@
 and read without ever resolving a global."""
 
 import os
-import pickle
 
 import numpy as np
 import pytest
+from fedscale_files import BEHAVE, DEVICES, write_pickle
 
 from fedray.errors import FedrayError
 from fedray.timing.fedscale import from_fedscale_availability, from_fedscale_devices
@@ -18,26 +18,9 @@ from fedray.timing.traces import (
     write_device_trace,
 )
 
-# FedScale's layout (benchmark/dataset/data/device_info/README.md): a pickled dict keyed by
-# integer client id. The first entries are in the style of published ones.
-DEVICES = {1: {"computation": 162.0, "communication": 5648.109619499134},
-           2: {"computation": 40.0, "communication": 8.0},
-           3: {"computation": 20.5, "communication": 1024.0}}
-BEHAVE = {
-    3834: {"duration": 211625, "finish_time": 518400, "model": "CPH1801",
-           "active": [12788, 100044, 188992, 271372, 276663, 352625, 356267, 441193],
-           "inactive": [65881, 133574, 208292, 276575, 295006, 356236, 400906, 475099]},
-    17: {"duration": 50, "inactive": [40, 100], "finish_time": 100, "active": [10, 80],
-         "model": "SM-G960F"},
-    5: {"duration": 0, "inactive": [], "finish_time": 50, "active": [], "model": "Pixel 3"},
-}
-
 
 def _pickle(tmp_path, obj, name="trace"):
-    path = tmp_path / name
-    with open(path, "wb") as f:
-        pickle.dump(obj, f)
-    return str(path)
+    return write_pickle(tmp_path / name, obj)
 
 
 def test_devices_field_by_field_in_fedscale_order(tmp_path):

@@ -81,7 +81,7 @@ def _write(tmp_path, text, name="t.csv"):
 DEVICE_HEADER = "client_id,compute_s_per_example,down_bytes_per_s,up_bytes_per_s\n"
 
 
-@pytest.mark.parametrize("text, message", [
+BAD_DEVICE_FILES = [
     ("client_id,compute_s_per_example,down_bytes_per_s\n0,1,1\n",
      "no column 'up_bytes_per_s'; it has: client_id, compute_s_per_example, down_bytes_per_s"),
     (DEVICE_HEADER + "0,1,1,1\n1,-0.5,1,1\n",
@@ -93,16 +93,8 @@ DEVICE_HEADER = "client_id,compute_s_per_example,down_bytes_per_s,up_bytes_per_s
     (DEVICE_HEADER + "0,1,1,1\n-1,1,1,1\n", "column 'client_id', row 1: must be >= 0, got -1"),
     (DEVICE_HEADER + "0,1,x,1\n", "not a readable CSV trace"),
     (DEVICE_HEADER, "no rows"),
-])
-def test_bad_device_files_are_one_line(tmp_path, text, message):
-    url = _write(tmp_path, text)
-    with pytest.raises(FedrayError) as e:
-        read_device_trace(url)
-    assert message in str(e.value) and str(e.value).startswith(url)
-    assert "\n" not in str(e.value)
-
-
-@pytest.mark.parametrize("text, message", [
+]
+BAD_AVAILABILITY_FILES = [
     ("client_id,start_s\n0,1\n", "no column 'end_s'"),
     ("client_id,start_s,end_s\n0,10,10\n", "column 'end_s', row 0: must be > start_s (10.0)"),
     ("client_id,start_s,end_s\n0,-1,10\n", "column 'start_s', row 0: must be >= 0"),
@@ -118,11 +110,16 @@ def test_bad_device_files_are_one_line(tmp_path, text, message):
      "column 'end_s', row 0: must be <= period_s (100.0), got 120.0"),
     ("client_id,start_s,end_s,period_s\n0,0,10,0\n", "column 'period_s', row 0: must be > 0"),
     ("client_id,start_s,end_s\n0.5,0,10\n", "not a readable CSV trace"),
-])
-def test_bad_availability_files_are_one_line(tmp_path, text, message):
+]
+
+
+@pytest.mark.parametrize("read, text, message",
+                         [(read_device_trace, *case) for case in BAD_DEVICE_FILES]
+                         + [(read_availability_trace, *case) for case in BAD_AVAILABILITY_FILES])
+def test_bad_trace_files_are_one_line(tmp_path, read, text, message):
     url = _write(tmp_path, text)
     with pytest.raises(FedrayError) as e:
-        read_availability_trace(url)
+        read(url)
     assert message in str(e.value) and str(e.value).startswith(url)
     assert "\n" not in str(e.value)
 
