@@ -125,6 +125,10 @@ class SamplingConfig:
     always: list[int] = field(default_factory=list)  # client indices in every round
     dropout: float = 0.0  # chance that a sampled client drops out of the round
     over_selection: float = 0.0  # sample k * (1 + this), keep the k that finish first
+    # > 0: buffered asynchronous training (FedBuff) on the simulated clock: this many
+    # clients train at every simulated moment, and a round is a server step that applies
+    # the first clients_per_round updates to arrive (needs clock.enabled)
+    concurrency: int = 0
 
 
 @dataclass
@@ -435,6 +439,14 @@ def _validate_clock(cfg: DictConfig) -> None:
         r(ck[key] is None or ck[key] >= 0, f"clock.{key}", "must be >= 0", ck[key])
     r(ck.max_sample_draws is None or ck.max_sample_draws >= 1, "clock.max_sample_draws",
       "must be >= 1", ck.max_sample_draws)
+    sm = cfg.sampling
+    r(sm.concurrency >= 0, "sampling.concurrency", "must be >= 0", sm.concurrency)
+    r(not sm.concurrency or ck.enabled, "sampling.concurrency",
+      "needs clock.enabled: buffered asynchronous training runs on the simulated clock",
+      sm.concurrency)
+    r(not sm.concurrency or not (sm.over_selection or sm.dropout), "sampling.concurrency",
+      "cannot be combined with sampling.over_selection or sampling.dropout (clients leave "
+      "by going offline on the clock)", sm.concurrency)
     r(not (ck.enabled and len(cfg.sampling.always)), "sampling.always",
       "cannot be combined with clock.enabled: a pinned client may be offline",
       list(cfg.sampling.always))

@@ -169,6 +169,9 @@ class ClientContext:
     y: torch.Tensor
     batch_size: int
     version: int = 0  # the version of its stored state (0: none yet)
+    # server steps applied since the model it trains from (buffered asynchronous training,
+    # sampling.concurrency; 0 in synchronous rounds)
+    staleness: int = 0
     state: dict[str, torch.Tensor] | None = None
     terms: LocalTerms = NO_TERMS
     scratch: dict[str, Any] = field(default_factory=dict)

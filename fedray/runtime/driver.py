@@ -139,6 +139,21 @@ class Driver:
                                     LocalWork(cl.batch_size, cl.local_epochs, cl.local_steps,
                                               cl.steps_per_epoch, client.full_batch,
                                               client.independent_batches))
+        # buffered asynchronous training: the whole schedule, from the clock alone
+        self.schedule, self.keep_until = None, {}
+        self.version_weights: dict[int, torch.Tensor] = {}  # the models stale clients need
+        if c.sampling.concurrency:
+            if stateful:
+                raise key_error("sampling.concurrency", f"algorithm.client "
+                                f"{self.algorithm.names['client']} keeps per-client state, "
+                                "which buffered asynchronous training does not support",
+                                c.sampling.concurrency)
+            from fedray.timing.buffered import buffered_schedule, versions_needed
+
+            self.schedule = buffered_schedule(self.clock, c.sampling.concurrency,
+                                              c.sampling.clients_per_round, c.rounds)
+            self.keep_until = versions_needed(self.schedule)
+            self.version_weights[0] = self.weights.clone()
         spec = WorkerSpec(
             make_model=make_model, source=source, seed=c.seed,
             training=LocalTraining(lr=cl.lr, batch_size=cl.batch_size,
@@ -218,7 +233,9 @@ class Driver:
                                   f"{len(self.versions)} clients")
             self.weights = ckpt.weights.to(torch.float32).clone()
             part = {p: {k.removeprefix(p): v for k, v in ckpt.server_state.items()
-                        if k.startswith(p)} for p in ("server_opt.", "aggregator.")}
+                        if k.startswith(p)} for p in ("server_opt.", "aggregator.", "buffered.v")}
+            self.version_weights = {int(k): w.to(torch.float32).clone()
+                                    for k, w in part["buffered.v"].items()}
             self.server_opt.load_state_dict(part["server_opt."])
             self.aggregator.load_state_dict(part["aggregator."])
             if self.versions is not None:
@@ -280,10 +297,11 @@ class Driver:
     def _broadcast(self) -> Any:
         return self._put(self.weights.numpy())
 
-    def _broadcast_round(self) -> Any:
-        """The round's one object: the global weights and the aggregator's broadcast state
-        (a server control variate, say)."""
-        weights = self.weights.numpy()
+    def _broadcast_round(self, weights: torch.Tensor | None = None) -> Any:
+        """The round's one object: the global weights (or, for buffered training's stale
+        clients, an older version's) and the aggregator's broadcast state (a server
+        control variate, say)."""
+        weights = (self.weights if weights is None else weights).numpy()
         server = {k: v.numpy() for k, v in self.aggregator.broadcast().items()}
         if self.cfg.runtime.backend == "inline":
             return Broadcast(frozen(weights), frozen_tree(server))
@@ -293,21 +311,37 @@ class Driver:
         c = self.cfg
         sm = c.sampling
         clocked: dict[str, float] = {}
-        if self.clock is not None:  # clock.enabled: online clients, durations, deadline
-            sel = self.clock.select(r, self.sim_time_s, sm.clients_per_round,
-                                    dropout=sm.dropout, over_selection=sm.over_selection)
-            clocked = {"sim_round_s": sel.outcome.duration_s, "sim_time_s": sel.outcome.end_s}
-            self.sim_time_s = sel.outcome.end_s
+        dropped_out = late = 0
+        if self.schedule is not None:  # buffered asynchronous training: a server step
+            step = self.schedule[r - 1]
+            clocked = {"sim_round_s": step.end_s - self.sim_time_s, "sim_time_s": step.end_s}
+            self.sim_time_s = step.end_s
+            ids, dropped_out = step.client_ids, step.dropped
+            clocked["staleness_mean"] = float(step.staleness.mean())
+            clocked["staleness_max"] = int(step.staleness.max())
+            shares = [(self._broadcast_round(self.version_weights[int(v)]), r - 1 - int(v),
+                       np.sort(ids[step.start_versions == v]))
+                      for v in np.unique(step.start_versions)]
         else:
-            sel = select_round(c.seed, r, self.source.population, sm.clients_per_round,
-                               always=sm.always, dropout=sm.dropout,
-                               over_selection=sm.over_selection, sizes=self.sizes)
-        ids = sel.participants
-        groups = assign_balanced(ids, self.sizes[ids], len(self.pool))
-        broadcast = self._broadcast_round()
+            if self.clock is not None:  # clock.enabled: online clients, durations, deadline
+                sel = self.clock.select(r, self.sim_time_s, sm.clients_per_round,
+                                        dropout=sm.dropout, over_selection=sm.over_selection)
+                clocked = {"sim_round_s": sel.outcome.duration_s,
+                           "sim_time_s": sel.outcome.end_s}
+                self.sim_time_s = sel.outcome.end_s
+            else:
+                sel = select_round(c.seed, r, self.source.population, sm.clients_per_round,
+                                   always=sm.always, dropout=sm.dropout,
+                                   over_selection=sm.over_selection, sizes=self.sizes)
+            ids, dropped_out, late = sel.participants, sel.dropped_out, sel.late
+            shares = [(self._broadcast_round(), 0, ids)]
         v = self.versions
-        tasks = [(slot, (broadcast, RoundTask(r, g, None if v is None else v[g].tolist())),
-                  f"round {r}: clients {g}") for slot, g in enumerate(groups) if g]
+        tasks = []
+        for broadcast, staleness, share in shares:  # one share (and broadcast) per model
+            groups = assign_balanced(share, self.sizes[share], len(self.pool))
+            tasks += [(slot, (broadcast, RoundTask(r, g, None if v is None else v[g].tolist(),
+                                                   staleness)), f"round {r}: clients {g}")
+                      for slot, g in enumerate(groups) if g]
         acc = PartialSum(self.weights.numel(), extras=extra_sizes(
             self.algorithm.parts, self.template.num_params))
         stats = dict.fromkeys(RoundResult.STATS, 0.0)
@@ -327,13 +361,23 @@ class Driver:
         if acc.weight > 0:  # a round without examples (or all dropped) leaves the model as is
             self.weights = self.server_opt.step(self.weights, self.aggregator.finish(acc))
             part_metrics = self.aggregator.round_metrics()
-        return {"clients": len(ids), "dropped_out": sel.dropped_out, "late": sel.late,
+        if self.schedule is not None:
+            self._keep_version(r)
+        return {"clients": len(ids), "dropped_out": dropped_out, "late": late,
                 "examples": int(stats["examples"]), "updates": int(stats["updates"]),
                 "dropped_updates": int(stats["dropped"]),
                 "worker_failures": self.pool.round_failures,
                 "train_loss": stats["loss_sum"] / max(1, stats["examples_seen"]),
                 "worker_busy_s": stats["busy_s"], "worker_mem_mb": worker_mem,
                 **clocked, **part_metrics}
+
+    def _keep_version(self, r: int) -> None:
+        """Buffered training: keep the model after step ``r`` (version ``r``) while a later
+        step's clients start from it, and drop the versions no later step needs."""
+        if self.keep_until.get(r, 0) > r:
+            self.version_weights[r] = self.weights.clone()
+        for old in [u for u in self.version_weights if self.keep_until.get(u, 0) <= r]:
+            del self.version_weights[old]
 
     def evaluate(self, r: int) -> dict[str, float]:
         """Central and federated evaluation of the current global model."""
@@ -467,6 +511,8 @@ class Driver:
         """The server optimizer's and the aggregator's state (momentum, Adam moments,
         a control variate), as flat tensors named ``server_opt.*`` and ``aggregator.*``."""
         out = {f"aggregator.{k}": v for k, v in self.aggregator.state_dict().items()}
+        # buffered training: the model versions later steps' clients start from
+        out |= {f"buffered.v{k}": w for k, w in self.version_weights.items()}
         for k, v in self.server_opt.state_dict().items():
             out[f"server_opt.{k}"] = v if isinstance(v, torch.Tensor) else torch.tensor(v)
         return out

@@ -30,6 +30,9 @@ class RoundTask:
     round: int
     client_ids: list[int]
     versions: list[int] | None = None  # each client's current state version (stateful parts)
+    # buffered asynchronous training: how many server steps old the broadcast's model is
+    # (every client of a task started from the same version)
+    staleness: int = 0
 
 
 @dataclass

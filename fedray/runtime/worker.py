@@ -143,6 +143,7 @@ class ClientWorker:
         self.state = (ClientStateStore(spec.state_url, res.state_cache_mb)
                       if self.client.state else None)
         self._stored: list[int] = []  # clients whose state this round's train() wrote
+        self._staleness = 0  # the current task's (buffered asynchronous training)
         own_training = self.client.train is not None
         self.group = (group_size(self.model.num_params, self.device.type == "cuda")
                       if res.vectorize and not own_training else 0)
@@ -205,7 +206,7 @@ class ClientWorker:
         seed = client_seed(self.spec.seed, round_idx, cid)
         x, y = self.client_data(round_idx, cid)
         ctx = ClientContext(cid, round_idx, seed, x, y, self.env.batch_size_for(len(y)),
-                            version)
+                            version, staleness=self._staleness)
         self.aggregator.prepare(self.env, ctx)
         if self.device.type == "cuda":  # page-locked: the copy to the GPU runs asynchronously
             ctx.x, ctx.y = ctx.x.pin_memory(), ctx.y.pin_memory()
@@ -315,6 +316,7 @@ class ClientWorker:
         loss_sum, seen, examples, dropped = 0.0, 0, 0, 0
         self._stored = []
         ids = task.client_ids
+        self._staleness = task.staleness
         jobs = self._jobs(task.round, ids, task.versions)
         if self.group:
             results = (r for chunk in _chunks(jobs, group_sizes(len(ids), self.group))
