@@ -52,14 +52,21 @@ def _job(tmp_path, name: str, **over) -> dict:
                                  "output__dir": str(tmp_path / name), **over})
 
 
+# buffered asynchronous training (FedBuff) on the simulated clock: a round's clients come
+# in one task per (worker, start version), each re-run alone when its worker dies
+BUFFERED = {"clock__enabled": True, "sampling__concurrency": 12,
+            "algorithm__name": "fedbuff"}
+
+
 @pytest.mark.usefixtures("ray_cluster")
-def test_worker_killed_mid_round_gives_the_unfaulted_weights(tmp_path):
+@pytest.mark.parametrize("mode", [{}, BUFFERED], ids=["rounds", "buffered"])
+def test_worker_killed_mid_round_gives_the_unfaulted_weights(tmp_path, mode):
     sentinel = tmp_path / "killed"
     # the unfaulted run inline, in this process: Ray's bit for bit at the same worker count
     # (tests/runtime/test_inline.py), without starting a driver and 2 workers for it
-    clean = fedray.run(_job(tmp_path, "clean", runtime__backend="inline"),
+    clean = fedray.run(_job(tmp_path, "clean", runtime__backend="inline", **mode),
                        model_fn=suicidal_model_fn(None))
-    faulted = fedray.run(_job(tmp_path, "faulted"),
+    faulted = fedray.run(_job(tmp_path, "faulted", **mode),
                          model_fn=suicidal_model_fn(str(sentinel), at_call=7))
     assert sentinel.exists()  # a worker really died mid-round
     failures = [m["worker_failures"] for m in faulted.metrics]
