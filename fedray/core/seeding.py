@@ -25,6 +25,7 @@ TAG_PERSONALIZE = 10  # an evaluated client's fine-tuning (eval.personalize), pe
 TAG_DEVICE = 11  # a client's device profile, per (seed, client id): fixed for the run
 TAG_AVAILABILITY = 12  # a client's diurnal phase, and its jitter per (client id, period)
 TAG_ONLINE_SAMPLE = 13  # the candidates drawn to find k online clients, per (seed, draw)
+TAG_BUFFERED = 14  # buffered asynchronous training's one stream of candidate clients
 
 
 def derive_seed(*parts: int) -> int:

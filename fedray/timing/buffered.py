@@ -28,9 +28,42 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from fedray.core.seeding import TAG_BUFFERED
 from fedray.errors import FedrayError
-from fedray.timing.online_sampling import sample_online
+from fedray.timing.online_sampling import DRAWS_PER_CLIENT
 from fedray.timing.rounds import RoundClock
+from fedray.timing.streams import hash64, stream_key
+
+CHUNK = 8  # candidates checked for being online at once
+
+
+class _Candidates:
+    """One stream of uniformly drawn client ids, (seed, TAG_BUFFERED, position), read in
+    order: each freed slot takes the next candidate online at that moment and free to
+    train. A pure function of the seed, so the schedule is; the cost per slot follows the
+    online share, never the population."""
+
+    def __init__(self, clock: RoundClock, population: int):
+        self.clock, self.population = clock, population
+        self.key = stream_key(clock.seed, TAG_BUFFERED)
+        self.position = 0
+        self.limit = DRAWS_PER_CLIENT if clock.max_draws is None else clock.max_draws
+
+    def next(self, t: float, busy: set[int]) -> int:
+        tried = 0
+        while tried < self.limit:
+            pos = np.arange(self.position, self.position + CHUNK, dtype=np.int64)
+            cand = (hash64(self.key, pos) % np.uint64(self.population)).astype(np.int64)
+            online = self.clock.availability.online(cand, t)
+            for i, c in enumerate(cand.tolist()):
+                if online[i] and c not in busy:
+                    self.position += i + 1
+                    return c
+            self.position += CHUNK
+            tried += CHUNK
+        raise FedrayError(f"sampling.concurrency: no client online and free at simulated "
+                          f"t = {t:g} s after {tried} draws; lower the concurrency or "
+                          f"widen the availability windows")
 
 
 @dataclass(frozen=True)
@@ -59,26 +92,26 @@ def buffered_schedule(clock: RoundClock, concurrency: int, k: int, steps: int
                           f"{population}], got {concurrency}")
     # (time, client, arrives, start version, start time)
     events: list[tuple[float, int, bool, int, float]] = []
-    training: set[int] = set()
+    busy: set[int] = set()  # training, or in the current buffer
     buffer: list[tuple[int, int, float]] = []  # (client, start version, start time)
     out: list[BufferedStep] = []
-    draws = 0
+    candidates = _Candidates(clock, population)
     version = 0
     dropped = 0
 
     def start(t: float, n: int) -> None:
-        nonlocal draws
+        ids = []
         for _ in range(n):
-            banned = np.array(sorted(training | {b[0] for b in buffer}), dtype=np.int64)
-            cid = int(sample_online(clock.seed, draws, population, 1, clock.availability, t,
-                                    exclude=banned, max_draws=clock.max_draws).ids[0])
-            draws += 1
-            ids = np.array([cid])
-            finish = t + float(clock.durations(ids)[0])
-            until = float(clock.availability.online_until(ids, t)[0])
-            arrives = finish <= until
-            heapq.heappush(events, (finish if arrives else until, cid, arrives, version, t))
-            training.add(cid)
+            ids.append(candidates.next(t, busy))
+            busy.add(ids[-1])
+        if not ids:
+            return
+        a = np.array(ids, dtype=np.int64)
+        finish = t + clock.durations(a)
+        until = clock.availability.online_until(a, t)
+        for cid, f, u in zip(ids, finish.tolist(), until.tolist(), strict=True):
+            arrives = f <= u
+            heapq.heappush(events, (f if arrives else u, cid, arrives, version, t))
 
     start(0.0, concurrency)
     while len(out) < steps:
@@ -86,13 +119,14 @@ def buffered_schedule(clock: RoundClock, concurrency: int, k: int, steps: int
         freed = 0
         while events and events[0][0] == t:
             _, cid, arrives, v, began = heapq.heappop(events)
-            training.discard(cid)
             freed += 1
             if not arrives:
+                busy.discard(cid)
                 dropped += 1
                 continue
-            buffer.append((cid, v, began))
+            buffer.append((cid, v, began))  # busy until its step is applied
             if len(buffer) == k:
+                busy.difference_update(c for c, _, _ in buffer)
                 ids, versions, starts = (np.array(a) for a in zip(*buffer, strict=True))
                 out.append(BufferedStep(len(out) + 1, t, ids.astype(np.int64),
                                         versions.astype(np.int64), starts.astype(np.float64),
