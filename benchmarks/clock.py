@@ -8,20 +8,41 @@ share of fedray.timing.buffered.buffered_schedule, with concurrency 2k. Populati
     python benchmarks/clock.py
 """
 
-import time, numpy as np
+from __future__ import annotations
+
+import time
+
+import numpy as np
 from omegaconf import OmegaConf
+
 from fedray.config import ClockConfig
-from fedray.timing.rounds import LocalWork, RoundClock
 from fedray.timing.buffered import buffered_schedule
-for pop, k in ((1000, 10), (100_000, 100), (1_000_000, 1000)):
-    sizes = np.full(pop, 100)
-    for avail in ("always", "diurnal"):
-        cfg = OmegaConf.merge(OmegaConf.structured(ClockConfig), {"enabled": True, "availability": {"model": avail}})
-        c = RoundClock(cfg, 0, sizes, num_params=1_000_000, work=LocalWork(20, 1, None))
-        t0 = time.perf_counter(); t = 0.0
-        for r in range(1, 21):
-            t = c.select(r, t, k).outcome.end_s
-        sel = (time.perf_counter() - t0) / 20
-        t0 = time.perf_counter(); s = buffered_schedule(c, 2 * k, k, 20)
-        buf = (time.perf_counter() - t0) / 20
-        print(f"pop {pop:>9,} k {k:>5} {avail:>8}: sync select {sel*1e3:7.2f} ms/round; buffered schedule {buf*1e3:8.2f} ms/step")
+from fedray.timing.rounds import LocalWork, RoundClock
+
+ROUNDS = 20
+CASES = ((1_000, 10), (100_000, 100), (1_000_000, 1_000))  # (population, k)
+
+
+def main() -> None:
+    print("| population | k | availability | synchronous round | buffered step |")
+    print("|---|---|---|---|---|")
+    for population, k in CASES:
+        sizes = np.full(population, 100)
+        for availability in ("always", "diurnal"):
+            cfg = OmegaConf.merge(OmegaConf.structured(ClockConfig),
+                                  {"enabled": True, "availability": {"model": availability}})
+            clock = RoundClock(cfg, 0, sizes, num_params=1_000_000,
+                               work=LocalWork(20, 1, None))
+            start, t = time.perf_counter(), 0.0
+            for r in range(1, ROUNDS + 1):
+                t = clock.select(r, t, k).outcome.end_s
+            per_round = (time.perf_counter() - start) / ROUNDS
+            start = time.perf_counter()
+            buffered_schedule(clock, 2 * k, k, ROUNDS)
+            per_step = (time.perf_counter() - start) / ROUNDS
+            print(f"| {population:,} | {k:,} | {availability} | {per_round * 1e3:.1f} ms | "
+                  f"{per_step * 1e3:.1f} ms |")
+
+
+if __name__ == "__main__":
+    main()
