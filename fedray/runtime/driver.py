@@ -319,6 +319,11 @@ class Driver:
             ids, dropped_out = step.client_ids, step.dropped
             clocked["staleness_mean"] = float(step.staleness.mean())
             clocked["staleness_max"] = int(step.staleness.max())
+            missing = sorted(set(step.start_versions.tolist()) - set(self.version_weights))
+            if missing:  # only a run extended past its rounds (--allow-change rounds)
+                raise key_error("rounds", f"step {r} of buffered training starts clients from "
+                                f"model version {missing[0]}, which the run did not keep "
+                                "when it ended: a buffered run cannot be extended", c.rounds)
             shares = [(self._broadcast_round(self.version_weights[int(v)]), r - 1 - int(v),
                        np.sort(ids[step.start_versions == v]))
                       for v in np.unique(step.start_versions)]

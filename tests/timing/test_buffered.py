@@ -154,3 +154,12 @@ def test_buffered_settings_are_checked(tmp_path):
         run(tmp_path, "b", algorithm={"name": "scaffold"})
     with pytest.raises(FedrayError, match="'algorithm.fedbuff.staleness': must be one of"):
         run(tmp_path, "c", algorithm={"name": "fedbuff", "fedbuff": {"staleness": "exp"}})
+
+
+def test_a_finished_buffered_run_cannot_be_extended(tmp_path):
+    """The run keeps only the model versions its own steps need; a later step may start
+    from one it dropped: one line, not a KeyError."""
+    run(tmp_path, "short", rounds=4)
+    with pytest.raises(FedrayError, match="'rounds': step .* a buffered run cannot be extended"):
+        fedray.run(resume=str(tmp_path / "short"), overrides=["rounds=30"],
+                   allow_changes=["rounds"], model_fn=fixed_linear()[0], client_data=CLIENTS)
