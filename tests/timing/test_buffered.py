@@ -9,6 +9,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from clocked_runs import check_resume
 from conftest import blobs, fixed_linear
 from omegaconf import OmegaConf
 
@@ -17,10 +18,8 @@ from fedray.algorithms.base import ClientContext, LocalUpdate, PartialSum
 from fedray.algorithms.fedbuff import FedBuffAggregator, FedBuffParams
 from fedray.config import ClockConfig
 from fedray.errors import FedrayError
-from fedray.state.run_dir import read_metrics
 from fedray.timing.buffered import buffered_schedule, versions_needed
 from fedray.timing.rounds import LocalWork, RoundClock
-from fedray.tracking.callbacks import Callback
 
 CLIENTS = blobs(30, seed=4)
 SIZES = np.array([len(y) for _, y in CLIENTS.values()])
@@ -128,23 +127,8 @@ def test_without_staleness_it_is_synchronous_fedavg(tmp_path):
         [m["sim_time_s"] for m in sync.metrics]
 
 
-class _Crash(Callback):
-    def on_round_end(self, round, metrics, weights):
-        if round == 3:
-            raise KeyboardInterrupt
-
-
 def test_a_resumed_buffered_run_is_bit_identical(tmp_path):
-    whole = run(tmp_path, "whole")
-    with pytest.raises(KeyboardInterrupt):
-        run(tmp_path, "cut", callbacks=[_Crash()])
-    resumed = fedray.run(resume=str(tmp_path / "cut"), model_fn=fixed_linear()[0],
-                         client_data=CLIENTS)
-    assert resumed.summary["resumed_from_round"] == 2
-    for x, y in zip(read_metrics(str(tmp_path / "cut")), whole.metrics, strict=True):
-        assert {k: x[k] for k in KEYS} == {k: y[k] for k in KEYS}
-    for k in whole.weights:
-        assert torch.equal(resumed.weights[k], whole.weights[k])
+    check_resume(tmp_path, run, KEYS, CLIENTS)
 
 
 def test_buffered_settings_are_checked(tmp_path):

@@ -9,16 +9,14 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-import torch
+from clocked_runs import check_resume
 from conftest import blobs, fixed_linear
 from omegaconf import OmegaConf
 
 import fedray
 from fedray.config import ClockConfig
 from fedray.errors import FedrayError
-from fedray.state.run_dir import read_metrics
 from fedray.timing.rounds import LocalWork, RoundClock
-from fedray.tracking.callbacks import Callback
 
 CLIENTS = blobs(30, seed=4)
 SIZES = np.array([len(y) for _, y in CLIENTS.values()])
@@ -109,24 +107,8 @@ def test_the_clock_in_a_run_is_the_same_on_one_or_three_workers(tmp_path):
     assert "sim_time_s" not in off.metrics[-1]  # clock off: no clock work, no keys
 
 
-class _Crash(Callback):
-    def on_round_end(self, round, metrics, weights):
-        if round == 3:
-            raise KeyboardInterrupt
-
-
 def test_a_resumed_run_continues_its_clock(tmp_path):
-    whole = run(tmp_path, "whole")
-    with pytest.raises(KeyboardInterrupt):
-        run(tmp_path, "cut", callbacks=[_Crash()])
-    resumed = fedray.run(resume=str(tmp_path / "cut"), model_fn=fixed_linear()[0],
-                         client_data=CLIENTS)
-    assert resumed.summary["resumed_from_round"] == 2
-    got = read_metrics(str(tmp_path / "cut"))
-    for x, y in zip(got, whole.metrics, strict=True):
-        assert {k: x[k] for k in SCHEDULE} == {k: y[k] for k in SCHEDULE}
-    for k in whole.weights:
-        assert torch.equal(resumed.weights[k], whole.weights[k])
+    check_resume(tmp_path, run, SCHEDULE, CLIENTS)
 
 
 def test_bad_clock_settings_are_one_line(tmp_path):
