@@ -514,7 +514,9 @@ class Driver:
 
     def server_state(self) -> dict[str, torch.Tensor]:
         """The server optimizer's and the aggregator's state (momentum, Adam moments,
-        a control variate), as flat tensors named ``server_opt.*`` and ``aggregator.*``."""
+        a control variate), as flat tensors named ``server_opt.*`` and ``aggregator.*``;
+        in buffered training also the model versions later steps start from
+        (``buffered.v<N>``)."""
         out = {f"aggregator.{k}": v for k, v in self.aggregator.state_dict().items()}
         # buffered training: the model versions later steps' clients start from
         out |= {f"buffered.v{k}": w for k, w in self.version_weights.items()}
