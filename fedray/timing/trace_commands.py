@@ -199,10 +199,10 @@ def _new_out(url: str) -> None:
     """Refuse --out before any work: a name without a trace format, or a file that exists
     (a trace is an input of runs: overwriting one would silently change what they mean)."""
     from fedray.state.storage import filesystem
-    from fedray.timing.traces import _format
+    from fedray.timing.traces import file_format
 
     try:
-        _format(url)
+        file_format(url)
     except FedrayError as exc:
         raise FedrayError(f"--out {exc}") from None
     fs, path = filesystem(url, "--out", durable=True, what=None)

@@ -82,7 +82,7 @@ def read_table(url: str) -> pa.Table:
     return table
 
 
-def _format(url: str) -> tuple[str, str | None]:
+def file_format(url: str) -> tuple[str, str | None]:
     from fsspec.utils import infer_compression
 
     name = url.lower()
@@ -102,7 +102,7 @@ def _format(url: str) -> tuple[str, str | None]:
 def write_table(table: pa.Table, url: str) -> None:
     """Write ``table`` whole in the format its name says (no validation: see the
     ``write_*_trace`` functions)."""
-    fmt, compression = _format(url)
+    fmt, compression = file_format(url)
     out = pa.BufferOutputStream()
     if fmt == "csv":
         import pyarrow.csv as pcsv
