@@ -328,7 +328,8 @@ def _drive(call: Callable[..., Any], cfg: DictConfig, url: str, callbacks: Callb
         for r in range(start["start_round"], cfg.rounds + 1):
             m, weights = call("run_round", r, callbacks.needs_weights)
             metrics.append(m)
-            if callbacks.round_end(r, m, weights) and r < cfg.rounds:
+            # a callback, or an update stage (a privacy budget spent: m["stopped_by"])
+            if (callbacks.round_end(r, m, weights) or m.get("stopped_by")) and r < cfg.rounds:
                 stopped = r  # the last round needs no stopping: the run ends normally
                 break
         summary = call("finish", stopped)

@@ -95,6 +95,9 @@ class AlgorithmConfig:
     client: str | None = None  # client work (docs/algorithms.md lists the registered ones)
     aggregator: str | None = None  # the round's reduction
     server_opt: str | None = None  # the server optimizer (SERVEROPT)
+    # update stages every client's update passes through, in order (docs/privacy.md):
+    # dp, secagg, topk, quantize, or import paths; null: the preset's (none for most)
+    stages: list[str] | None = None
 
 
 @dataclass
@@ -129,6 +132,9 @@ class SamplingConfig:
     # clients train at every simulated moment, and a round is a server step that applies
     # the first clients_per_round updates to arrive (needs clock.enabled)
     concurrency: int = 0
+    # fixed: exactly clients_per_round clients a round; poisson: every client independently
+    # with probability clients_per_round / population (what DP-FedAvg's accounting assumes)
+    mode: str = "fixed"
 
 
 @dataclass
@@ -500,6 +506,13 @@ def validate(cfg: DictConfig, population: int, *, custom_model: bool = False) ->
     sm = cfg.sampling
     r(0.0 <= sm.dropout < 1.0, "sampling.dropout", "must be in [0, 1)", sm.dropout)
     r(sm.over_selection >= 0.0, "sampling.over_selection", "must be >= 0", sm.over_selection)
+    r(sm.mode in ("fixed", "poisson"), "sampling.mode", "must be fixed or poisson", sm.mode)
+    if sm.mode == "poisson":  # who takes part is each client's own coin: nothing to pin,
+        for key, on in (("sampling.always", len(sm.always)),  # rank or schedule
+                        ("sampling.over_selection", sm.over_selection),
+                        ("clock.enabled", cfg.clock.enabled)):
+            r(not on, key, "cannot be combined with sampling.mode=poisson", on if
+              key != "sampling.always" else list(sm.always))
     bound = cfg.guard.max_update_norm
     r(bound is None or bound > 0, "guard.max_update_norm", "must be > 0 or null", bound)
     always = list(cfg.sampling.always)

@@ -18,6 +18,11 @@ their own file (docs/algorithms.md, "Write your own algorithm"):
                 broadcast to the clients each round (``broadcast``).
 ``ServerOptimizer`` (fedray.algorithms.server_opt) SERVEROPT: the next global model from the
                 round's update, with ``state_dict`` / ``load_state_dict``.
+``UpdateStage`` what happens to every client's update on its way up and to the round's sum
+                before the aggregator finishes it, whatever the algorithm: clipping and
+                noise (user-level DP), compression, secure aggregation's fixed-point sum.
+                A job lists them in ``algorithm.stages``; they compose with every client
+                part and aggregator that admits them.
 
 Hyper-parameters are a dataclass per part (``Params``), read from ``algorithm.<section>`` of a
 job and checked by the part (``check``), so a user's part gets the same one-line errors as a
@@ -43,7 +48,8 @@ import torch
 from fedray.algorithms.reduction import PartialSum
 
 __all__ = ["Aggregator", "ClientContext", "ClientWork", "LocalTerms", "LocalUpdate",
-           "ParamError", "PartialSum", "WorkerEnv", "require"]
+           "ParamError", "PartialSum", "Payload", "RoundPlan", "UpdateStage", "WorkerEnv",
+           "require"]
 
 
 class ParamError(ValueError):
@@ -245,6 +251,10 @@ class Aggregator(Part):
     same result up to float64 rounding."""
 
     extras: ClassVar[dict[str, str | int]] = {}  # extra sums it adds itself
+    # every client adds its update as it is, with weight 1, and nothing else: a client's
+    # influence on the sum is then bounded by its update's norm (what user-level DP's
+    # sensitivity and secure aggregation's fixed-point sum need; UpdateStage.needs_unit_weights)
+    unit_weights: ClassVar[bool] = False
     requires_extras: ClassVar[tuple[str, ...]] = ()  # extra sums a client part must add
     provides: ClassVar[tuple[str, ...]] = ()  # the keys of its broadcast
     population: int = 1
@@ -294,6 +304,132 @@ class Aggregator(Part):
         missing = set(own) - set(state)
         if missing:
             raise ValueError(f"aggregator {self.name}: state lacks {sorted(missing)}")
+        self.state = {k: state[k].clone() for k in own}
+
+
+@dataclass(frozen=True)
+class RoundPlan:
+    """What the driver's stages know of the run before it starts: how clients are sampled
+    (what a privacy accountant and a fixed denominator need) and the model's size."""
+
+    seed: int
+    population: int
+    clients_per_round: int  # sampling.clients_per_round: exactly k, or k expected (poisson)
+    sampling: str  # sampling.mode: fixed | poisson
+    rounds: int
+    num_params: int
+    dropout: float = 0.0  # sampling.dropout
+
+    @property
+    def rate(self) -> float:
+        """The chance that a given client takes part in a round (q)."""
+        return self.clients_per_round / self.population
+
+
+@dataclass(frozen=True)
+class Payload:
+    """What one client's update costs on the uplink, as the stages encode it: ``values``
+    numbers of ``value_bits`` each, with ``index_bits`` of position each (sparse updates),
+    plus ``overhead_bytes`` (a scale, a norm). Uncompressed: every parameter in float32."""
+
+    values: int
+    value_bits: int = 32
+    index_bits: int = 0
+    overhead_bytes: int = 0
+    dense: int = 0  # the update's full length (a stage that must send it densely: secagg)
+
+    @property
+    def bytes(self) -> int:
+        return -(-self.values * (self.value_bits + self.index_bits) // 8) + self.overhead_bytes
+
+
+class UpdateStage(Part):
+    """A stage every trained client's update passes through before the aggregator folds it
+    into the partial sum (on the worker), and that the round's merged sum passes through
+    before the aggregator finishes it (on the driver).
+
+    Stages are listed in ``algorithm.stages`` and run in that order on each client's update
+    (clip, then quantize, say); on the driver their ``finish_sum`` runs in reverse order, as
+    layers unwrap (a secure sum is decoded before noise is added to it). Like the other
+    parts a stage may keep per-client state in the client state store (an error-feedback
+    residual: ``client_state``), add extra sums (``extras``: the count of unclipped clients),
+    broadcast part of its server state to the clients (``provides``), and measure the round
+    (``round_metrics``). A client's update here is ``update.delta``, which a stage changes
+    in place or replaces; the aggregator's weighting comes after."""
+
+    # per-client state tensors, in the client state store (name them after the stage: a
+    # client's state file holds the client part's tensors too); server state is ``state``
+    # (these three may be set per instance, from the stage's Params)
+    client_state: tuple[str, ...] = ()
+    extras: dict[str, str | int] = {}  # extra sums it adds: name -> "params" | n  # noqa: RUF012
+    provides: ClassVar[tuple[str, ...]] = ()  # the keys of its broadcast
+    # it needs the aggregator to add updates as they are (Aggregator.unit_weights): DP's
+    # clipping bounds a client's influence only then, a fixed-point sum holds only them
+    needs_unit_weights: bool = False
+    # it bounds what a client reveals only if the client part adds nothing of its own to
+    # the sum and keeps no state derived from its data outside this stage (e.g. DP)
+    needs_plain_client: ClassVar[bool] = False
+    # the fewest clients a worker's partial sum may hold (secure aggregation); 1: any
+    min_clients_per_partial: int = 1
+
+    # -- on the workers -------------------------------------------------------------------
+
+    def client_update(self, env: WorkerEnv, ctx: ClientContext, update: LocalUpdate,
+                      acc: PartialSum) -> dict[str, torch.Tensor] | None:
+        """Transform ``update.delta`` (the guard admitted it); return this stage's new state
+        for the client (its ``client_state`` tensors), if it keeps any. ``ctx.state`` holds
+        the client's stored state as of the round (None before its first)."""
+        return None
+
+    def payload(self, before: Payload) -> Payload:
+        """What a client's update costs to send after this stage (``before``: after the
+        stages ahead of it)."""
+        return before
+
+    # -- on the driver --------------------------------------------------------------------
+
+    def init_server(self, plan: RoundPlan) -> None:
+        """Once, on the driver, before round 1 (and before a resume loads ``state``)."""
+        self.plan = plan
+        self.state: dict[str, torch.Tensor] = {}
+
+    def broadcast(self) -> dict[str, torch.Tensor]:
+        return {}
+
+    def merge(self, acc: PartialSum, part: Any) -> None:
+        """Fold a worker's partial sum (a PartialMessage) into the round's sum; a stage
+        that must not reveal small sums (secure aggregation) holds it back instead."""
+        acc.merge(part)
+
+    def close(self, acc: PartialSum, round_idx: int) -> str | None:
+        """After the last worker's partial: fold in what ``merge`` held back; a reason when
+        the round's sum must not be used (too few clients for a secure sum)."""
+        return None
+
+    def finish_sum(self, acc: PartialSum, round_idx: int) -> None:
+        """The merged sum before the aggregator finishes it: add noise, fix the
+        denominator, decode a fixed-point sum."""
+
+    def round_metrics(self) -> dict[str, float]:
+        """Scalars of the round, named after the stage (``dp_epsilon``)."""
+        return {}
+
+    def stop_reason(self, next_round: int) -> str | None:
+        """Why the run must end before ``next_round`` (a privacy budget spent), or None."""
+        return None
+
+    def summary(self) -> dict[str, Any]:
+        """What summary.json records of the stage at the end of the run."""
+        return {}
+
+    def state_dict(self) -> dict[str, torch.Tensor]:
+        return {k: v.clone() for k, v in getattr(self, "state", {}).items()}
+
+    def load_state_dict(self, state: dict[str, torch.Tensor]) -> None:
+        own = getattr(self, "state", {})
+        missing = set(own) - set(state)
+        if missing:
+            raise ValueError(f"stage {self.name}: state lacks {sorted(missing)}")
         self.state = {k: state[k].clone() for k in own}
 
 

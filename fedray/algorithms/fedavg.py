@@ -35,6 +35,7 @@ class Proportional(Aggregator):
 @register
 class Uniform(Aggregator):
     name = "uniform"
+    unit_weights = True
 
     def weight(self, update: LocalUpdate) -> float:
         return 1.0

@@ -6,6 +6,8 @@ A job names an algorithm by a preset (``algorithm.name``) and may replace any of
       name: fedprox              # a preset: client fedprox, aggregator proportional, server sgd
       server_opt: momentum       # ... with server momentum instead
       fedprox: {mu: 0.01}        # the hyper-parameters of a part, under its section
+      stages: [topk]             # update stages every client's update passes through
+      topk: {fraction: 0.01}
 
 Each part is a registered name (every module of this package registers its family's parts
 and presets when it is imported) or an import path ``module:Class``, where module is a
@@ -30,8 +32,9 @@ from typing import Any
 from fedray.errors import ConfigError, key_error
 
 KINDS = ("client", "aggregator", "server_opt")
-_BASES = {"client": "ClientWork", "aggregator": "Aggregator", "server_opt": "ServerOptimizer"}
-_REGISTRY: dict[str, dict[str, type]] = {k: {} for k in KINDS}
+_BASES = {"client": "ClientWork", "aggregator": "Aggregator", "server_opt": "ServerOptimizer",
+          "stage": "UpdateStage"}
+_REGISTRY: dict[str, dict[str, type]] = {k: {} for k in _BASES}
 _INTERNAL = {"base", "registry", "reduction", "terms"}
 
 
@@ -45,6 +48,7 @@ class Algorithm:
     aggregator: str
     server_opt: str = "sgd"
     defaults: dict[str, dict[str, Any]] = field(default_factory=dict, hash=False)
+    stages: tuple[str, ...] = ()  # update stages (fedray.algorithms.base.UpdateStage)
 
 
 PRESETS: dict[str, Algorithm] = {}
@@ -53,18 +57,19 @@ PRESETS: dict[str, Algorithm] = {}
 LEGACY_KEYS = {"prox_mu": ("fedprox", "mu"), "scaffold_option": ("scaffold", "option"),
                "elastic_tau": ("elastic", "tau"), "elastic_mu": ("elastic", "mu"),
                "elastic_holdout": ("elastic", "holdout"), "alpha": ("expalpha", "alpha")}
-PART_KEYS = ("name", *KINDS)
+PART_KEYS = ("name", *KINDS, "stages")
 
 
 def _kind_of(cls: type) -> str:
-    from fedray.algorithms.base import Aggregator, ClientWork
+    from fedray.algorithms.base import Aggregator, ClientWork, UpdateStage
     from fedray.algorithms.server_opt import ServerOptimizer
 
     for kind, base in (("client", ClientWork), ("aggregator", Aggregator),
-                       ("server_opt", ServerOptimizer)):
+                       ("server_opt", ServerOptimizer), ("stage", UpdateStage)):
         if isinstance(cls, type) and issubclass(cls, base):
             return kind
-    raise TypeError(f"{cls!r} is not a ClientWork, Aggregator or ServerOptimizer subclass")
+    raise TypeError(f"{cls!r} is not a ClientWork, Aggregator, ServerOptimizer or "
+                    "UpdateStage subclass")
 
 
 def register(cls: type) -> type:
@@ -77,9 +82,11 @@ def register(cls: type) -> type:
 
 
 def register_preset(name: str, client: str, aggregator: str, server_opt: str = "sgd",
-                    defaults: dict[str, dict[str, Any]] | None = None) -> None:
+                    defaults: dict[str, dict[str, Any]] | None = None,
+                    stages: tuple[str, ...] = ()) -> None:
     """A preset ``algorithm.name`` can select (``defaults``: see ``Algorithm``)."""
-    PRESETS[name] = Algorithm(client, aggregator, server_opt, dict(defaults or {}))
+    PRESETS[name] = Algorithm(client, aggregator, server_opt, dict(defaults or {}),
+                              tuple(stages))
 
 
 _loaded = False
@@ -206,10 +213,13 @@ class Resolved:
     aggregator: Any  # Aggregator
     server_opt: Any  # ServerOptimizer
     sections: dict[str, dict]  # algorithm.<section> -> the parts' hyper-parameters
+    stages: tuple = ()  # UpdateStage instances, in order
+    stage_names: tuple[str, ...] = ()  # as the job (or its preset) names them
 
     @property
     def parts(self) -> tuple:
-        return (self.client, self.aggregator)
+        """The worker-side parts that add to a partial sum."""
+        return (self.client, self.aggregator, *self.stages)
 
 
 def _params(cls: type, section_cfg: Any, key: str) -> Any:
@@ -261,8 +271,10 @@ def resolve(algorithm: Any, server: Any = None, *, notes: list[str] | None = Non
     names = {k: tree.get(k) or getattr(base, k) for k in KINDS}
     classes = {k: lookup(k, names[k], f"algorithm.{k}" if tree.get(k) else "algorithm.name")
                for k in KINDS}
+    stage_refs, stage_classes = _stage_classes(tree.get("stages"), base)
     legacy = {k: tree.pop(k) for k in list(tree) if k in LEGACY_KEYS}
-    used = {cls.section for cls in classes.values() if getattr(cls, "section", None)}
+    used = {cls.section for cls in (*classes.values(), *stage_classes)
+            if getattr(cls, "section", None)}
     for section, values in base.defaults.items():  # the preset's, under the job's own
         own = tree.get(section)
         if section in used and (own is None or isinstance(own, dict)):
@@ -301,6 +313,14 @@ def resolve(algorithm: Any, server: Any = None, *, notes: list[str] | None = Non
             sections[section] = built[kind].describe() if kind != "server_opt" else \
                 _asdict(params)
     client, aggregator = built["client"], built["aggregator"]
+    stages = []
+    for ref, cls in zip(stage_refs, stage_classes, strict=True):
+        key = f"algorithm.{cls.section}" if cls.section else "algorithm.stages"
+        params = _params(cls, tree.get(cls.section) if cls.section else None, key)
+        stages.append(_build(cls, params, key, server))
+        if cls.section and params is not None:
+            sections[cls.section] = stages[-1].describe()
+        _check_stage(ref, stages[-1], names, client, aggregator)
     for need in client.uses_broadcast:
         if need not in aggregator.provides:
             raise key_error("algorithm.aggregator", f"client part {names['client']} needs an "
@@ -312,7 +332,37 @@ def resolve(algorithm: Any, server: Any = None, *, notes: list[str] | None = Non
                             f"client part that sums {need} ({_providers(need, 'client')})",
                             names["client"])
     return Resolved(names=names, client=client, aggregator=aggregator,
-                    server_opt=built["server_opt"], sections=sections)
+                    server_opt=built["server_opt"], sections=sections, stages=tuple(stages),
+                    stage_names=tuple(stage_refs))
+
+
+def _stage_classes(refs: Any, base: Algorithm) -> tuple[list[str], list[type]]:
+    """``algorithm.stages`` (or the preset's) as names and classes, checked."""
+    key = "algorithm.stages" if refs is not None else "algorithm.name"
+    refs = list(base.stages if refs is None else refs) if not isinstance(refs, str) else refs
+    if not isinstance(refs, list) or not all(isinstance(r, str) and r for r in refs):
+        raise key_error("algorithm.stages", "must be a list of update stage names or import "
+                        "paths, e.g. [dp]", refs)
+    twice = sorted({r for r in refs if refs.count(r) > 1})
+    if twice:
+        raise key_error("algorithm.stages", f"names {twice[0]} twice", refs)
+    return refs, [lookup("stage", r, key) for r in refs]
+
+
+def _check_stage(ref: str, stage: Any, names: dict[str, str], client: Any,
+                 aggregator: Any) -> None:
+    """A stage that bounds what each client contributes needs parts that let it."""
+    if stage.needs_unit_weights and not aggregator.unit_weights:
+        unit = ", ".join(n for n, c in registered("aggregator").items() if c.unit_weights)
+        raise key_error("algorithm.aggregator", f"stage {ref} needs an aggregator that adds "
+                        f"each client's update as it is, with weight 1 ({unit}); "
+                        f"{names['aggregator']} weights or extends what clients add",
+                        names["aggregator"])
+    if stage.needs_plain_client and (client.extras or client.state):
+        raise key_error("algorithm.client", f"stage {ref} needs a client part that adds "
+                        f"nothing but its update to the sum; {names['client']} also "
+                        f"{'sums ' + ', '.join(client.extras) if client.extras else 'keeps '}"
+                        f"{'' if client.extras else ', '.join(client.state)}", names["client"])
 
 
 def _asdict(params: Any) -> dict:
@@ -342,6 +392,8 @@ def canonical(algorithm: Any, server: Any = None, notes: list[str] | None = None
                         "(0, every gradient at the global model, needs one that allows it, "
                         "e.g. local_update)", client_lr)
     out = {k: tree.get(k) for k in PART_KEYS}
+    if out["stages"] is not None:
+        out["stages"] = list(resolved.stage_names)
     out.update(resolved.sections)
     return out
 

@@ -23,6 +23,19 @@ import numpy as np
 from fedray.core.seeding import TAG_DROPOUT, TAG_FED_EVAL, TAG_SAMPLE, TAG_SPEED, rng
 
 
+def poisson_clients(seed: int, round_idx: int, population: int, k: int) -> np.ndarray:
+    """Poisson sampling: every client takes part independently with probability
+    q = k / population, so a round has Binomial(population, q) clients, k on average.
+
+    Drawn as the count, then that many distinct ids uniformly -- the same distribution as a
+    coin per client, in O(count) rather than O(population) draws. User-level DP-FedAvg's
+    accounting (McMahan et al. 2018) assumes this sampling: a client's presence in a round
+    is independent of everyone else's."""
+    g = rng(seed, TAG_SAMPLE, round_idx)
+    count = int(g.binomial(population, k / population))
+    return np.sort(g.choice(population, size=count, replace=False)).astype(np.int64)
+
+
 def sample_clients(seed: int, round_idx: int, population: int, k: int,
                    always: Sequence[int] = ()) -> np.ndarray:
     """``k`` client indices for a round; the ``always`` clients are among them every round.
@@ -51,17 +64,19 @@ class RoundSelection:
 
 def select_round(seed: int, round_idx: int, population: int, k: int, *,
                  always: Sequence[int] = (), dropout: float = 0.0,
-                 over_selection: float = 0.0, sizes: np.ndarray | None = None
-                 ) -> RoundSelection:
-    """The clients that train in a round, after dropout and over-selection."""
+                 over_selection: float = 0.0, sizes: np.ndarray | None = None,
+                 mode: str = "fixed") -> RoundSelection:
+    """The clients that train in a round, after dropout and over-selection; ``mode``
+    ``poisson`` draws each client with probability k / population instead of exactly k."""
     n = min(population, math.ceil(k * (1.0 + over_selection))) if over_selection else k
-    ids = sample_clients(seed, round_idx, population, n, always)
+    ids = (poisson_clients(seed, round_idx, population, k) if mode == "poisson" else
+           sample_clients(seed, round_idx, population, n, always))
     alive = ids
     if dropout > 0:
         alive = ids[[rng(seed, TAG_DROPOUT, round_idx, int(c)).random() >= dropout
                      for c in ids]]
     late = 0
-    if len(alive) > k:
+    if over_selection and len(alive) > k:  # poisson rounds may hold more than k
         speed = np.array([rng(seed, TAG_SPEED, round_idx, int(c)).lognormal(0.0, 1.0)
                           for c in alive])
         finish = np.asarray(sizes, dtype=np.float64)[alive] * speed

@@ -26,6 +26,10 @@ TAG_DEVICE = 11  # a client's device profile, per (seed, client id): fixed for t
 TAG_AVAILABILITY = 12  # a client's diurnal phase, and its jitter per (client id, period)
 TAG_ONLINE_SAMPLE = 13  # the candidates drawn to find k online clients, per (seed, draw)
 TAG_BUFFERED = 14  # buffered asynchronous training's one stream of candidate clients
+# update stages (fedray.algorithms.base.UpdateStage)
+TAG_DP_NOISE = 15  # central DP's noise on the round's sum, per (seed, round)
+TAG_DP_LOCAL = 16  # local DP's noise on a client's update, from its round seed
+TAG_QUANTIZE = 17  # stochastic rounding of a client's update (quantize, secagg), ditto
 
 
 def derive_seed(*parts: int) -> int:

@@ -32,7 +32,14 @@ from omegaconf import OmegaConf
 from torch import nn
 
 from fedray import __version__
-from fedray.algorithms.base import ClientWork, PartialSum, extra_sizes
+from fedray.algorithms.base import (
+    ClientWork,
+    PartialSum,
+    Payload,
+    RoundPlan,
+    UpdateStage,
+    extra_sizes,
+)
 from fedray.algorithms.registry import Resolved, resolve
 from fedray.core.assignment import assign_balanced
 from fedray.core.evaluation import ClientEval, EvalSums, merge_sums, pooled
@@ -49,7 +56,13 @@ from fedray.runtime.inline import InlinePool, frozen, frozen_tree
 from fedray.runtime.messages import Broadcast, RoundResult, RoundTask
 from fedray.runtime.pool import WorkerPool
 from fedray.runtime.session import private_mb
-from fedray.runtime.worker import LocalTraining, Personalize, WorkerResources, WorkerSpec
+from fedray.runtime.worker import (
+    LocalTraining,
+    Personalize,
+    WorkerResources,
+    WorkerSpec,
+    keeps_client_state,
+)
 from fedray.state.checkpoint import CHECKPOINT_FILE, Checkpoint, encode, read_checkpoint
 from fedray.state.client_state import ClientStateStore
 from fedray.state.run_dir import CLIENT_STATE_DIR, SERVER_STATE_FILE, WEIGHTS_FILE, RunDir
@@ -114,15 +127,31 @@ class Driver:
         self.algorithm = algorithm if algorithm is not None else resolve(c.algorithm, c.server)
         client = self.algorithm.client
         # the workers' copies, before the driver's aggregator grows its server state
-        worker_parts = copy.deepcopy((client, self.algorithm.aggregator))
+        worker_parts = copy.deepcopy((client, self.algorithm.aggregator,
+                                      self.algorithm.stages))
         self.aggregator = self.algorithm.aggregator
         self.aggregator.init_server(self.template.num_params, source.population)
+        self.stages = self.algorithm.stages
+        plan = RoundPlan(seed=c.seed, population=source.population,
+                         clients_per_round=c.sampling.clients_per_round,
+                         sampling=c.sampling.mode, rounds=c.rounds,
+                         num_params=self.template.num_params, dropout=c.sampling.dropout)
+        for stage in self.stages:
+            stage.init_server(plan)
+        # the stage that decides which partial sums the driver may read (secure aggregation)
+        self.merger = next((s for s in self.stages if type(s).merge is not UpdateStage.merge),
+                           None)
+        self.stopped_by: str | None = None
+        payload = Payload(self.weights.numel(), dense=self.weights.numel())
+        for stage in self.stages:
+            payload = stage.payload(payload)
+        self.update_bytes = payload.bytes  # what one client's update costs on the uplink
         self.server_opt = self.algorithm.server_opt
         self.sizes = source.train_sizes()
         self.run_dir = RunDir(run_dir)
         state_url = self.run_dir.url_of(CLIENT_STATE_DIR)
         # per-client state (the client part's): which version of each client's state is current
-        stateful = bool(client.state)
+        stateful = keeps_client_state(client, self.stages)
         self.state_store = ClientStateStore(state_url, cache_mb=0) if stateful else None
         self.versions = np.zeros(source.population, np.int32) if stateful else None
         self._superseded: list[tuple[int, int]] = []  # versions the last checkpoint needs
@@ -138,14 +167,16 @@ class Driver:
             self.clock = RoundClock(c.clock, c.seed, self.sizes, self.template.num_params,
                                     LocalWork(cl.batch_size, cl.local_epochs, cl.local_steps,
                                               cl.steps_per_epoch, client.full_batch,
-                                              client.independent_batches))
+                                              client.independent_batches),
+                                    update_bytes=self.update_bytes)
         # buffered asynchronous training: the whole schedule, from the clock alone
         self.schedule, self.keep_until = None, {}
         self.version_weights: dict[int, torch.Tensor] = {}  # the models stale clients need
         if c.sampling.concurrency:
             if stateful:
-                raise key_error("sampling.concurrency", f"algorithm.client "
-                                f"{self.algorithm.names['client']} keeps per-client state, "
+                who = (f"algorithm.client {self.algorithm.names['client']}" if client.state
+                       else "an update stage (algorithm.stages)")
+                raise key_error("sampling.concurrency", f"{who} keeps per-client state, "
                                 "which buffered asynchronous training does not support",
                                 c.sampling.concurrency)
             from fedray.timing.buffered import buffered_schedule, versions_needed
@@ -165,7 +196,7 @@ class Driver:
                                       state_cache_mb=w.state_cache_mb,
                                       vectorize=self._vectorize_plan(client)),
             client=worker_parts[0], aggregator=worker_parts[1], state_url=state_url,
-            per_round=parse_per_round(c.data.get("per_round")))
+            per_round=parse_per_round(c.data.get("per_round")), stages=worker_parts[2])
         if resume:  # before the pool starts: a checkpoint that cannot be used fails fast
             self._restore()
         start = time.perf_counter()
@@ -238,6 +269,10 @@ class Driver:
                                     for k, w in part["buffered.v"].items()}
             self.server_opt.load_state_dict(part["server_opt."])
             self.aggregator.load_state_dict(part["aggregator."])
+            for stage in self.stages:
+                prefix = f"stage.{stage.name}."
+                stage.load_state_dict({k.removeprefix(prefix): v for k, v in
+                                       ckpt.server_state.items() if k.startswith(prefix)})
             if self.versions is not None:
                 self.versions = ckpt.client_versions.astype(np.int32)
             self.resumed_from = self.last_checkpoint = ckpt.round
@@ -302,7 +337,8 @@ class Driver:
         clients, an older version's) and the aggregator's broadcast state (a server
         control variate, say)."""
         weights = (self.weights if weights is None else weights).numpy()
-        server = {k: v.numpy() for k, v in self.aggregator.broadcast().items()}
+        server = {k: v.numpy() for part in (self.aggregator, *self.stages)
+                  for k, v in part.broadcast().items()}
         if self.cfg.runtime.backend == "inline":
             return Broadcast(frozen(weights), frozen_tree(server))
         return ray.put(Broadcast(weights, server))
@@ -337,13 +373,17 @@ class Driver:
             else:
                 sel = select_round(c.seed, r, self.source.population, sm.clients_per_round,
                                    always=sm.always, dropout=sm.dropout,
-                                   over_selection=sm.over_selection, sizes=self.sizes)
+                                   over_selection=sm.over_selection, sizes=self.sizes,
+                                   mode=sm.mode)
             ids, dropped_out, late = sel.participants, sel.dropped_out, sel.late
             shares = [(self._broadcast_round(), 0, ids)]
         v = self.versions
         tasks = []
+        # a secure sum's partials must each hold enough clients: fewer, fuller workers
+        least = max([1, *(s.min_clients_per_partial for s in self.stages)])
         for broadcast, staleness, share in shares:  # one share (and broadcast) per model
-            groups = assign_balanced(share, self.sizes[share], len(self.pool))
+            groups = assign_balanced(share, self.sizes[share],
+                                     max(1, min(len(self.pool), len(share) // least)))
             tasks += [(slot, (broadcast, RoundTask(r, g, None if v is None else v[g].tolist(),
                                                    staleness)), f"round {r}: clients {g}")
                       for slot, g in enumerate(groups) if g]
@@ -354,7 +394,10 @@ class Driver:
         stored: list[int] = []
         # fixed order: the float64 sum is bit-identical across reruns and re-runs
         for res in self.pool.gather("train", tasks):
-            acc.merge(res.partial)
+            if self.merger is None:
+                acc.merge(res.partial)
+            else:  # a stage that reveals only large enough sums
+                self.merger.merge(acc, res.partial)
             for k in stats:
                 stats[k] += getattr(res, k)
             worker_mem = max(worker_mem, res.mem_mb)
@@ -363,9 +406,15 @@ class Driver:
         if v is not None:
             self._record_versions(r, stored)
         part_metrics: dict[str, float] = {}
+        refused = self.merger.close(acc, r) if self.merger is not None else None
+        if refused is None:
+            for stage in reversed(self.stages):  # as layers unwrap: decode, then add noise
+                stage.finish_sum(acc, r)
         if acc.weight > 0:  # a round without examples (or all dropped) leaves the model as is
             self.weights = self.server_opt.step(self.weights, self.aggregator.finish(acc))
             part_metrics = self.aggregator.round_metrics()
+        for stage in self.stages:
+            part_metrics |= stage.round_metrics()
         if self.schedule is not None:
             self._keep_version(r)
         return {"clients": len(ids), "dropped_out": dropped_out, "late": late,
@@ -374,6 +423,7 @@ class Driver:
                 "worker_failures": self.pool.round_failures,
                 "train_loss": stats["loss_sum"] / max(1, stats["examples_seen"]),
                 "worker_busy_s": stats["busy_s"], "worker_mem_mb": worker_mem,
+                "upload_bytes": int(stats["updates"]) * self.update_bytes,
                 **clocked, **part_metrics}
 
     def _keep_version(self, r: int) -> None:
@@ -467,6 +517,11 @@ class Driver:
         m["wall_s"] = time.perf_counter() - t0
         m["elapsed_s"] = time.perf_counter() - self._run_start
         m["driver_mem_mb"] = private_mb()
+        if r < c.rounds:  # a stage may end the run here: a privacy budget the next round spends
+            self.stopped_by = next((why for s in self.stages if (why := s.stop_reason(r + 1))),
+                                   None)
+            if self.stopped_by:
+                m["stopped_by"] = self.stopped_by
         self.run_dir.append_metrics(m)
         self.history.append(self._history_entry(m))
         if r == c.rounds or (c.checkpoint.every and r % c.checkpoint.every == 0):
@@ -504,6 +559,8 @@ class Driver:
             "worker_failures": sum(h.get("worker_failures", 0) for h in history),
             "resumed_from_round": self.resumed_from,
             "stopped_early_after_round": stopped_after,
+            "stopped_by": self.stopped_by if stopped_after is not None else None,
+            **({"stages": {s.name: s.summary() for s in self.stages}} if self.stages else {}),
             "total_s": total_s, "pool_start_s": self.pool_start_s,
             "vectorized": self.vectorized,
             "median_updates_per_s": float(np.median(ups)) if ups else None,
@@ -518,6 +575,8 @@ class Driver:
         in buffered training also the model versions later steps start from
         (``buffered.v<N>``)."""
         out = {f"aggregator.{k}": v for k, v in self.aggregator.state_dict().items()}
+        for stage in self.stages:
+            out |= {f"stage.{stage.name}.{k}": v for k, v in stage.state_dict().items()}
         # buffered training: the model versions later steps' clients start from
         out |= {f"buffered.v{k}": w for k, w in self.version_weights.items()}
         for k, v in self.server_opt.state_dict().items():

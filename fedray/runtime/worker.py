@@ -29,6 +29,7 @@ from fedray.algorithms.base import (
     LocalTerms,
     LocalUpdate,
     PartialSum,
+    UpdateStage,
     WorkerEnv,
     extra_sizes,
 )
@@ -101,6 +102,12 @@ class WorkerSpec:
     state_url: str | None = None  # client state store, under the run dir (when the client
     # part keeps per-client state)
     per_round: PerRound | None = None  # data.per_round: each round's client data transform
+    stages: tuple[UpdateStage, ...] = ()  # algorithm.stages, in order
+
+
+def keeps_client_state(client: ClientWork, stages: tuple[UpdateStage, ...]) -> bool:
+    """Whether any part keeps per-client state in the client state store."""
+    return bool(client.state) or any(stage.client_state for stage in stages)
 
 
 def _chunks(items: Iterator, sizes: list[int]) -> Iterator[list]:
@@ -137,11 +144,13 @@ class ClientWorker:
         self.env = WorkerEnv(model=self.model, device=self.device, lr=t.lr, loss=t.loss,
                              eval_batch_size=t.eval_batch_size, batch_size_for=t.batch_size_for,
                              training=t, seed=spec.seed)
-        self.client.setup(self.env)
-        self.aggregator.setup(self.env)
-        self.extras = extra_sizes((self.client, self.aggregator), self.model.num_params)
+        self.stages = spec.stages
+        for part in (self.client, self.aggregator, *self.stages):
+            part.setup(self.env)
+        self.extras = extra_sizes((self.client, self.aggregator, *self.stages),
+                                  self.model.num_params)
         self.state = (ClientStateStore(spec.state_url, res.state_cache_mb)
-                      if self.client.state else None)
+                      if keeps_client_state(self.client, self.stages) else None)
         self._stored: list[int] = []  # clients whose state this round's train() wrote
         self._staleness = 0  # the current task's (buffered asynchronous training)
         own_training = self.client.train is not None
@@ -246,10 +255,14 @@ class ClientWorker:
             return True
         if not self._admissible(update.delta):
             return False
+        new: dict[str, torch.Tensor] = {}
+        for stage in self.stages:  # on the way up: clip, add noise, compress, encode
+            new |= stage.client_update(self.env, ctx, update, acc) or {}
+            update.in_replica = False  # the delta may no longer be the replica's
         self.aggregator.accumulate(self.env, ctx, update, acc)
-        state = self.client.finish(self.env, ctx, update, acc)
-        if state is not None and self.state is not None:
-            self.state.put(ctx.cid, ctx.round, state)
+        new |= self.client.finish(self.env, ctx, update, acc) or {}
+        if new and self.state is not None:  # a part that wrote nothing keeps its tensors
+            self.state.put(ctx.cid, ctx.round, (ctx.state or {}) | new)
             self._stored.append(ctx.cid)
         return True
 

@@ -98,14 +98,18 @@ class RoundClock:
     """The simulated clock of a synchronous run: its devices, availability and bytes."""
 
     def __init__(self, cfg: Any, seed: int, sizes: np.ndarray, num_params: int,
-                 work: LocalWork):
+                 work: LocalWork, update_bytes: int | None = None):
+        """``update_bytes``: what one update costs on the uplink as the job's update stages
+        encode it (compressed, say); None: the model in float32. clock.up_bytes, when set,
+        overrides it."""
         self.seed = seed
         self.sizes = np.asarray(sizes, dtype=np.int64)
         self.devices = device_model(cfg, seed)
         self.availability = availability_model(cfg, seed)
         default = float(BYTES_PER_PARAMETER * num_params)
+        up = default if update_bytes is None else float(update_bytes)
         self.down_bytes = default if cfg.down_bytes is None else float(cfg.down_bytes)
-        self.up_bytes = default if cfg.up_bytes is None else float(cfg.up_bytes)
+        self.up_bytes = up if cfg.up_bytes is None else float(cfg.up_bytes)
         self.deadline_s = cfg.deadline_s
         self.max_draws = cfg.max_sample_draws
         self.work = work

@@ -21,7 +21,7 @@ GROUPS = ("train", "test", "clients", "system")
 # the runtime's bookkeeping of a round that has no duration or memory suffix: who took part
 # and how much work was done (docs/report.md#tensorboard-tags)
 SYSTEM_KEYS = frozenset({"clients", "dropped_out", "late", "examples", "updates",
-                         "dropped_updates"})
+                         "dropped_updates", "upload_bytes"})
 
 
 def metric_tag(key: str) -> str:
