@@ -12,6 +12,7 @@ from collections.abc import Iterator
 
 from fedray import __version__
 from fedray.errors import FedrayError
+from fedray.privacy.commands import add_privacy_command, run_privacy
 from fedray.state.redact import mask
 from fedray.timing.trace_commands import add_traces_command, run_traces
 
@@ -185,6 +186,7 @@ def _parser() -> argparse.ArgumentParser:
         if verb == "logs":
             cmd.add_argument("--follow", action="store_true", help="until the job ends")
     add_traces_command(sub, _command)  # generate, convert-fedscale, describe
+    add_privacy_command(sub, _command)  # epsilon, noise
     return p
 
 
@@ -377,7 +379,7 @@ def _main(argv: list[str] | None) -> int:
     try:
         commands = {"run": _run, "partition": _partition, "report": _report, "sweep": _sweep,
                     "submit": _submit, "status": _job_verb, "logs": _job_verb,
-                    "stop": _job_verb, "traces": run_traces}
+                    "stop": _job_verb, "traces": run_traces, "privacy": run_privacy}
         return commands[args.command](args)
     except FedrayError as exc:
         if debug:
