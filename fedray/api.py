@@ -325,7 +325,9 @@ def _drive(call: Callable[..., Any], cfg: DictConfig, url: str, callbacks: Callb
     try:
         callbacks.run_start(RunInfo(cfg, url, start["resumed_from"], start["past_metrics"]))
         stopped = None
-        for r in range(start["start_round"], cfg.rounds + 1):
+        if start.get("stopped_by"):  # resumed past a privacy budget: no round may run
+            stopped = start["start_round"] - 1
+        for r in range(start["start_round"], cfg.rounds + 1 if stopped is None else 0):
             m, weights = call("run_round", r, callbacks.needs_weights)
             metrics.append(m)
             # a callback, or an update stage (a privacy budget spent: m["stopped_by"])

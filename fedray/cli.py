@@ -306,7 +306,8 @@ def _run(args: argparse.Namespace) -> int:
     acc = final.get("test_accuracy", final.get("fed_test_accuracy"))
     acc_text = f"test accuracy {acc:.4f}, " if acc is not None else ""
     stopped = result.summary.get("stopped_early_after_round")
-    rounds = (f"{stopped} of {result.summary['rounds']} rounds (a callback stopped the run; "
+    why = result.summary.get("stopped_by") or "a callback stopped the run"
+    rounds = (f"{stopped} of {result.summary['rounds']} rounds ({why}; "
               f"fedray run --resume {mask(result.run_dir)} continues it)"
               if stopped is not None else f"{result.summary['rounds']} rounds")
     print(f"done: {rounds}, {acc_text}{result.summary['total_s']:.1f}s; results in "

@@ -487,7 +487,11 @@ class Driver:
         resumed run's, from its checkpoint): what fedray.run tells its callbacks."""
         self._run_start = time.perf_counter()
         self._next_round = self.start_round
+        if 1 < self.start_round <= self.cfg.rounds:  # resumed where a stage had ended it
+            self.stopped_by = next((why for s in self.stages
+                                    if (why := s.stop_reason(self.start_round))), None)
         return {"start_round": self.start_round, "resumed_from": self.resumed_from,
+                "stopped_by": self.stopped_by,
                 "past_metrics": [json.loads(line) for line in self.run_dir.metrics_lines]}
 
     def run_round(self, r: int, with_weights: bool = False

@@ -52,11 +52,11 @@ class NormsAfter(NormsBefore):
 
 
 def _job(tmp_path, name: str, dp: dict | None = None, stages=("dp",), **over) -> dict:
-    over.setdefault("runtime__num_workers", 2)
-    over.setdefault("algorithm", {"name": "dp_fedavg", "stages": list(stages),
-                                  "dp": dp or {"clip": 0.05, "noise_multiplier": 0.5}})
-    return tiny_job(tmp_path, name=name, rounds=4, runtime__backend="inline",
-                    output__dir=str(tmp_path / name), **over)
+    defaults = {"rounds": 4, "runtime__num_workers": 2, "runtime__backend": "inline",
+                "algorithm": {"name": "dp_fedavg", "stages": list(stages),
+                              "dp": dp or {"clip": 0.05, "noise_multiplier": 0.5}}}
+    return tiny_job(tmp_path, name=name, output__dir=str(tmp_path / name),
+                    **(defaults | over))
 
 
 def _flat(res) -> torch.Tensor:
@@ -200,3 +200,35 @@ def test_dp_refuses_parts_that_leak_or_weight(tmp_path):
     with pytest.raises(ConfigError, match="algorithm.client.*scaffold"):
         fedray.run(_job(tmp_path, "s", algorithm={"name": "scaffold", "aggregator": "uniform",
                                                   "stages": ["dp"]}))
+
+
+def test_resume_continues_clip_noise_and_epsilon_bit_for_bit(tmp_path):
+    """Adaptive C and the released-round count are server state: a run extended from its
+    checkpoint equals one run straight through, and a budget reached before the resume
+    still holds after it."""
+    dp = {"clip": 0.05, "noise_multiplier": 0.8, "target_quantile": 0.5,
+          "count_noise_multiplier": 2.0}
+    straight = fedray.run(_job(tmp_path, "straight", dp))
+    first = fedray.run(_job(tmp_path, "ext", dp, rounds=2))
+    ext = fedray.run(resume=first.run_dir, overrides=["rounds=4"], allow_changes=["rounds"])
+    assert torch.equal(_flat(straight), _flat(ext))
+    keys = ("dp_clip", "dp_epsilon", "dp_unclipped_share")
+    assert ([{k: m[k] for k in keys} for m in read_metrics(straight.run_dir)]
+            == [{k: m[k] for k in keys} for m in read_metrics(ext.run_dir)])
+    eps = [m["dp_epsilon"] for m in read_metrics(straight.run_dir)]
+    spent = fedray.run(_job(tmp_path, "spent", {**dp, "epsilon_budget": eps[1] * 1.0001}))
+    assert [m["round"] for m in read_metrics(spent.run_dir)] == [1, 2]
+    again = fedray.run(resume=spent.run_dir, overrides=["rounds=4"], allow_changes=["rounds"])
+    assert [m["round"] for m in read_metrics(again.run_dir)] == [1, 2]
+    assert "epsilon_budget" in again.summary["stopped_by"]
+
+
+@pytest.mark.cluster
+def test_ray_workers_run_stages_as_inline_does(tmp_path, ray_cluster):
+    """Stages travel to Ray's worker processes inside the worker spec: the same job gives
+    the same model on Ray as inline, bit for bit (same slots, same float64 merge order)."""
+    algo = {"name": "dp_fedavg", "stages": ["topk", "dp"], "topk": {"fraction": 0.2},
+            "dp": {"clip": 0.05, "noise_multiplier": 0.5}}
+    inline = fedray.run(_job(tmp_path, "inl", algorithm=algo))
+    on_ray = fedray.run(_job(tmp_path, "ray", algorithm=algo, runtime__backend="ray"))
+    assert torch.equal(_flat(inline), _flat(on_ray))
