@@ -21,8 +21,8 @@ C], the server forms the noisy share b = (sum b_i + N(0, sigma_b^2)) / E and mov
 geometrically, C <- C exp(-clip_lr (b - target_quantile)). The count is private too: the
 two Gaussian releases together are one Gaussian mechanism of multiplier z when the update's
 noise uses z_update = (z^-2 - (2 sigma_b)^-2)^(-1/2) (the paper's composition argument), so
-``noise_multiplier`` stays the z the accountant sees. fedray's default sigma_b is E / 20
-(fedray's choice, in the range the paper's experiments use).
+``noise_multiplier`` stays the z the accountant sees. fedray's defaults -- sigma_b = E / 20,
+clip_lr 0.2 -- are fedray's choices, not values this module attributes to the paper.
 
 The privacy spent -- epsilon at ``delta`` after each round, from a maintained accountant
 (fedray.privacy.accountant, Google's dp-accounting) -- goes to metrics.jsonl as

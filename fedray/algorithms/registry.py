@@ -288,8 +288,17 @@ def resolve(algorithm: Any, server: Any = None, *, notes: list[str] | None = Non
                 if notes is not None:
                     notes.append(f"algorithm.{k} is deprecated; it is read as "
                                  f"algorithm.{section}.{field_name}")
+    # a built-in stage's section while the stage is off: kept in the job so that a sweep or
+    # an override (algorithm.stages=[]) can turn the stage on and off; it has no effect
+    idle = {c.section: n for n, c in registered("stage").items() if c.section}
     for k, v in tree.items():
         if k in PART_KEYS:
+            continue
+        if k not in used and k in idle:
+            _params(registered("stage")[idle[k]], v, f"algorithm.{k}")  # a typo still fails
+            if notes is not None:
+                notes.append(f"algorithm.{k} is ignored: stage {idle[k]} is not in "
+                             "algorithm.stages")
             continue
         if k not in used:
             allowed = ", ".join([*PART_KEYS, *sorted(used)])

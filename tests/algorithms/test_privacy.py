@@ -232,3 +232,17 @@ def test_ray_workers_run_stages_as_inline_does(tmp_path, ray_cluster):
     inline = fedray.run(_job(tmp_path, "inl", algorithm=algo))
     on_ray = fedray.run(_job(tmp_path, "ray", algorithm=algo, runtime__backend="ray"))
     assert torch.equal(_flat(inline), _flat(on_ray))
+
+
+def test_a_stage_section_stays_in_a_job_while_the_stage_is_off():
+    """algorithm.stages=[] turns DP off without editing the job (a sweep over stages needs
+    that): the section is ignored with a note, but a typo in it still fails."""
+    from fedray.algorithms.registry import resolve
+    from fedray.config import load_config
+
+    server, notes = load_config().server, []
+    off = resolve({"name": "dp_fedavg", "stages": [], "dp": {"clip": 2.0}}, server, notes=notes)
+    assert off.stages == () and notes == ["algorithm.dp is ignored: stage dp is not in "
+                                          "algorithm.stages"]
+    with pytest.raises(ConfigError, match="algorithm.dp.clp"):
+        resolve({"name": "dp_fedavg", "stages": [], "dp": {"clp": 2.0}}, server)
