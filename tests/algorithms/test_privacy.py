@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 
 import numpy as np
 import pytest
@@ -27,6 +28,7 @@ from fedray.core.sampling import poisson_clients, select_round
 from fedray.errors import ConfigError
 from fedray.privacy.accountant import Accountant, default_delta, epsilon
 from fedray.state.run_dir import read_metrics
+from fedray.tracking.tensorboard import EVENTS_FILE, read_scalars
 
 NORMS: dict[str, list[float]] = {"before": [], "after": []}
 
@@ -157,12 +159,15 @@ def test_dp_run_reports_epsilon_and_stops_at_the_budget(tmp_path):
     """epsilon after every round is the accountant's for (q, z, rounds, delta); a budget
     ends the run before the round that would exceed it."""
     dp = {"clip": 0.05, "noise_multiplier": 1.0}
-    res = fedray.run(_job(tmp_path, "eps", dp, sampling__mode="poisson"))
+    res = fedray.run(_job(tmp_path, "eps", dp, sampling__mode="poisson",
+                          output__tensorboard=True))
     lines = read_metrics(res.run_dir)
     delta = default_delta(40)
     want = [epsilon(1.0, r, delta, sampling="poisson", population=40, clients_per_round=8)
             for r in range(1, 5)]
     assert [m["dp_epsilon"] for m in lines] == want
+    tb = read_scalars(os.path.join(res.run_dir, EVENTS_FILE), tags=True)["train/dp_epsilon"]
+    assert tb == [(r, pytest.approx(e, rel=1e-6)) for r, e in enumerate(want, 1)]  # float32
     summary = json.load(open(f"{res.run_dir}/summary.json"))
     assert summary["stages"]["dp"]["epsilon"] == want[-1]
     assert summary["stages"]["dp"]["delta"] == delta
