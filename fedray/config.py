@@ -97,7 +97,7 @@ class AlgorithmConfig:
     server_opt: str | None = None  # the server optimizer (SERVEROPT)
     # update stages every client's update passes through, in order (docs/privacy.md):
     # dp, secagg, topk, quantize, or import paths; null: the preset's (none for most)
-    stages: list[str] | None = None
+    stages: Any = None  # checked by the registry, which says what a list must hold
 
 
 @dataclass

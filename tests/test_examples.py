@@ -303,6 +303,9 @@ def test_what_submit_and_sweep_ship(tmp_path, monkeypatch):
                            "aggregator": QFFL, "server_opt": "yaml:SafeLoader"})
     assert refs == [("algorithm.client", "fedray.algorithms.fedprox:FedProx"),
                     ("algorithm.aggregator", QFFL), ("algorithm.server_opt", "yaml:SafeLoader")]
+    # update stages are a list: each import path in it travels too
+    assert algorithm_refs({"stages": ["dp", "my_stages.py:Sign", "pkg.mod:Clip"]}) == [
+        ("algorithm.stages", "my_stages.py:Sign"), ("algorithm.stages", "pkg.mod:Clip")]
     assert job_refs({"algorithm": {"aggregator": QFFL},
                      "output": {"callbacks": ["my_callbacks:Log"]}}) == [
         ("algorithm.aggregator", QFFL), ("output.callbacks", "my_callbacks:Log")]

@@ -1,4 +1,5 @@
-"""Federated algorithms as compositions of parts: client work x aggregator x server optimizer.
+"""Federated algorithms as compositions of parts: client work x aggregator x server optimizer,
+and the update stages every client's update passes through.
 
 One module per family (fedavg, fedprox, scaffold, elastic, ...); each registers its parts
 and presets when imported, and every module of this package is imported when a job is
@@ -23,11 +24,12 @@ from fedray.algorithms.registry import (
 )
 
 __all__ = ["PRESETS", "Aggregator", "Algorithm", "ClientContext", "ClientWork", "LocalTerms",
-           "LocalUpdate", "PartialSum", "ServerOptimizer", "WorkerEnv", "load_builtins",
-           "register", "register_preset", "require", "resolve"]
+           "LocalUpdate", "PartialSum", "Payload", "RoundPlan", "ServerOptimizer",
+           "UpdateStage", "WorkerEnv", "load_builtins", "register", "register_preset",
+           "require", "resolve"]
 
 _BASE = {"Aggregator", "ClientContext", "ClientWork", "LocalTerms", "LocalUpdate",
-         "PartialSum", "WorkerEnv", "require"}
+         "PartialSum", "Payload", "RoundPlan", "UpdateStage", "WorkerEnv", "require"}
 
 
 def __getattr__(name: str) -> Any:  # the API classes import torch: only when asked for

@@ -21,7 +21,7 @@ import shutil
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -86,8 +86,9 @@ def algorithm_refs(algorithm: Any) -> list[tuple[str, str]]:
     out = []
     for k in PART_KEYS:
         ref = algorithm.get(k) if algorithm is not None else None
-        if isinstance(ref, str) and ":" in ref:
-            out.append((f"algorithm.{k}", ref))
+        # algorithm.stages is a list of them (a ListConfig is a Sequence too)
+        refs = ref if isinstance(ref, Sequence) and not isinstance(ref, str) else [ref]
+        out += [(f"algorithm.{k}", r) for r in refs if isinstance(r, str) and ":" in r]
     return out
 
 
