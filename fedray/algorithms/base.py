@@ -210,6 +210,23 @@ class Part:
         """On each worker, once: allocate buffers the size of the model, say."""
 
 
+class ServerState:
+    """A driver-side part's ``state`` (tensors: a control variate, an adaptive clip) as the
+    checkpoint saves and a resume restores it."""
+
+    kind: ClassVar[str] = "part"  # how errors name it
+
+    def state_dict(self) -> dict[str, torch.Tensor]:
+        return {k: v.clone() for k, v in getattr(self, "state", {}).items()}
+
+    def load_state_dict(self, state: dict[str, torch.Tensor]) -> None:
+        own = getattr(self, "state", {})
+        missing = set(own) - set(state)
+        if missing:
+            raise ValueError(f"{self.kind} {self.name}: state lacks {sorted(missing)}")
+        self.state = {k: state[k].clone() for k in own}
+
+
 class ClientWork(Part):
     """What a client does with the global model x in a round.
 
@@ -241,7 +258,7 @@ class ClientWork(Part):
         return None
 
 
-class Aggregator(Part):
+class Aggregator(ServerState, Part):
     """The round's reduction: each client's contribution to its worker's partial sum, and
     the driver's finishing step with the aggregator's server-side state.
 
@@ -250,6 +267,7 @@ class Aggregator(Part):
     int length); merging two is associative, so any split of clients over workers gives the
     same result up to float64 rounding."""
 
+    kind = "aggregator"
     extras: ClassVar[dict[str, str | int]] = {}  # extra sums it adds itself
     # every client adds its update as it is, with weight 1, and nothing else: a client's
     # influence on the sum is then bounded by its update's norm (what user-level DP's
@@ -296,15 +314,6 @@ class Aggregator(Part):
         ``finish`` (no examples) records none."""
         return {}
 
-    def state_dict(self) -> dict[str, torch.Tensor]:
-        return {k: v.clone() for k, v in getattr(self, "state", {}).items()}
-
-    def load_state_dict(self, state: dict[str, torch.Tensor]) -> None:
-        own = getattr(self, "state", {})
-        missing = set(own) - set(state)
-        if missing:
-            raise ValueError(f"aggregator {self.name}: state lacks {sorted(missing)}")
-        self.state = {k: state[k].clone() for k in own}
 
 
 @dataclass(frozen=True)
@@ -343,7 +352,7 @@ class Payload:
         return -(-self.values * (self.value_bits + self.index_bits) // 8) + self.overhead_bytes
 
 
-class UpdateStage(Part):
+class UpdateStage(ServerState, Part):
     """A stage every trained client's update passes through before the aggregator folds it
     into the partial sum (on the worker), and that the round's merged sum passes through
     before the aggregator finishes it (on the driver).
@@ -357,6 +366,7 @@ class UpdateStage(Part):
     (``round_metrics``). A client's update here is ``update.delta``, which a stage changes
     in place or replaces; the aggregator's weighting comes after."""
 
+    kind = "stage"
     # per-client state tensors, in the client state store (name them after the stage: a
     # client's state file holds the client part's tensors too); server state is ``state``
     # (these three may be set per instance, from the stage's Params)
@@ -422,15 +432,6 @@ class UpdateStage(Part):
         """What summary.json records of the stage at the end of the run."""
         return {}
 
-    def state_dict(self) -> dict[str, torch.Tensor]:
-        return {k: v.clone() for k, v in getattr(self, "state", {}).items()}
-
-    def load_state_dict(self, state: dict[str, torch.Tensor]) -> None:
-        own = getattr(self, "state", {})
-        missing = set(own) - set(state)
-        if missing:
-            raise ValueError(f"stage {self.name}: state lacks {sorted(missing)}")
-        self.state = {k: state[k].clone() for k in own}
 
 
 def extra_sizes(parts: tuple[Part, ...], num_params: int) -> dict[str, int]:

@@ -37,20 +37,16 @@ NORMS: dict[str, list[float]] = {"before": [], "after": []}
 class NormsBefore(UpdateStage):
     """Records each update's norm where it stands in algorithm.stages (test only)."""
 
-    name = "test_norms_before"
+    name, where = "test_norms_before", "before"
 
     def client_update(self, env, ctx, update, acc):
-        NORMS["before"].append(float(torch.linalg.vector_norm(update.delta,
-                                                               dtype=torch.float64)))
+        NORMS[self.where].append(float(torch.linalg.vector_norm(update.delta,
+                                                                 dtype=torch.float64)))
 
 
 @register
 class NormsAfter(NormsBefore):
-    name = "test_norms_after"
-
-    def client_update(self, env, ctx, update, acc):
-        NORMS["after"].append(float(torch.linalg.vector_norm(update.delta,
-                                                              dtype=torch.float64)))
+    name, where = "test_norms_after", "after"
 
 
 def _job(tmp_path, name: str, dp: dict | None = None, stages=("dp",), **over) -> dict:
