@@ -5,8 +5,12 @@ One round (docs/architecture.md has the picture):
      drop out or finish late (``sampling.dropout`` / ``over_selection``, fedray.core.sampling);
   2. assign them to workers, balanced by example count (fedray.core.assignment);
   3. put the global weights into the object store once; every worker reads that one copy;
-  4. each worker trains its clients one after another and returns one partial weighted sum;
-  5. merge the partial sums (in worker order, so reruns are bit-identical), apply the
+  4. each worker trains its clients one after another, passes each update through the
+     algorithm's update stages (clipping, compression: algorithm.stages) and returns one
+     partial weighted sum;
+  5. merge the partial sums (in worker order, so reruns are bit-identical; through the
+     stage that guards what the driver may read, secure aggregation's), let the stages
+     finish the sum (decode, add noise), apply the
      server optimizer, write the round's metrics, and return them to fedray.run, which
      calls the run's callbacks (fedray.tracking.callbacks) and asks for the next round or stops;
   6. every ``checkpoint.every`` rounds, write a checkpoint (fedray.state.checkpoint).
