@@ -230,8 +230,9 @@ def test_ray_workers_run_stages_as_inline_does(tmp_path, ray_cluster):
     the same model on Ray as inline, bit for bit (same slots, same float64 merge order)."""
     algo = {"name": "dp_fedavg", "stages": ["topk", "dp"], "topk": {"fraction": 0.2},
             "dp": {"clip": 0.05, "noise_multiplier": 0.5}}
-    inline = fedray.run(_job(tmp_path, "inl", algorithm=algo))
-    on_ray = fedray.run(_job(tmp_path, "ray", algorithm=algo, runtime__backend="ray"))
+    inline = fedray.run(_job(tmp_path, "inl", algorithm=algo, rounds=2))
+    on_ray = fedray.run(_job(tmp_path, "ray", algorithm=algo, rounds=2,
+                             runtime__backend="ray"))
     assert torch.equal(_flat(inline), _flat(on_ray))
 
 
