@@ -48,7 +48,7 @@ def row(run_dir: str, scale: tuple[int, int] | None) -> tuple[tuple, float, list
         return (-1.0, False, ""), acc, ["no DP", "-", "-", "-", "-"] + (["-", "-"] if scale else [])
     z = dp["noise_multiplier"]
     quantile = algo["dp"].get("target_quantile")
-    clip = f"adaptive, q = {quantile}" if quantile is not None else "fixed"
+    clip = f"adaptive, γ = {quantile}" if quantile is not None else "fixed"
     cells = [f"z = {z:g}", clip, f"{algo['dp']['clip']:g} → {dp['clip']:.3g}",
              f"{dp['epsilon']:.3g}", f"{dp['delta']:.2g}"]
     if quantile is not None:
