@@ -51,6 +51,9 @@ class Killer(threading.Thread):
 
     def __init__(self, metrics: str, rounds: int, every: int, max_delay_s: float, seed: int):
         super().__init__(daemon=True)
+        # worker processes alive before this run starts are another run's (the clean run's,
+        # still exiting on a loaded machine): killing one would cost this run nothing
+        self.others = set(worker_pids())
         self.metrics, self.rounds = metrics, rounds
         self.rng = random.Random(seed)
         self.every = every
@@ -76,7 +79,7 @@ class Killer(threading.Thread):
                 time.sleep(0.005)
                 continue
             time.sleep(self.rng.uniform(0, self.max_delay_s))
-            pids = worker_pids()
+            pids = [p for p in worker_pids() if p not in self.others]
             if pids:
                 pid = self.rng.choice(pids)
                 try:
