@@ -348,10 +348,11 @@ def resolve(algorithm: Any, server: Any = None, *, notes: list[str] | None = Non
 def _stage_classes(refs: Any, base: Algorithm) -> tuple[list[str], list[type]]:
     """``algorithm.stages`` (or the preset's) as names and classes, checked."""
     key = "algorithm.stages" if refs is not None else "algorithm.name"
-    refs = list(base.stages if refs is None else refs) if not isinstance(refs, str) else refs
-    if not isinstance(refs, list) or not all(isinstance(r, str) and r for r in refs):
+    refs = list(base.stages) if refs is None else refs
+    if not isinstance(refs, list | tuple) or not all(isinstance(r, str) and r for r in refs):
         raise key_error("algorithm.stages", "must be a list of update stage names or import "
                         "paths, e.g. [dp]", refs)
+    refs = list(refs)
     twice = sorted({r for r in refs if refs.count(r) > 1})
     if twice:
         raise key_error("algorithm.stages", f"names {twice[0]} twice", refs)

@@ -34,9 +34,11 @@ def _read(run_dir: str) -> tuple[dict, dict, dict]:
     return cfg, summary, last
 
 
-def row(run_dir: str, scale: tuple[int, int] | None) -> tuple[tuple, float, list[str]]:
-    """(the run's setting, its final accuracy, the setting's cells but accuracy): runs that
-    differ only in their seed share a setting, and their epsilon (the same accountant)."""
+def row(run_dir: str, scale: tuple[int, int] | None
+        ) -> tuple[tuple, float, float | None, list[str]]:
+    """(the run's setting, its final accuracy, its epsilon (None without DP), the setting's
+    cells but accuracy): runs that differ only in their seed share a setting, and their
+    epsilon (the same accountant)."""
     cfg, summary, last = _read(run_dir)
     algo = cfg["algorithm"]
     dp = summary.get("stages", {}).get("dp")
@@ -45,7 +47,8 @@ def row(run_dir: str, scale: tuple[int, int] | None) -> tuple[tuple, float, list
     if dp is not None and dp["noise_multiplier"] == 0 and dp["clip"] >= 1e8:
         dp = None  # the job's dp stage, neither clipping nor noising: FedAvg (uniform)
     if dp is None:
-        return (-1.0, False, ""), acc, ["no DP", "-", "-", "-", "-"] + (["-", "-"] if scale else [])
+        cells = ["no DP", "-", "-", "-", "-"] + (["-", "-"] if scale else [])
+        return (-1.0, False, ""), acc, None, cells
     z = dp["noise_multiplier"]
     quantile = algo["dp"].get("target_quantile")
     clip = f"adaptive, γ = {quantile}" if quantile is not None else "fixed"
@@ -61,7 +64,7 @@ def row(run_dir: str, scale: tuple[int, int] | None) -> tuple[tuple, float, list
                              default_delta(n), sampling="poisson", population=n,
                              clients_per_round=k)
         cells += [f"{same_z:.3g}", f"{same_noise:.3g}"]
-    return (z, quantile is not None, clip), acc, cells
+    return (z, quantile is not None, clip), acc, dp["epsilon"], cells
 
 
 def _accuracy(accs: list[float]) -> str:
@@ -128,10 +131,10 @@ def main() -> None:
     settings: dict[tuple, tuple[list[float], list[str]]] = {}
     eps: dict[tuple, float] = {}
     for run in args.runs:
-        key, acc, cells = row(run, args.scale)
+        key, acc, spent, cells = row(run, args.scale)
         settings.setdefault(key, ([], cells))[0].append(acc)
-        if key[0] > 0:
-            eps[key] = float(cells[3])
+        if spent is not None:
+            eps[key] = spent
     if args.plot:
         plot(settings, eps, args.plot)
     print("| " + " | ".join(head) + " |")
