@@ -81,13 +81,14 @@ def prepare(config: ConfigSource | None, overrides: list[str] | tuple = (),
         population = cfg.data.synthetic.num_clients
         has_client_test = cfg.data.synthetic.test_fraction > 0
     else:  # a partition store: make the path absolute so every process means the same place
-        from fedray.data.store import read_manifest
+        from fedray.data.store import client_index, read_manifest
 
         url = absolute_url(cfg.data.partition)
         filesystem(url, "data.partition", durable=True)  # workers read it, not this process
         manifest = read_manifest(url)
-        population, has_client_test = manifest["num_clients"], "test" in manifest["clients"]
-        train_counts = manifest["clients"]["train"]["count"]
+        index = client_index(url, manifest)  # mapped, not read: a view of the counts below
+        population, has_client_test = manifest["num_clients"], "test" in index.splits
+        train_counts = index.counts("train")
         cfg = OmegaConf.merge(cfg, {"data": {"partition": url}})
         OmegaConf.set_readonly(cfg, True)
     validate(cfg, population, custom_model=model_fn is not None)

@@ -276,7 +276,7 @@ def _partition(args: argparse.Namespace) -> int:
         raise FedrayError("--plot goes with --describe URL")
     log = (lambda s: None) if args.quiet else (lambda s: print(s, file=sys.stderr, flush=True))
     out, manifest = recipe.build(args.recipe, args.overrides, log=log)
-    train = sum(manifest["clients"]["train"]["count"])
+    train = sum(sh["rows"] for sh in manifest["shards"] if sh["split"] == "train")
     print(f"done: {manifest['num_clients']:,} clients, {train:,} train examples; "
           f"store at {mask(out)}", flush=True)
     return 0

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from fedray.data.store import read_manifest, verify_store
+from fedray.data.client_index import ClientIndex
+from fedray.data.store import client_index, read_manifest, verify_store
 from fedray.errors import FedrayError
 
 
@@ -18,6 +19,15 @@ def _entropy_bits(hist: np.ndarray) -> np.ndarray:
     with np.errstate(divide="ignore", invalid="ignore"):
         terms = np.where(p > 0, -p * np.log2(p), 0.0)
     return terms.sum(axis=-1)
+
+
+def _client_entropy_bits(index: ClientIndex, split: str) -> np.ndarray:
+    """Every client's label entropy, from the sparse histograms (never N x classes)."""
+    _, _, counts = index.sparse(split)
+    owner = index.entry_owners(split)
+    total = np.bincount(owner, weights=counts, minlength=index.num_clients)
+    p = counts / np.maximum(1.0, total[owner])
+    return np.bincount(owner, weights=-p * np.log2(p), minlength=index.num_clients)
 
 
 def _stats(counts: np.ndarray) -> str:
@@ -32,7 +42,7 @@ def describe(url: str, plot: str | None = None, verify: bool = True) -> str:
     m = read_manifest(url)
     if verify:
         verify_store(url, m)
-    clients = m["clients"]
+    index = client_index(url, m)
     lines = [f"store:        {url}",
              f"source:       {m['source'].get('name')} ({m['source'].get('path') or 'generated'})",
              f"partitioner:  {m['partitioner']}, seed {m['seed']}",
@@ -43,28 +53,29 @@ def describe(url: str, plot: str | None = None, verify: bool = True) -> str:
         shape = " x ".join(str(d) for d in label_shape)
         lines.append(f"labels:       {shape} per example (a target sequence); histograms and "
                      "entropies count every position's label, padding included")
-    train_hist = np.asarray(clients["train"]["label_histogram"], dtype=np.int64)
-    lines.append(f"train:        {_stats(np.asarray(clients['train']['count']))}")
-    if "test" in clients:
-        test_counts = np.asarray(clients["test"]["count"])
-        lines.append(f"test:         {_stats(test_counts)} (per-client test data)")
-    elif m.get("central_test"):
-        lines.append(f"test:         {m['central_test']['rows']:,} examples (central test set)")
-    ent = _entropy_bits(train_hist)
+    lines.append(f"train:        {_stats(index.counts('train'))}")
+    if "test" in index.splits:
+        lines.append(f"test:         {_stats(index.counts('test'))} (per-client test data)")
+    if m.get("central_test"):
+        what = "central test:" if "test" in index.splits else "test:        "
+        lines.append(f"{what} {m['central_test']['rows']:,} examples (central test set)")
+    ent = _client_entropy_bits(index, "train")
     lines.append(f"label entropy: per client mean {ent.mean():.2f} bits (min {ent.min():.2f}, "
                  f"max {ent.max():.2f}); all clients together "
-                 f"{float(_entropy_bits(train_hist.sum(axis=0))):.2f} bits; uniform over the "
-                 f"classes would be {np.log2(m['num_classes']):.2f} bits")
+                 f"{float(_entropy_bits(index.class_totals('train'))):.2f} bits; uniform over "
+                 f"the classes would be {np.log2(m['num_classes']):.2f} bits")
     size = sum(s["bytes"] for s in m["shards"])
-    lines.append(f"shards:       {len(m['shards'])} files, {size / 2**20:.1f} MB"
-                 + ("; checksums ok" if verify else ""))
+    entry = m.get("client_index")
+    index_file = f", client index {entry['bytes'] / 2**20:.1f} MB" if entry else ""
+    lines.append(f"shards:       {len(m['shards'])} files, {size / 2**20:.1f} MB{index_file}; "
+                 f"store format {m['format_version']}" + ("; checksums ok" if verify else ""))
     if m.get("info"):
         info = {k: v for k, v in m["info"].items() if not isinstance(v, (list, dict))}
         if info:
             lines.append(f"partitioner info: {info}")
     if plot:
         try:
-            _plot(train_hist, m, plot)
+            _plot(index, m, plot)
         except OSError as exc:
             raise FedrayError(f"--plot {plot}: cannot write it: "
                               f"{exc.strerror or type(exc).__name__}") from None
@@ -72,15 +83,15 @@ def describe(url: str, plot: str | None = None, verify: bool = True) -> str:
     return "\n".join(lines)
 
 
-def _plot(hist: np.ndarray, manifest: dict, path: str, max_clients: int = 400) -> None:
+def _plot(index: ClientIndex, manifest: dict, path: str, max_clients: int = 400) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    n = len(hist)
+    n = index.num_clients
     shown = np.unique(np.linspace(0, n - 1, min(n, max_clients)).astype(int))
-    h = hist[shown]
+    h = index.histograms("train", shown)
     props = h / np.maximum(1, h.sum(axis=1, keepdims=True))
     order = np.lexsort((-props.max(axis=1), props.argmax(axis=1)))
     fig, (ax0, ax1) = plt.subplots(1, 2, figsize=(13, 4.8), width_ratios=[3, 1])
@@ -89,7 +100,7 @@ def _plot(hist: np.ndarray, manifest: dict, path: str, max_clients: int = 400) -
     ax0.set_ylabel("label")
     ax0.set_title("label proportions per client (train)")
     fig.colorbar(im, ax=ax0, fraction=0.04, pad=0.01)
-    ax1.hist(np.asarray(manifest["clients"]["train"]["count"]), bins=40, color="tab:blue")
+    ax1.hist(index.counts("train"), bins=40, color="tab:blue")
     ax1.set_xlabel("train examples per client")
     ax1.set_ylabel("clients")
     ax1.set_title("client sizes")

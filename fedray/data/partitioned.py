@@ -10,13 +10,14 @@ two paths write a store the same way, and fail the same way (nothing left at the
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 import numpy as np
 
-from fedray.data.dataset import Dataset
+from fedray.data.dataset import Dataset, Split
 from fedray.data.partition import Partition
 from fedray.errors import FedrayError, key_error
 from fedray.state.redact import mask_tree
@@ -62,20 +63,90 @@ def recipe_doc(dataset: Dataset, partitioner: str, seed: int, params: dict, url:
     return mask_tree(doc)
 
 
-def write(url: str, dataset: Dataset, part: Partition, recipe: dict, shard_mb: float,
-          log: Callable[[str], None]) -> dict:
-    """Write the store (``fedray.data.store.write_store``), reporting a full disk or a
-    refused write as one line naming ``out``; returns the manifest."""
-    from fedray.data.store import write_store
-
+@contextmanager
+def _storage_errors(url: str) -> Iterator[None]:
+    """A full disk or a refused write as one line naming ``out`` (the store writer has
+    removed its temporary copy by then: nothing is left)."""
     try:
-        return write_store(url, dataset, part, recipe=recipe, shard_mb=shard_mb, log=log)
-    except OSError as exc:  # write_store removed its temporary copy: nothing is left
+        yield
+    except OSError as exc:
         failure = storage_failure(exc)
         if failure is None:
             raise
         raise key_error("out", f"writing the store failed: {failure.strerror}; nothing was "
                         f"left at {url}", what="recipe") from None
+
+
+def write(url: str, dataset: Dataset, part: Partition, recipe: dict, shard_mb: float,
+          log: Callable[[str], None]) -> dict:
+    """Write the store (``fedray.data.store.write_store``); returns the manifest."""
+    from fedray.data.store import write_store
+
+    with _storage_errors(url):
+        return write_store(url, dataset, part, recipe=recipe, shard_mb=shard_mb, log=log)
+
+
+# below this many clients, spawning generator processes costs more than it saves
+PARALLEL_MIN_CLIENTS = 20_000
+
+
+def write_natural(url: str, source: Any, min_examples: int, recipe: dict, shard_mb: float,
+                  log: Callable[[str], None], *,
+                  transform: Callable[[np.ndarray], np.ndarray] | None = None,
+                  scale: float = 1.0, central_test: tuple[np.ndarray, np.ndarray] | None = None,
+                  processes: int | None = None) -> dict:
+    """Write ``natural`` over the lazy client source ``source`` (a generated population)
+    as a store, streamed: clients are generated block by block (in ``processes`` processes;
+    None: every core for a large population) and each shard is written when full, so
+    memory stays flat however many clients there are. The same store as ``write`` of
+    ``natural`` on the whole population gathered into memory, with ``transform`` applied
+    to every input array; ``central_test`` (already transformed) is kept beside the
+    clients' own test data. Returns the manifest."""
+    import os
+    import time
+
+    from fedray.data.partitioners.natural import natural_blocks
+    from fedray.data.store import StoreWriter
+
+    n = int(source.population)
+    if processes is None:
+        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") \
+            else (os.cpu_count() or 1)
+        processes = min(cores, 8) if n >= PARALLEL_MIN_CLIENTS else 1
+    log(f"generating {n:,} clients in {processes} process{'es' if processes > 1 else ''}, "
+        "streaming them into shards")
+    t0 = last = time.perf_counter()
+    done, dropped = 0, np.zeros(3, dtype=np.int64)
+    writer: Any = None
+    with _storage_errors(url):
+        try:
+            for block in natural_blocks(source, min_examples, transform=transform,
+                                        processes=processes):
+                if writer is None:
+                    writer = StoreWriter(
+                        url, num_classes=source.num_classes, input_shape=source.input_shape,
+                        dtype=block.train.x.dtype, label_shape=block.train.y.shape[1:],
+                        scale=scale, client_test=block.test is not None, shard_mb=shard_mb,
+                        log=log)
+                writer.add(block.names, block.train, block.train_counts, block.test,
+                           block.test_counts)
+                done += len(block.names) + block.dropped[0]
+                dropped += block.dropped
+                now = time.perf_counter()
+                if now - last >= 30 or done == n:
+                    last = now
+                    log(f"  {done:,} of {n:,} clients ({100 * done / n:.0f}%) in "
+                        f"{now - t0:.0f}s, ~{(now - t0) * (n - done) / done:.0f}s to go")
+            assert writer is not None
+            info = {"min_examples": int(min_examples), "dropped_clients": int(dropped[0]),
+                    "dropped_train_examples": int(dropped[1]),
+                    "dropped_test_examples": int(dropped[2])}
+            central = None if central_test is None else Split(*central_test)
+            return writer.finish(recipe=recipe, info=info, central_test=central)
+        except BaseException:
+            if writer is not None:
+                writer.abort()
+            raise
 
 
 @dataclass

@@ -50,6 +50,9 @@ class SourceSpec:
     min_examples: int = 30  # synthetic only
     max_examples: int = 90  # synthetic only
     seed: int = 0  # synthetic only: identity of the generated data
+    # synthetic only: float32, or uint8 (pixels rounded to 1/255 steps, stored as bytes with
+    # the store's scale 1/255: a quarter of the disk)
+    dtype: str = "float32"
     # shakespeare_folio only: the share of each role's speeches (its last ones) held out as
     # that role's test data (fedray.data.shakespeare.load_shakespeare_folio)
     client_test_fraction: float = 0.2
@@ -99,6 +102,9 @@ def load_recipe(source: Any, overrides: list[str] | tuple = ()) -> DictConfig:
     if s.name == "synthetic" and not (1 <= s.min_examples <= s.max_examples and s.num_writers >= 1):
         raise ConfigError("recipe keys 'source.num_writers/min_examples/max_examples': need "
                           "num_writers >= 1 and 1 <= min_examples <= max_examples")
+    if s.dtype not in PIXEL_DTYPES or (s.dtype != "float32" and s.name != "synthetic"):
+        raise key_error("source.dtype", "must be float32 or uint8, for source synthetic only",
+                        s.dtype, what="recipe")
     _check_own_data_keys(s, pname)
     OmegaConf.set_readonly(cfg, True)
     return cfg
@@ -141,13 +147,28 @@ def _partitioner_params(cfg: DictConfig) -> dict[str, Any]:
             if k != "name" and v is not None}
 
 
+PIXEL_DTYPES = ("float32", "uint8")
+
+
+def to_uint8(x: np.ndarray) -> np.ndarray:
+    """Pixels in [0, 1] as bytes (model input = byte / 255): the nearest of 256 levels."""
+    return np.rint(np.clip(x, 0.0, 1.0) * np.float32(255)).astype(np.uint8)
+
+
+def synthetic_source(spec: DictConfig) -> Any:
+    from fedray.data.synthetic import SyntheticFEMNIST
+
+    return SyntheticFEMNIST(num_clients=spec.num_writers, min_examples=spec.min_examples,
+                            max_examples=spec.max_examples, seed=spec.seed)
+
+
 def load_dataset(spec: DictConfig) -> Dataset:
     if spec.name == "synthetic":
-        from fedray.data.synthetic import SyntheticFEMNIST
-
-        src = SyntheticFEMNIST(num_clients=spec.num_writers, min_examples=spec.min_examples,
-                               max_examples=spec.max_examples, seed=spec.seed)
-        return src.to_dataset()
+        data = synthetic_source(spec).to_dataset()
+        if spec.dtype == "uint8":
+            data = replace(data, scale=1 / 255, train=replace(data.train, x=to_uint8(
+                data.train.x)), test=replace(data.test, x=to_uint8(data.test.x)))
+        return data
     from fedray.data.columns import SOURCE_KEYS
     from fedray.data.loaders import load_source
 
@@ -193,6 +214,8 @@ def build(recipe: Any, overrides: list[str] | tuple = (),
     check_new_store(out)  # before reading any data
     check_writable(fs, path, out, "out", what="recipe")
     t0 = time.perf_counter()
+    if cfg.source.name == "synthetic" and cfg.partitioner.name == "natural":
+        return out, _build_streamed(cfg, out, log, t0)
     log(f"reading {cfg.source.name} from {cfg.source.path or '(generated)'}")
     dataset = load_dataset(cfg.source)
     if cfg.test_fraction > 0:
@@ -210,3 +233,28 @@ def build(recipe: Any, overrides: list[str] | tuple = (),
     log(f"wrote {len(manifest['shards'])} shards to {out} ({time.perf_counter() - t2:.1f}s; "
         f"{time.perf_counter() - t0:.1f}s in all)")
     return out, manifest
+
+
+def _build_streamed(cfg: DictConfig, out: str, log: Callable[[str], None], t0: float) -> dict:
+    """Generated writers, one client each (``natural``): streamed writer by writer into the
+    store, never gathered, so a million writers build in bounded memory. The store is the
+    one the gathered data set would give, plus the generator's own central test set (the
+    held-out examples of 200 writers spread over the population), so that evaluating on it
+    costs the same at every population."""
+    from fedray.data.partitioned import write_natural
+
+    if cfg.test_fraction > 0:  # what hold_out_test says of a source with a test split
+        raise ConfigError("recipe key 'test_fraction': source 'synthetic' already has a test "
+                          "split; set test_fraction=0")
+    source = synthetic_source(cfg.source)
+    uint8 = cfg.source.dtype == "uint8"
+    central = source.central_test()
+    if central is not None and uint8:
+        central = (to_uint8(central[0]), central[1])
+    manifest = write_natural(out, source, _partitioner_params(cfg).get("min_examples", 0),
+                             mask_tree(OmegaConf.to_container(cfg, resolve=True)), cfg.shard_mb,
+                             log, transform=to_uint8 if uint8 else None,
+                             scale=1 / 255 if uint8 else 1.0, central_test=central)
+    log(f"wrote {len(manifest['shards'])} shards to {out} ({time.perf_counter() - t0:.1f}s "
+        "in all)")
+    return manifest

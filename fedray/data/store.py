@@ -1,19 +1,31 @@
 """Partition store: a federated data set on disk, built once, read by any worker anywhere.
 
-A store is a directory at any fsspec URL:
-  manifest.json            what it holds: source, recipe, seed, clients (names, example
-                           counts, label histograms, which shard and rows hold each client
-                           per split), shard checksums, schema, fedray version
+A store is a directory at any fsspec URL (format version 2):
+  manifest.json            what it holds, store-wide: source, recipe, seed, number of clients
+                           and classes, shapes, schema, fedray version, every shard with its
+                           rows, bytes and sha256, and the client index file with its own
+  clients.arrow            the client index: one row per client -- name, and per split the
+                           shard and rows that hold it, its example count and a sparse label
+                           histogram (fedray.data.client_index, which documents the columns)
   train-00000.arrow ...    Arrow IPC files (Feather v2, uncompressed), one record batch each
   test-00000.arrow ...     per-client test data, when the partitioner gives clients their own
-  central_test-00000.arrow the shared test set, when it does not
+  central_test-00000.arrow the shared test set: when clients have no test data of their own,
+                           or a fixed set beside it (the synthetic writers' 200 held-out sets)
 Clients' rows are contiguous and a client never spans two shards, so reading one client
 touches one shard; on a local disk the shard is memory-mapped and the client's arrays are
 views into it (no copy, no parsing). Many clients share a shard (``shard_mb``, ~64 MB), so a
 million-client store is a few hundred files, not a million.
 
-Writing goes to a temporary sibling directory that is renamed into place at the end, so an
-interrupted or failed build never leaves a half-written store at the target URL.
+Why the client index is not in the manifest: format 1 listed every client's numbers in
+manifest.json, which every open parsed (200 MB at a million clients). Now opening a store
+reads a manifest of a few kilobytes and maps the index, whatever the population; format 1
+stores still open (their lists become the same index).
+
+Writing (``StoreWriter``) streams: clients arrive in blocks, each split's shard is written
+as soon as it is full, and what the writer keeps per client is a few numbers in arrays, so a
+store of any size is built in bounded memory. It writes to a temporary sibling directory
+that is renamed into place at the end, so an interrupted or failed build never leaves a
+half-written store at the target URL.
 """
 
 from __future__ import annotations
@@ -24,14 +36,24 @@ import math
 import posixpath
 import uuid
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import fsspec
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from fedray import __version__
+from fedray.data.client_index import (
+    CLIENTS_FILE,
+    INDEX_SPLITS,
+    ClientIndex,
+    histogram_array,
+    numpy_view,
+    row_problem,
+    sparse_histograms,
+)
 from fedray.data.dataset import Dataset, Split
 from fedray.data.partition import Partition
 from fedray.errors import FedrayError, key_error
@@ -39,8 +61,10 @@ from fedray.state.storage import filesystem
 
 MANIFEST = "manifest.json"
 FORMAT = "fedray-partition-store"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
+READS_VERSIONS = (1, 2)
 SPLITS = ("train", "test", "central_test")
+_BLOCK_CLIENTS = 4096  # clients per block when a partition in memory is written
 
 
 def _join(path: str, name: str) -> str:
@@ -64,86 +88,236 @@ def _label_size(y: np.ndarray) -> int | None:
     return None if y.ndim == 1 else int(np.prod(y.shape[1:]))
 
 
-def _histograms(y: np.ndarray, bounds: np.ndarray, num_classes: int) -> np.ndarray:
-    """Label histogram of each client whose rows are y[bounds[k]:bounds[k+1]]. With
-    sequence labels ([n, L]) it counts every position's label, padding included: the
-    histogram is then one of target tokens, and sums to L times the client's examples."""
-    per_row = 1 if y.ndim == 1 else int(np.prod(y.shape[1:]))
-    owner = np.repeat(np.arange(len(bounds) - 1), np.diff(bounds) * per_row)
-    flat = np.bincount(owner * num_classes + y.reshape(-1),
-                       minlength=(len(bounds) - 1) * num_classes)
-    return flat.reshape(-1, num_classes)
+def _rows(part: Split, a: int, b: int) -> Split:
+    """Rows a..b-1 of ``part`` (views)."""
+    return Split(part.x[a:b], part.y[a:b], None if part.coarse is None else part.coarse[a:b])
 
 
-class _SplitWriter:
-    """Gathers one split's clients into shards of about ``shard_bytes`` and writes them."""
+def _concat(parts: list[Split], like: Split) -> Split:
+    if not parts:
+        return _rows(like, 0, 0)
+    if len(parts) == 1:
+        return parts[0]
+    return Split(np.concatenate([p.x for p in parts]), np.concatenate([p.y for p in parts]),
+                 None if parts[0].coarse is None else np.concatenate([p.coarse for p in parts]))
 
-    def __init__(self, fs, tmp: str, split: str, dataset: Dataset, shard_bytes: int,
-                 log: Callable[[str], None]):
-        self.fs, self.tmp, self.split, self.log = fs, tmp, split, log
-        self.dataset, self.shard_bytes = dataset, shard_bytes
+
+class _SplitStream:
+    """One split's clients, streamed into shards of about ``shard_bytes``: a shard is
+    written as soon as the next client would not fit (a client never spans two shards)."""
+
+    def __init__(self, writer: StoreWriter, split: str):
+        self.w, self.split = writer, split
+        self.pieces: list[Split] = []  # the open shard's rows, not yet written
+        self.rows = 0  # rows in the open shard
+        self.clients = 0  # clients placed in the open shard
+        self.number = 0  # the open shard's number within the split
+        self.shard: list[np.ndarray] = []
+        self.offset: list[np.ndarray] = []
+        self.count: list[np.ndarray] = []
+        self.hist: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
+
+    def add(self, part: Split, counts: np.ndarray, names: Sequence[str]) -> None:
+        w = self.w
+        counts = np.asarray(counts, dtype=np.int64)
+        if int(counts.sum()) != len(part) or part.x.shape[1:] != w.input_shape \
+                or part.x.dtype != w.dtype or part.y.shape[1:] != w.label_shape:
+            raise ValueError(f"{self.split}: a block of {len(part)} rows {part.x.shape[1:]} "
+                             f"{part.x.dtype} does not match its {int(counts.sum())} counted "
+                             f"rows or the store's {w.input_shape} {w.dtype}")
+        y = np.asarray(part.y)
+        if len(y) and (int(y.min()) < 0 or int(y.max()) >= w.num_classes):
+            row = int(np.flatnonzero(((y < 0) | (y >= w.num_classes))
+                                     .reshape(len(y), -1).any(axis=1))[0])
+            c = int(np.searchsorted(np.cumsum(counts), row, side="right"))
+            label = int(y[row].reshape(-1)[0]) if y.ndim == 1 else \
+                int(y[row][(y[row] < 0) | (y[row] >= w.num_classes)][0])
+            raise FedrayError(f"client {names[c]!r} has {self.split} label {label}, outside "
+                              f"0..{w.num_classes - 1} (num_classes {w.num_classes})")
+        shard = np.empty(len(counts), dtype=np.int64)
+        offset = np.empty(len(counts), dtype=np.int64)
+        rows, cut, row = self.rows, 0, 0
+        for j, n in enumerate(counts.tolist()):
+            if rows > 0 and (rows + n) * w.row_bytes > w.shard_bytes:
+                self.pieces.append(_rows(part, cut, row))
+                self._flush(part)
+                rows, cut = 0, row
+            shard[j], offset[j] = self.number, rows
+            rows += n
+            row += n
+            self.clients += 1
+        self.pieces.append(_rows(part, cut, row))
+        self.rows = rows
+        self.shard.append(shard)
+        self.offset.append(offset)
+        self.count.append(counts)
+        self.hist.append(sparse_histograms(y, counts, w.num_classes))
+
+    def _flush(self, like: Split) -> None:
+        part = _concat(self.pieces, like)
+        self.w._write_shard(self.split, self.number, part)
+        self.pieces, self.rows, self.clients = [], 0, 0
+        self.number += 1
+
+    def close(self, like: Split) -> dict[str, Any]:
+        """Write the last shard (also when no client has a row: every split that has
+        clients has a shard, so each client's shard number is valid); the columns."""
+        if self.clients or self.number == 0:
+            self._flush(like)
+        def cat(parts: list[np.ndarray], dtype: type) -> np.ndarray:
+            return np.concatenate(parts) if parts else np.zeros(0, dtype)
+
+        return {"shard": cat(self.shard, np.int64), "offset": cat(self.offset, np.int64),
+                "count": cat(self.count, np.int64),
+                "histogram": histogram_array(cat([h[0] for h in self.hist], np.int64),
+                                             cat([h[1] for h in self.hist], np.int32),
+                                             cat([h[2] for h in self.hist], np.int32))}
+
+
+class StoreWriter:
+    """Writes a store client by client, in blocks: ``add`` a block of clients' rows (one
+    ``Split`` per split, the clients' rows one after the other), then ``finish``. Used as a
+    context manager, an exception removes everything written so far.
+
+    Memory: the open shard of each split (about ``shard_mb``) and a few numbers per client;
+    nothing else grows with the store."""
+
+    def __init__(self, url: str, *, num_classes: int, input_shape: Sequence[int],
+                 dtype: np.dtype | str, label_shape: Sequence[int] = (), coarse: bool = False,
+                 num_coarse: int | None = None, scale: float = 1.0, client_test: bool = False,
+                 shard_mb: float = 64.0, log: Callable[[str], None] = lambda s: None):
+        check_new_store(url)
+        self.url, self.log = url, log
+        self.num_classes, self.num_coarse, self.scale = int(num_classes), num_coarse, scale
+        self.input_shape = tuple(int(d) for d in input_shape)
+        self.label_shape = tuple(int(d) for d in label_shape)
+        self.dtype = np.dtype(dtype)
+        self.coarse = coarse
+        self.shard_bytes = int(shard_mb * 2**20)
+        label_size = int(np.prod(self.label_shape)) if self.label_shape else 1
+        self.row_bytes = int(np.prod(self.input_shape)) * self.dtype.itemsize + 8 * label_size + 8
+        self.schema = _schema(self.dtype, int(np.prod(self.input_shape)), coarse,
+                              label_size if self.label_shape else None)
+        self.fs, path = fsspec.core.url_to_fs(url)
+        self.path = path
+        parent = posixpath.dirname(path.rstrip("/")) or "."
+        self.tmp = _join(parent, f".{posixpath.basename(path.rstrip('/'))}.tmp-"
+                                 f"{uuid.uuid4().hex[:8]}")
+        self.splits = ("train", "test") if client_test else ("train",)
+        self._streams = {s: _SplitStream(self, s) for s in self.splits}
+        self._names: list[pa.Array] = []
+        self._like: Split | None = None
         self.shards: list[dict] = []
+        self.num_clients = 0
+        self.fs.makedirs(self.tmp, exist_ok=True)
 
-    def write(self, source: Split, per_client: list[np.ndarray],
-              labels: list[np.ndarray] | None = None) -> dict[str, Any]:
-        counts = np.array([len(a) for a in per_client], dtype=np.int64)
-        row_bytes = (int(np.prod(source.x.shape[1:])) * source.x.dtype.itemsize
-                     + 8 * int(np.prod(source.y.shape[1:])) + 8)
-        bounds = np.concatenate([[0], np.cumsum(counts)])
-        shard_of = np.zeros(len(counts), dtype=np.int64)
-        offset = np.zeros(len(counts), dtype=np.int64)
-        start, rows, shard = 0, 0, 0
-        groups: list[tuple[int, int]] = []  # client ranges [start, end) per shard
-        for k, n in enumerate(counts):
-            if rows > 0 and (rows + n) * row_bytes > self.shard_bytes:
-                groups.append((start, k))
-                start, rows, shard = k, 0, shard + 1
-            shard_of[k], offset[k] = shard, rows
-            rows += int(n)
-        groups.append((start, len(counts)))
-        written = []
-        for i, (a, b) in enumerate(groups):
-            idx = np.concatenate(per_client[a:b]) if b > a else np.zeros(0, dtype=np.int64)
-            part = source.take(idx.astype(np.int64))
-            y = part.y if labels is None or b == a else \
-                np.concatenate(labels[a:b]).astype(np.int64)
-            written.append(y)
-            self._write_shard(i, part, y, len(groups))
-        hist = _histograms(np.concatenate(written), bounds, self.dataset.num_classes)
-        return {"shard": shard_of.tolist(), "offset": offset.tolist(), "count": counts.tolist(),
-                "label_histogram": hist.tolist()}
+    def __enter__(self) -> StoreWriter:
+        return self
 
-    def write_whole(self, source: Split) -> int:
-        """The split as it is, in shards (the central test set)."""
-        rows_per = max(1, self.shard_bytes // (source.x[0].nbytes + source.y[0].nbytes + 8))
-        n_shards = max(1, math.ceil(len(source) / rows_per))
-        for i in range(n_shards):
-            part = source.take(np.arange(i * rows_per, min(len(source), (i + 1) * rows_per)))
-            self._write_shard(i, part, part.y, n_shards)
-        return len(source)
+    def __exit__(self, kind: Any, exc: Any, tb: Any) -> None:
+        if kind is not None:
+            self.abort()
 
-    def _write_shard(self, i: int, part: Split, y: np.ndarray, total: int) -> None:
-        name = f"{self.split}-{i:05d}.arrow"
-        row_size = int(np.prod(part.x.shape[1:]))
+    def abort(self) -> None:
+        if self.fs.exists(self.tmp):
+            self.fs.rm(self.tmp, recursive=True)
+
+    def add(self, names: Sequence[str], train: Split, train_counts: np.ndarray,
+            test: Split | None = None, test_counts: np.ndarray | None = None) -> None:
+        """Clients ``names`` (in order): their train rows one client after the other
+        (``train_counts`` each) and, for a store whose clients hold test data, their test
+        rows likewise."""
+        if len(names) != len(train_counts) or (test is None) != ("test" not in self.splits) \
+                or (test is not None and len(np.asarray(test_counts)) != len(names)):
+            raise ValueError("one count per client and split")
+        self._like = self._like or _rows(train, 0, 0)
+        self._streams["train"].add(train, train_counts, names)
+        if test is not None:
+            self._streams["test"].add(test, np.asarray(test_counts), names)
+        self._names.append(pa.array(list(names), pa.large_string()))
+        self.num_clients += len(names)
+
+    def _write_shard(self, split: str, i: int, part: Split) -> None:
+        name = f"{split}-{i:05d}.arrow"
+        row_size = int(np.prod(self.input_shape))
         flat = pa.array(np.ascontiguousarray(part.x).reshape(-1))
-        label_size = _label_size(self.dataset.train.y)
-        y = np.ascontiguousarray(y, dtype=np.int64)
+        y = np.ascontiguousarray(part.y, dtype=np.int64)
+        label_size = int(np.prod(self.label_shape)) if self.label_shape else None
         y_col = pa.array(y, pa.int64()) if label_size is None else \
             pa.FixedSizeListArray.from_arrays(pa.array(y.reshape(-1), pa.int64()), label_size)
         cols = [pa.FixedSizeListArray.from_arrays(flat, row_size), y_col]
-        if part.coarse is not None:
-            cols.append(pa.array(part.coarse.astype(np.int64)))
-        schema = _schema(part.x.dtype, row_size, part.coarse is not None, label_size)
-        batch = pa.record_batch(cols, schema=schema)
-        sink = pa.BufferOutputStream()
-        with pa.ipc.new_file(sink, schema) as writer:
-            writer.write_batch(batch)
-        data = sink.getvalue().to_pybytes()
+        if self.coarse:
+            cols.append(pa.array(np.asarray(part.coarse).astype(np.int64)))
+        batch = pa.record_batch(cols, schema=self.schema)
+        data = _ipc_bytes(batch)
         with self.fs.open(_join(self.tmp, name), "wb") as f:
             f.write(data)
-        self.shards.append({"file": name, "split": self.split, "rows": len(y),
+        self.shards.append({"file": name, "split": split, "rows": len(y),
                             "bytes": len(data), "sha256": hashlib.sha256(data).hexdigest()})
-        self.log(f"  wrote {name} ({i + 1}/{total}, {len(y):,} rows, {len(data) / 2**20:.1f} MB)")
+        self.log(f"  wrote {name} ({len(y):,} rows, {len(data) / 2**20:.1f} MB)")
+
+    def _write_whole(self, part: Split) -> int:
+        """A split as it is, in shards (the central test set)."""
+        rows_per = max(1, self.shard_bytes // (part.x[0].nbytes + part.y[0].nbytes + 8))
+        n_shards = max(1, math.ceil(len(part) / rows_per))
+        for i in range(n_shards):
+            self._write_shard("central_test", i,
+                              _rows(part, i * rows_per, min(len(part), (i + 1) * rows_per)))
+        return len(part)
+
+    def finish(self, *, recipe: dict, info: dict, central_test: Split | None = None,
+               name: str | None = None) -> dict:
+        """Write the last shards, the central test set, the client index and the manifest,
+        check the index against the shards, and move the store into place; returns the
+        manifest."""
+        if self.num_clients == 0:
+            raise FedrayError(f"{self.url}: a store needs at least one client")
+        like = self._like
+        assert like is not None
+        columns = {s: self._streams[s].close(like) for s in self.splits}
+        names = pa.chunked_array(self._names, pa.large_string()).combine_chunks()
+        if pc.count_distinct(names).as_py() != len(names):
+            raise FedrayError(f"{self.url}: client names must be unique")
+        central = None
+        if central_test is not None and len(central_test) > 0:
+            central = {"rows": self._write_whole(central_test)}
+        index = ClientIndex.from_columns(f"{self.url}/{CLIENTS_FILE}", self.num_classes, names,
+                                         columns)
+        shards = [sh for s in SPLITS for sh in self.shards if sh["split"] == s]
+        label_size = int(np.prod(self.label_shape)) if self.label_shape else 1
+        index.check({s: [sh for sh in shards if sh["split"] == s] for s in self.splits},
+                    label_size)  # by construction; cheap next to writing the shards
+        data = _ipc_bytes(index.batch)
+        with self.fs.open(_join(self.tmp, CLIENTS_FILE), "wb") as f:
+            f.write(data)
+        self.log(f"  wrote {CLIENTS_FILE} ({self.num_clients:,} clients, "
+                 f"{len(data) / 2**20:.1f} MB)")
+        manifest = {
+            "format": FORMAT, "format_version": FORMAT_VERSION, "fedray_version": __version__,
+            "recipe": recipe, "source": recipe.get("source"), "seed": recipe.get("seed"),
+            "partitioner": recipe.get("partitioner"),
+            "num_clients": self.num_clients, "num_classes": self.num_classes,
+            "num_coarse": self.num_coarse, "input_shape": list(self.input_shape),
+            "dtype": str(self.dtype), "scale": self.scale, "schema": self.schema.to_string(),
+            "client_index": {"file": CLIENTS_FILE, "splits": list(self.splits),
+                             "bytes": len(data), "sha256": hashlib.sha256(data).hexdigest()},
+            "central_test": central, "shards": shards, "info": info,
+        }
+        if self.label_shape:  # absent: one label per example (every older store)
+            manifest["label_shape"] = list(self.label_shape)
+        with self.fs.open(_join(self.tmp, MANIFEST), "w") as f:
+            json.dump(manifest, f)
+        if self.fs.exists(self.path):
+            self.fs.rm(self.path, recursive=True)  # an empty directory left by the caller
+        self.fs.mv(self.tmp, self.path, recursive=True)
+        return manifest
+
+
+def _ipc_bytes(batch: pa.RecordBatch) -> bytes:
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_file(sink, batch.schema) as writer:
+        writer.write_batch(batch)
+    return sink.getvalue().to_pybytes()
 
 
 def check_new_store(url: str) -> None:
@@ -155,63 +329,64 @@ def check_new_store(url: str) -> None:
 
 
 def write_store(url: str, dataset: Dataset, partition: Partition, *, recipe: dict,
-                shard_mb: float = 64.0, log: Callable[[str], None] = lambda s: None) -> dict:
-    """Write ``partition`` of ``dataset`` as a store at ``url``; returns the manifest."""
+                shard_mb: float = 64.0, log: Callable[[str], None] = lambda s: None,
+                central_test: Split | None = None) -> dict:
+    """Write ``partition`` of ``dataset`` as a store at ``url``; returns the manifest.
+
+    Clients without test data of their own share ``dataset.test`` as the central test set;
+    clients with their own keep ``central_test`` (if given) beside it."""
     check_new_store(url)
-    fs, path = fsspec.core.url_to_fs(url)
-    parent = posixpath.dirname(path.rstrip("/")) or "."
-    tmp = _join(parent, f".{posixpath.basename(path.rstrip('/'))}.tmp-{uuid.uuid4().hex[:8]}")
     train, test = dataset.train, dataset.test
     if test is not None and _label_size(test.y) != _label_size(train.y):
         raise FedrayError(f"the source's train labels have shape {train.y.shape[1:]} but its "
                           f"test labels {test.y.shape[1:]}")
-    fs.makedirs(tmp, exist_ok=True)
-    try:
-        shard_bytes = int(shard_mb * 2**20)
-        writers = {s: _SplitWriter(fs, tmp, s, dataset, shard_bytes, log) for s in SPLITS}
-        clients: dict[str, Any] = {"names": list(partition.client_names)}
-        clients["train"] = writers["train"].write(dataset.train, partition.train,
-                                                  partition.train_labels)
-        central = None
-        if partition.test is not None:
-            if dataset.test is None:
-                raise FedrayError("the partition gives clients test data but the source has "
-                                  "no test split")
-            clients["test"] = writers["test"].write(dataset.test, partition.test)
-        elif dataset.test is not None and len(dataset.test) > 0:
-            central = {"rows": writers["central_test"].write_whole(dataset.test)}
-        train = dataset.train
-        label_size = _label_size(train.y)
-        manifest = {
-            "format": FORMAT, "format_version": FORMAT_VERSION, "fedray_version": __version__,
-            "recipe": recipe, "source": recipe.get("source"), "seed": recipe.get("seed"),
-            "partitioner": recipe.get("partitioner"),
-            "num_clients": partition.num_clients, "num_classes": dataset.num_classes,
-            "num_coarse": dataset.num_coarse, "input_shape": list(dataset.input_shape),
-            "dtype": str(train.x.dtype), "scale": dataset.scale,
-            "schema": _schema(train.x.dtype, int(np.prod(train.x.shape[1:])),
-                              train.coarse is not None, label_size).to_string(),
-            "clients": clients, "central_test": central,
-            "shards": [s for w in writers.values() for s in w.shards],
-            "info": partition.info,
-        }
-        if label_size is not None:  # absent: one label per example (every older store)
-            manifest["label_shape"] = list(train.y.shape[1:])
-        with fs.open(_join(tmp, MANIFEST), "w") as f:
-            json.dump(manifest, f)
-        if fs.exists(path):
-            fs.rm(path, recursive=True)  # an empty directory left by the caller
-        fs.mv(tmp, path, recursive=True)
-    except BaseException:
-        if fs.exists(tmp):
-            fs.rm(tmp, recursive=True)
-        raise
-    return manifest
+    if partition.test is not None and test is None:
+        raise FedrayError("the partition gives clients test data but the source has no test "
+                          "split")
+    with StoreWriter(url, num_classes=dataset.num_classes, input_shape=dataset.input_shape,
+                     dtype=train.x.dtype, label_shape=train.y.shape[1:],
+                     coarse=train.coarse is not None, num_coarse=dataset.num_coarse,
+                     scale=dataset.scale, client_test=partition.test is not None,
+                     shard_mb=shard_mb, log=log) as writer:
+        names = partition.client_names
+        counts = np.asarray([len(a) for a in partition.train], dtype=np.int64)
+        for a, b in _blocks(counts, writer.row_bytes, writer.shard_bytes):
+            idx = np.concatenate(partition.train[a:b]).astype(np.int64) if b > a else \
+                np.zeros(0, np.int64)
+            part = train.take(idx)
+            if partition.train_labels is not None:
+                part = Split(part.x, np.concatenate(partition.train_labels[a:b])
+                             .astype(np.int64).reshape(part.y.shape), part.coarse)
+            tpart = tcounts = None
+            if partition.test is not None:
+                assert test is not None
+                tcounts = np.asarray([len(t) for t in partition.test[a:b]], dtype=np.int64)
+                tpart = test.take(np.concatenate(partition.test[a:b]).astype(np.int64))
+            writer.add(names[a:b], part, counts[a:b], tpart, tcounts)
+        if partition.test is None:
+            central_test = test
+        return writer.finish(recipe=recipe, info=partition.info, central_test=central_test)
+
+
+def _blocks(counts: np.ndarray, row_bytes: int, shard_bytes: int) -> list[tuple[int, int]]:
+    """Client ranges of at most ``_BLOCK_CLIENTS`` clients and about a shard of rows: what
+    is gathered from the data set at a time."""
+    if len(counts) == 0:
+        return []
+    out, start, rows = [], 0, 0
+    for k, n in enumerate(counts.tolist()):
+        if k > start and (k - start >= _BLOCK_CLIENTS or (rows + n) * row_bytes > shard_bytes):
+            out.append((start, k))
+            start, rows = k, 0
+        rows += n
+    out.append((start, len(counts)))
+    return out
 
 
 def read_manifest(url: str) -> dict:
-    """The store's manifest, checked for structure (``check_manifest``): what it says about
-    every client must be possible in the shards it lists."""
+    """The store's manifest, checked for what is cheap to check: the store-wide facts and
+    where the client index is. Its clients are checked against the shards when the store is
+    built and by ``verify_store``; a worker checks each client it reads."""
     fs, path = filesystem(url, "data.partition")
     mpath = _join(path, MANIFEST)
     if not fs.exists(mpath):
@@ -223,114 +398,92 @@ def read_manifest(url: str) -> dict:
         raise FedrayError(f"{url}/{MANIFEST} is not valid JSON: {exc}") from None
     if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
         raise FedrayError(f"{url}/{MANIFEST} is not a fedray partition store manifest")
-    if manifest.get("format_version") != FORMAT_VERSION:
+    if manifest.get("format_version") not in READS_VERSIONS:
         raise FedrayError(f"{url}: store format version {manifest.get('format_version')} is not "
-                          f"supported (this fedray reads version {FORMAT_VERSION})")
+                          f"supported (this fedray reads versions "
+                          f"{' and '.join(map(str, READS_VERSIONS))})")
     check_manifest(url, manifest)
     return manifest
 
 
-def _split_index(url: str, m: dict, split: str) -> tuple[list[dict], dict[str, np.ndarray]]:
-    """A split's shard list and its clients' shard, offset and count arrays."""
-    def bad(what: str) -> FedrayError:
-        return FedrayError(f"{url}/{MANIFEST}: {what}")
-
-    n = m["num_clients"]
-    files = [sh for sh in m["shards"] if sh["split"] == split]
-    entry = m["clients"][split]
-    index = {}
-    for key in ("shard", "offset", "count"):
-        values = entry.get(key) if isinstance(entry, dict) else None
-        if not isinstance(values, list) or len(values) != n:
-            raise bad(f"clients.{split}.{key} must list {n} clients")
-        try:
-            index[key] = np.asarray(values, dtype=np.int64)
-        except (TypeError, ValueError, OverflowError):
-            raise bad(f"clients.{split}.{key} must be whole numbers") from None
-        if index[key].ndim != 1:
-            raise bad(f"clients.{split}.{key} must be whole numbers")
-    return files, index
-
-
 def check_manifest(url: str, m: dict) -> None:
-    """Everything the manifest says about clients fits its shards: one entry per client,
-    every client's rows inside the shard that holds them, no row owned by two clients.
-
-    Checksums prove the shards are the ones the manifest was written with, not that the
-    manifest itself is sound; a hand-edited or foreign manifest would otherwise crash a
-    worker mid-round (a count past the end of its shard) or train clients on each other's
-    rows without a word. Cheap: arrays of a few numbers per client, no shard is read."""
+    """The manifest's own structure: numbers of clients and classes, the label shape, the
+    shard list and where the client index is (a few dozen values, whatever the population)."""
     def bad(what: str) -> FedrayError:
         return FedrayError(f"{url}/{MANIFEST}: {what}")
+
+    def whole(v: Any) -> bool:
+        return isinstance(v, int) and not isinstance(v, bool)
 
     n, classes = m.get("num_clients"), m.get("num_classes")
-    if not isinstance(n, int) or n < 1:
+    if not whole(n) or n < 1:
         raise bad(f"num_clients must be a whole number >= 1, got {n!r}")
-    if not isinstance(classes, int) or classes < 1:
+    if not whole(classes) or classes < 1:
         raise bad(f"num_classes must be a whole number >= 1, got {classes!r}")
     label_shape = m.get("label_shape", [])
-    if not isinstance(label_shape, list) or not all(
-            isinstance(d, int) and not isinstance(d, bool) and d >= 1 for d in label_shape):
+    if not isinstance(label_shape, list) or not all(whole(d) and d >= 1 for d in label_shape):
         raise bad(f"label_shape must list whole numbers >= 1, got {label_shape!r}")
-    shards, clients = m.get("shards"), m.get("clients")
+    shards = m.get("shards")
     if not isinstance(shards, list) or not all(
-            isinstance(sh, dict) and isinstance(sh.get("rows"), int) and sh.get("split") in
+            isinstance(sh, dict) and whole(sh.get("rows")) and sh.get("split") in
             SPLITS and isinstance(sh.get("file"), str) for sh in shards):
         raise bad("shards must list objects with file, split and rows")
-    if not isinstance(clients, dict) or not isinstance(clients.get("names"), list) \
-            or len(clients["names"]) != n or "train" not in clients:
-        raise bad(f"clients must hold {n} names and the train split")
-    names = clients["names"]
-    for split in ("train", "test"):
-        if split not in clients:
-            continue
-        files, ix = _split_index(url, m, split)
-        shard, offset, count = ix["shard"], ix["offset"], ix["count"]
-        wrong = np.flatnonzero((shard < 0) | (shard >= len(files)) | (offset < 0) | (count < 0))
-        if len(wrong):
-            c = int(wrong[0])
-            raise bad(f"client {c} ({names[c]!r}) has {split} shard {int(shard[c])}, offset "
-                      f"{int(offset[c])}, count {int(count[c])}: the {split} split has "
-                      f"{len(files)} shards")
-        rows = np.asarray([sh["rows"] for sh in files], dtype=np.int64)
-        end = offset + count
-        past = np.flatnonzero(end > rows[shard])
-        if len(past):
-            c = int(past[0])
-            raise bad(f"client {c} ({names[c]!r}) has {split} rows {int(offset[c])}.."
-                      f"{int(end[c]) - 1}, past the {int(rows[shard[c]])} rows of "
-                      f"{files[int(shard[c])]['file']}")
-        held = np.flatnonzero(count > 0)
-        order = held[np.lexsort((offset[held], shard[held]))]
-        same = shard[order[1:]] == shard[order[:-1]]
-        overlap = np.flatnonzero(same & (offset[order[1:]] < end[order[:-1]]))
-        if len(overlap):
-            a, b = int(order[overlap[0]]), int(order[overlap[0] + 1])
-            raise bad(f"clients {a} ({names[a]!r}) and {b} ({names[b]!r}) share {split} rows "
-                      f"{int(offset[b])}..{min(int(end[a]), int(end[b])) - 1} of "
-                      f"{files[int(shard[a])]['file']}")
+    if m["format_version"] == 1:
+        clients = m.get("clients")
+        if not isinstance(clients, dict) or not isinstance(clients.get("names"), list) \
+                or len(clients["names"]) != n or "train" not in clients:
+            raise bad(f"clients must hold {n} names and the train split")
+        return
+    entry = m.get("client_index")
+    splits = entry.get("splits") if isinstance(entry, dict) else None
+    if not isinstance(entry, dict) or not isinstance(entry.get("file"), str) \
+            or "/" in entry["file"] or not whole(entry.get("bytes")) \
+            or not isinstance(entry.get("sha256"), str) or not isinstance(splits, list) \
+            or splits not in (["train"], ["train", "test"]):
+        raise bad("client_index must name its file, bytes, sha256 and splits "
+                  "(['train'] or ['train', 'test'])")
+
+
+def client_index(url: str, manifest: dict) -> ClientIndex:
+    """The store's per-client columns (opened on first use)."""
+    return ClientIndex.from_manifest(url, manifest)
+
+
+def _digest(fs: Any, p: str) -> tuple[int, str]:
+    digest = hashlib.sha256()
+    size = 0
+    with fs.open(p, "rb") as f:
+        while chunk := f.read(8 * 2**20):
+            digest.update(chunk)
+            size += len(chunk)
+    return size, digest.hexdigest()
 
 
 def verify_store(url: str, manifest: dict | None = None) -> None:
-    """Check every shard against the manifest: size and sha256, then its contents -- the
-    rows it really holds, the example width, and every label within ``num_classes`` and
-    in the per-client label histograms the manifest records. Reads every shard twice: to
-    hash it, then its contents (from the page cache, on a local disk)."""
-    manifest = manifest or read_manifest(url)
+    """Check the whole store: the client index file's size and sha256, then every client
+    against the shards (``ClientIndex.check``), then every shard's size and sha256, then its
+    contents -- the rows it really holds, the example width, and every label within
+    ``num_classes`` and in its client's label histogram. Reads every shard twice: to hash
+    it, then its labels (from the page cache, on a local disk)."""
+    m = manifest or read_manifest(url)
     fs, path = filesystem(url, "data.partition")
-    for shard in manifest["shards"]:
+    source = StoreSource(url, m, max_open_shards=1)
+    entry = m.get("client_index")
+    if entry is not None:
+        p = _join(path, entry["file"])
+        if not fs.exists(p):
+            raise FedrayError(f"{url}: {entry['file']} is missing")
+        if _digest(fs, p) != (entry["bytes"], entry["sha256"]):
+            raise FedrayError(f"{url}: {entry['file']} is corrupt (checksum mismatch)")
+    label_size = int(np.prod(source.label_shape)) if source.label_shape else 1
+    source.index.check(source._files, label_size)
+    for shard in m["shards"]:
         p = _join(path, shard["file"])
         if not fs.exists(p):
             raise FedrayError(f"{url}: shard {shard['file']} is missing")
-        digest = hashlib.sha256()
-        size = 0
-        with fs.open(p, "rb") as f:
-            while chunk := f.read(8 * 2**20):
-                digest.update(chunk)
-                size += len(chunk)
-        if size != shard["bytes"] or digest.hexdigest() != shard["sha256"]:
+        if _digest(fs, p) != (shard.get("bytes"), shard.get("sha256")):
             raise FedrayError(f"{url}: shard {shard['file']} is corrupt (checksum mismatch)")
-    _verify_contents(url, manifest, StoreSource(url, manifest, max_open_shards=1))
+    _verify_contents(url, m, source)
 
 
 def _verify_contents(url: str, m: dict, source: StoreSource) -> None:
@@ -362,29 +515,35 @@ def _verify_contents(url: str, m: dict, source: StoreSource) -> None:
                                   f"{label}, outside 0..{classes - 1} "
                                   f"(num_classes {classes})")
             labels.setdefault(split, []).append(y)
-    for split in ("train", "test"):
-        hist = m["clients"].get(split, {}).get("label_histogram")
-        if hist is None or split not in labels:
-            continue
-        ix = source._index[split]
+    ix = source.index
+    for split in ix.splits:
         starts = np.concatenate([[0], np.cumsum([len(y) for y in labels[split]])])
-        first = starts[ix["shard"]] + ix["offset"]  # each client's first row, all shards
-        count = ix["count"]
+        first = starts[ix.shards(split)] + ix.offsets(split)  # each client's first row
+        count = ix.counts(split)
         bounds = np.concatenate([[0], np.cumsum(count)])  # the clients' rows, in client order
         rows = np.repeat(first - bounds[:-1], count) + np.arange(bounds[-1])
-        got = _histograms(np.concatenate(labels[split])[rows], bounds, classes)
-        differ = np.flatnonzero((got != np.asarray(hist, dtype=np.int64)).any(axis=1))
-        if len(differ):
-            c = int(differ[0])
-            raise FedrayError(f"{url}: client {c} ({source.client_names[c]!r}): its {split} "
-                              "labels differ from the manifest's label histogram")
+        lengths, got_labels, got_counts = sparse_histograms(np.concatenate(labels[split])[rows],
+                                                            count, classes)
+        have_starts, have_labels, have_counts = ix.sparse(split)
+        differ = np.flatnonzero(lengths != np.diff(have_starts))
+        first_bad = int(differ[0]) if len(differ) else ix.num_clients
+        aligned = int(have_starts[first_bad])  # entries before it line up one to one
+        entry = np.flatnonzero((got_labels[:aligned] != have_labels[:aligned])
+                               | (got_counts[:aligned] != have_counts[:aligned]))
+        if len(entry):
+            first_bad = int(np.searchsorted(have_starts, entry[0], side="right")) - 1
+        if first_bad < ix.num_clients:
+            raise FedrayError(f"{url}: client {first_bad} ({ix.name(first_bad)!r}): its {split} "
+                              "labels differ from the label histogram in its client index")
 
 
 class StoreSource:
     """A partition store as a ClientSource (see fedray.data.source).
 
-    Workers open shards lazily and keep at most ``max_open_shards`` of them (LRU); on a local
-    filesystem a shard is memory-mapped, elsewhere it is read once into memory.
+    Small to pickle (it is shipped to every worker): the manifest's shard list and where
+    the client index is; each process maps the index and the shards itself, lazily, and keeps
+    at most ``max_open_shards`` shards (LRU). On a local filesystem files are memory-mapped,
+    elsewhere read once into memory.
     """
 
     cacheable = True
@@ -397,11 +556,8 @@ class StoreSource:
         self.input_shape = tuple(m["input_shape"])
         self.label_shape = tuple(m.get("label_shape") or ())  # () one label, (L,) sequences
         self.scale = float(m["scale"])
-        self.client_names: list[str] = m["clients"]["names"]
-        self.has_client_test = "test" in m["clients"]
-        self._index = {s: {k: np.asarray(m["clients"][s][k], dtype=np.int64)
-                           for k in ("shard", "offset", "count")}
-                       for s in ("train", "test") if s in m["clients"]}
+        self.index = client_index(url, m)
+        self.has_client_test = "test" in self.index.splits
         self._files = {s: [sh for sh in m["shards"] if sh["split"] == s] for s in SPLITS}
         self.max_open_shards = max_open_shards
         self._open: OrderedDict[tuple[str, int], pa.RecordBatch] = OrderedDict()
@@ -414,12 +570,16 @@ class StoreSource:
         return state
 
     def train_sizes(self) -> np.ndarray:
-        return self._index["train"]["count"]
+        return self.index.counts("train")
 
     def test_sizes(self) -> np.ndarray:
         if not self.has_client_test:
-            return np.zeros(self.population, dtype=np.int64)
-        return self._index["test"]["count"]
+            return np.broadcast_to(np.int64(0), (self.population,))  # no memory per client
+        return self.index.counts("test")
+
+    def name(self, cid: int) -> str:
+        """Client ``cid``'s name (a writer id, a user id, or its number)."""
+        return self.index.name(cid)
 
     def _batch(self, split: str, i: int) -> pa.RecordBatch:
         key = (split, i)
@@ -462,13 +622,13 @@ class StoreSource:
         if column.type != self._label_type():
             return None
         if not self.label_shape:
-            return column.to_numpy(zero_copy_only=True)
-        flat = column.flatten().to_numpy(zero_copy_only=True)
+            return numpy_view(column)
+        flat = numpy_view(column.flatten())
         return flat.reshape((batch.num_rows, *self.label_shape))
 
     def _rows(self, split: str, shard: int, lo: int, n: int) -> tuple[np.ndarray, np.ndarray]:
         batch = self._batch(split, shard).slice(lo, n)
-        x = batch.column(0).flatten().to_numpy(zero_copy_only=True)
+        x = numpy_view(batch.column(0).flatten())
         x = x.reshape((n, *self.input_shape))
         y = self._labels(batch)
         if y is None:
@@ -479,15 +639,21 @@ class StoreSource:
         return x, y
 
     def client(self, cid: int, split: str = "train") -> tuple[np.ndarray, np.ndarray]:
-        if split not in self._index:
+        if split not in INDEX_SPLITS or split not in self.index.splits:
             raise FedrayError(f"{self.url} has no per-client {split} data")
-        ix = self._index[split]
-        x, y = self._rows(split, int(ix["shard"][cid]), int(ix["offset"][cid]),
-                          int(ix["count"][cid]))
+        if not 0 <= cid < self.population:
+            raise FedrayError(f"{self.url}: client {cid} is outside 0..{self.population - 1}")
+        ix = self.index
+        shard, lo, n = (int(ix.shards(split)[cid]), int(ix.offsets(split)[cid]),
+                        int(ix.counts(split)[cid]))
+        problem = row_problem(split, shard, lo, n, self._files[split])
+        if problem is not None:  # a foreign or edited index: say so, not a reshape error
+            raise FedrayError(f"{ix.where}: client {cid} ({ix.name(cid)!r}) {problem}")
+        x, y = self._rows(split, shard, lo, n)
         if len(y) and not 0 <= int(y.min()) <= int(y.max()) < self.num_classes:
             # verify_store finds these before a run; with data.verify off, say it here
             bad = int(y.min()) if y.min() < 0 else int(y.max())
-            raise FedrayError(f"{self.url}: client {cid} ({self.client_names[cid]!r}) has "
+            raise FedrayError(f"{self.url}: client {cid} ({ix.name(cid)!r}) has "
                               f"{split} label {bad}, outside 0..{self.num_classes - 1}")
         return x, y
 

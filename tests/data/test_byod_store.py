@@ -14,7 +14,7 @@ from byod_files import USERS, data, write_csv, write_hf_dict, write_npz, write_p
 
 from fedray.cli import main
 from fedray.data import from_arrays, from_table
-from fedray.data.store import read_manifest
+from fedray.data.store import client_index, read_manifest
 from fedray.errors import ConfigError, FedrayError
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
@@ -31,7 +31,7 @@ def _contents(url: str) -> tuple[dict, list]:
     """What two stores must share to be the same store: the clients (names, counts, shards,
     label histograms) and every shard's bytes (sha256)."""
     m = read_manifest(url)
-    return m["clients"], [(s["file"], s["sha256"]) for s in m["shards"]]
+    return m["client_index"], [(s["file"], s["sha256"]) for s in m["shards"]]
 
 
 @pytest.mark.parametrize("partitioner, params", [
@@ -56,7 +56,7 @@ def test_python_path_writes_the_recipes_store(tmp_path, capsys, partitioner, par
         {"name": partitioner, **params}
     assert json.loads(json.dumps(m["recipe"])) == m["recipe"]
     if partitioner == "natural":
-        assert m["num_clients"] == USERS and "test" in m["clients"]
+        assert m["num_clients"] == USERS and m["client_index"]["splits"] == ["train", "test"]
     else:
         assert m["num_clients"] == params["num_clients"] and m["central_test"]["rows"] == 12
     code, out, err = _partition(capsys, "--describe", store.url)
@@ -69,13 +69,12 @@ def test_csv_recipe_then_run_one_client_per_user(tmp_path, capsys):
                                 f"source.path={csv}", f"out={tmp_path}/nat")
     assert code == 0, err
     m = read_manifest(str(tmp_path / "nat"))
+    ix = client_index(str(tmp_path / "nat"), m)
     users = sorted(set(D.users.tolist()))
-    assert m["clients"]["names"] == users and m["recipe"]["source"]["name"] == "table"
+    assert ix.names() == users and m["recipe"]["source"]["name"] == "table"
     for k, user in enumerate(users):  # each user's own train and test rows
-        assert m["clients"]["train"]["count"][k] == int(((D.users == user) &
-                                                         (D.split == "train")).sum())
-        assert m["clients"]["test"]["count"][k] == int(((D.users == user) &
-                                                        (D.split == "test")).sum())
+        assert ix.counts("train")[k] == int(((D.users == user) & (D.split == "train")).sum())
+        assert ix.counts("test")[k] == int(((D.users == user) & (D.split == "test")).sum())
     last = _run(capsys, tmp_path / "nat", tmp_path / "run", USERS,
                 f"eval.federated_clients={USERS}")
     assert 0.0 <= last["fed_test_accuracy"] <= 1.0 and last["clients_evaluated"] == USERS

@@ -13,7 +13,7 @@ from conftest import tiny_job
 import fedray
 from fedray.data.mnist import load_mnist
 from fedray.data.recipe import build, load_recipe
-from fedray.data.store import StoreSource, read_manifest
+from fedray.data.store import StoreSource, client_index, read_manifest
 from fedray.errors import ConfigError, FedrayError
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
@@ -68,12 +68,13 @@ def test_wrong_format_source_leaves_no_store(tmp_path):
 
 
 def test_synthetic_dirichlet_store_is_deterministic(tmp_path):
-    _, a = _synthetic(tmp_path, "a")
+    url, a = _synthetic(tmp_path, "a")
     _, b = _synthetic(tmp_path, "b")
-    assert a["clients"] == b["clients"]
+    assert a["client_index"] == b["client_index"] and a["shards"] == b["shards"]
     assert a["num_clients"] == 40 and a["central_test"]["rows"] > 0
-    _, c = _synthetic(tmp_path, "c", seed=1)
-    assert a["clients"]["train"]["label_histogram"] != c["clients"]["train"]["label_histogram"]
+    other, c = _synthetic(tmp_path, "c", seed=1)
+    assert not np.array_equal(client_index(url, a).histograms(),
+                              client_index(other, c).histograms())
 
 
 def test_cli_partition_and_describe(tmp_path):
@@ -114,14 +115,15 @@ def test_run_on_a_store_with_federated_eval(ray_cluster, tmp_path):
 def test_real_leaf_femnist_store(shared_data, ray_cluster, tmp_path):
     url, m = build(ROOT / "partitions" / "femnist.yaml",
                    [f"source.path={shared_data / 'femnist-leaf-sample'}", f"out={tmp_path}/fem"])
+    ix = client_index(url, m)
     assert m["num_clients"] == 105
-    assert sum(m["clients"]["train"]["count"]) == 14_708
-    assert sum(m["clients"]["test"]["count"]) == 1_685
-    hist = np.asarray(m["clients"]["train"]["label_histogram"]).sum(axis=0)
+    assert ix.counts("train").sum() == 14_708
+    assert ix.counts("test").sum() == 1_685
+    hist = ix.class_totals("train")
     assert (hist > 0).all() and len(hist) == 62
     src = StoreSource(url)
     x, y = src.client(0)
-    assert x.shape == (m["clients"]["train"]["count"][0], 1, 28, 28) and np.median(x) == 1.0
+    assert x.shape == (ix.counts("train")[0], 1, 28, 28) and np.median(x) == 1.0
     res = fedray.run(ROOT / "jobs" / "femnist_leaf.yaml",
                      overrides=[f"data.partition={url}", "rounds=2", "eval.every=1",
                                 f"output.dir={tmp_path}/run"])
@@ -160,10 +162,11 @@ def test_fed_cifar100_recipe_end_to_end(tmp_path):
     url, m = build(ROOT / "partitions" / "fed_cifar100.yaml",
                    [f"source.path={tmp_path / 'raw'}", f"out={tmp_path / 'store'}",
                     "partitioner.examples_per_client=10"])
-    assert m["clients"]["names"][:3] == ["0", "1", "2"] and m["num_clients"] == 100
-    train = np.asarray(m["clients"]["train"]["label_histogram"])
+    ix = client_index(url, m)
+    assert ix.names()[:3] == ["0", "1", "2"] and m["num_clients"] == 100
+    train = ix.histograms("train")
     assert (train.sum(axis=1) == 10).all() and (train.sum(axis=0) == 10).all()
-    test = np.asarray(m["clients"]["test"]["count"])
+    test = ix.counts("test")
     assert (test[:20] == 10).all() and (test[20:] == 0).all()
     src = StoreSource(url)
     x, y = src.client(7)
@@ -177,10 +180,10 @@ def test_test_fraction_holds_out_a_stratified_central_test_set(shared_data, tmp_
             "test_fraction=0.2"]
     _, m = build(ROOT / "partitions" / "dirichlet.yaml", [f"out={tmp_path / 'a'}", *args])
     _, again = build(ROOT / "partitions" / "dirichlet.yaml", [f"out={tmp_path / 'b'}", *args])
-    assert m["central_test"]["rows"] == 2000 and m["clients"] == again["clients"]
+    assert m["central_test"]["rows"] == 2000 and m["client_index"] == again["client_index"]
     src = StoreSource(str(tmp_path / "a"))
     x_test, y_test = src.central_test()
-    train = np.asarray(m["clients"]["train"]["label_histogram"]).sum(axis=0)
+    train = src.index.class_totals("train")
     test = np.bincount(y_test, minlength=10)
     assert train.sum() == 8000 and np.abs(test / 2000 - train / 8000).max() < 1e-3
     # nothing lost, nothing duplicated: train + test hold exactly the t10k images
