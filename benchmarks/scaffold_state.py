@@ -8,6 +8,11 @@ part have a state file.
 
     python benchmarks/scaffold_state.py                      # 100,000 clients, logreg, 50 rounds
     python benchmarks/scaffold_state.py --population 1000000 --rounds 20
+    python benchmarks/scaffold_state.py --population 1000000 --per-round 1000 --rounds 20
+
+It also prints the driver's private memory after every round: the driver's index of which
+version of each client's state is current grows with the clients that took part, never
+with the population (fedray.state.client_state.ClientVersions).
 """
 
 from __future__ import annotations
@@ -66,6 +71,11 @@ def main(argv: list[str] | None = None) -> int:
         if m["round"] in args.report:
             print(f"| {m['round']} | {m['driver_mem_mb']:.0f} | {m['worker_mem_mb']:.0f} | "
                   f"{m['wall_s']:.2f} |")
+    driver = [m["driver_mem_mb"] for m in res.metrics]
+    print(f"driver private MB after rounds 1..{len(driver)}: "
+          f"{', '.join(f'{d:.0f}' for d in driver)}")
+    print(f"driver memory over rounds 2..{len(driver)}: min {min(driver[1:] or driver):.0f} "
+          f"MB, max {max(driver[1:] or driver):.0f} MB; round 1 {driver[0]:.0f} MB")
     took_part = set()
     for r in range(1, args.rounds + 1):
         took_part.update(int(c) for c in sample_clients(0, r, args.population, args.per_round))

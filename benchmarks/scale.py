@@ -1,12 +1,26 @@
-"""Population scale: does a round cost the same with 1,000 or 100,000 clients?
+"""Scale: does a round cost the same with 1,000 or 100,000,000 clients, and how does it grow
+with the clients of a round?
 
-Runs the same job (TFF EMNIST CNN, synthetic FEMNIST writers of 30-90 examples, 20 clients
-per round, 1 local epoch, batch 20) over populations of different sizes and reports the
-median steady-state round time and the driver actor's resident memory. Clients are virtual
-and generated lazily, so neither should depend on the population.
+The default mode runs the same job (TFF EMNIST CNN by default, 1 local epoch, batch 20) over
+synthetic populations (``--populations``) or partition stores (``--stores``, data.verify
+off: its cost is the store benchmark's) and reports the median steady-state round time,
+updates per second, the driver's merge time and the driver actor's private memory. With
+several ``--clients-per-round`` it runs each K on the one population instead.
 
-    python benchmarks/scale.py                       # 1,000 vs 100,000
-    python benchmarks/scale.py --populations 1000 100000 1000000 --rounds 8
+    python benchmarks/scale.py                       # 1,000 vs 100,000 synthetic clients
+    python benchmarks/scale.py --stores S_1K S_100K S_1M --clients-per-round 100
+    python benchmarks/scale.py --model logreg --clients-per-round 1000 5000 10000
+
+``--first-round POP...``: how long fedray.run takes to start round 1, and the driver's
+memory, for each synthetic population (logistic regression, 1,000 clients per round, 3
+rounds, Ray; Ray's own start-up is not counted). ``--per-round-k K...``: the driver's own
+milliseconds per round (sampling, sizes, assignment, tasks, merging, bookkeeping: the
+round's time less the workers' training) against clients per round, with the inline
+backend (logistic regression, 1,000,000 synthetic clients; ``--algorithm scaffold`` adds
+the client state index).
+
+    python benchmarks/scale.py --first-round 1000 100000000
+    python benchmarks/scale.py --per-round-k 1000 5000 10000
 """
 
 from __future__ import annotations
@@ -23,44 +37,186 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--populations", type=int, nargs="+", default=[1_000, 100_000])
+    p.add_argument("--populations", type=int, nargs="+", default=[1_000, 100_000],
+                   help="synthetic populations to compare (the default mode)")
+    p.add_argument("--stores", nargs="+", metavar="URL",
+                   help="partition stores to compare instead (data.verify off: timed apart)")
+    p.add_argument("--clients-per-round", type=int, nargs="+", default=[20], metavar="K",
+                   help="clients per round; several: one run per K (the population fixed)")
     p.add_argument("--rounds", type=int, default=30)
     p.add_argument("--warmup", type=int, default=2)
     p.add_argument("--model", default="emnist_cnn")
+    p.add_argument("--first-round", type=int, nargs="+", metavar="POP",
+                   help="time to round 1 and driver memory per synthetic population")
+    p.add_argument("--per-round-k", type=int, nargs="+", metavar="K",
+                   help="driver milliseconds per round against clients per round (inline)")
+    p.add_argument("--algorithm", default="fedavg", help="with --per-round-k")
     args = p.parse_args(argv)
+    if args.first_round:
+        return first_round(args.first_round)
+    if args.per_round_k:
+        return per_round(args.per_round_k, args.algorithm)
 
     import ray
 
     import fedray
 
+    datas = ([{"partition": url, "verify": False} for url in args.stores] if args.stores else
+             [{"synthetic": {"num_clients": n}} for n in args.populations])
+    cases = [(d, k) for d in datas for k in args.clients_per_round]
     t0 = time.perf_counter()
     ray.init(include_dashboard=False, logging_level="ERROR")
-    print(f"ray start-up: {time.perf_counter() - t0:.1f}s (not counted)")
+    print(f"ray start-up: {time.perf_counter() - t0:.1f}s (not counted); {args.model}, "
+          f"1 local epoch, batch 20, {args.rounds} rounds (median of rounds "
+          f"{args.warmup + 1}..), {int(ray.cluster_resources()['CPU'])} CPUs, default pool")
+    print("| data | clients per round | median round s | updates/s | driver merge ms | "
+          "driver MB after round 1 | after the last | largest worker MB |")
+    print("|---|---|---|---|---|---|---|---|")
     rows = []
     try:
-        for n in args.populations:
+        for data, k in cases:
             with tempfile.TemporaryDirectory() as tmp:
                 res = fedray.run({
-                    "name": f"scale-{n}", "rounds": args.rounds,
-                    "data": {"synthetic": {"num_clients": n}},
+                    "name": "scale", "rounds": args.rounds, "data": data,
                     "model": {"name": args.model},
                     "client": {"lr": 0.05, "batch_size": 20, "local_epochs": 1},
-                    "sampling": {"clients_per_round": 20},
+                    "sampling": {"clients_per_round": k},
                     "eval": {"every": 0, "central": False},
                     "output": {"dir": f"{tmp}/run", "save_weights": False}})
-            steady = [m["wall_s"] for m in res.metrics[args.warmup:]]
+            steady = res.metrics[args.warmup:]
+            wall = statistics.median(m["wall_s"] for m in steady)
+            merge = statistics.median(m["merge_s"] for m in steady) * 1e3
             rss = [m["driver_mem_mb"] for m in res.metrics]
-            row = (n, statistics.median(steady), rss[0], rss[-1])
-            rows.append(row)
-            print(f"population {n:>9,}: median round {row[1]:.3f}s, driver private memory "
-                  f"{row[2]:.0f} MB after round 1, {row[3]:.0f} MB after round {args.rounds}",
+            worker = max(m["worker_mem_mb"] for m in res.metrics)
+            name = data.get("partition") or f"synthetic {res.summary['population']:,}"
+            rows.append((name, k, wall, rss[-1]))
+            print(f"| {name} ({res.summary['population']:,} clients) | {k:,} | {wall:.3f} | "
+                  f"{k / wall:.0f} | {merge:.1f} | {rss[0]:.0f} | {rss[-1]:.0f} | "
+                  f"{worker:.0f} |", flush=True)
+    finally:
+        ray.shutdown()
+    if len(args.clients_per_round) == 1:
+        base = rows[0]
+        for name, _, t, rss in rows[1:]:
+            print(f"{name} vs {base[0]}: round time {t / base[2]:.2f}x, driver memory "
+                  f"{rss - base[3]:+.0f} MB")
+    return 0
+
+
+def first_round(populations: list[int], k: int = 1_000, rounds: int = 3) -> int:
+    """Seconds from fedray.run to the start of round 1 (the driver's setup, its workers'
+    start, the source built and shipped) and to the end of round 1, and the driver's
+    private memory after each round."""
+    import ray
+
+    import fedray
+    from fedray.tracking.callbacks import Callback
+
+    class Times(Callback):
+        def __init__(self) -> None:
+            self.start, self.ends = 0.0, []
+
+        def on_run_start(self, run) -> None:
+            self.start = time.perf_counter()
+
+        def on_round_end(self, round, metrics, weights) -> None:
+            self.ends.append(time.perf_counter())
+
+    ray.init(include_dashboard=False, logging_level="ERROR")
+    print(f"ray start-up and a warm-up run: not counted; logistic "
+          f"regression, {k:,} clients per round, {rounds} rounds, "
+          f"{int(ray.cluster_resources()['CPU'])} CPUs")
+    rows = []
+    try:
+        # uncounted: the first run in a process also pays for imports and Ray's first
+        # worker processes, whatever its population
+        with tempfile.TemporaryDirectory() as tmp:
+            fedray.run({"rounds": 1, "data": {"synthetic": {"num_clients": 100}},
+                        "model": {"name": "logreg"}, "sampling": {"clients_per_round": 10},
+                        "eval": {"every": 0, "central": False},
+                        "output": {"dir": f"{tmp}/run", "save_weights": False}})
+        for n in populations:
+            times = Times()
+            with tempfile.TemporaryDirectory() as tmp:
+                t0 = time.perf_counter()
+                res = fedray.run({
+                    "name": f"first-round-{n}", "rounds": rounds,
+                    "data": {"synthetic": {"num_clients": n}}, "model": {"name": "logreg"},
+                    "client": {"lr": 0.05, "batch_size": 20, "local_epochs": 1},
+                    "sampling": {"clients_per_round": k},
+                    "eval": {"every": 0, "central": False},
+                    "output": {"dir": f"{tmp}/run", "save_weights": False}},
+                    callbacks=[times])
+            setup, first = times.start - t0, times.ends[0] - t0
+            driver = [m["driver_mem_mb"] for m in res.metrics]
+            rows.append((n, setup, first, driver))
+            walls = ", ".join(f"{m['wall_s']:.2f}" for m in res.metrics)
+            workers = ", ".join(f"{m['worker_mem_mb']:.0f}" for m in res.metrics)
+            print(f"population {n:>11,}: round 1 starts after {setup:.1f}s and ends after "
+                  f"{first:.1f}s; rounds {walls} s; driver private MB after each round "
+                  f"{', '.join(f'{d:.0f}' for d in driver)}; largest worker MB {workers}",
                   flush=True)
     finally:
         ray.shutdown()
     base = rows[0]
-    for n, t, _, rss in rows[1:]:
-        print(f"{n:,} vs {base[0]:,}: round time {t / base[1]:.2f}x, driver memory "
-              f"{rss - base[3]:+.0f} MB")
+    for n, setup, first, driver in rows[1:]:
+        print(f"{n:,} vs {base[0]:,}: round 1 starts {setup - base[1]:+.1f}s later, ends "
+              f"{first - base[2]:+.1f}s later; driver memory after round 1 "
+              f"{driver[0] - base[3][0]:+.0f} MB, after round {rounds} "
+              f"{driver[-1] - base[3][-1]:+.0f} MB")
+    return 0
+
+
+def per_round(ks: list[int], algorithm: str, population: int = 1_000_000,
+              rounds: int = 3) -> int:
+    """The driver's own time per round, at each clients-per-round ``k``: the round's time
+    (Driver._train_round) less the workers' (their train calls, run in this process by the
+    inline backend); the median over rounds 2.. (round 1 builds the workers' kernels)."""
+    import fedray
+    from fedray.runtime import driver as driver_module
+    from fedray.runtime.inline import InlinePool
+
+    spent = {"round": [], "workers": 0.0}
+    train_round, run = driver_module.Driver._train_round, InlinePool._run
+
+    def timed_round(self, r):
+        spent["workers"] = 0.0
+        start = time.perf_counter()
+        out = train_round(self, r)
+        spent["round"].append((time.perf_counter() - start, spent["workers"]))
+        return out
+
+    def timed_run(self, method, slot, args):
+        start = time.perf_counter()
+        try:
+            return run(self, method, slot, args)
+        finally:
+            spent["workers"] += time.perf_counter() - start
+
+    driver_module.Driver._train_round, InlinePool._run = timed_round, timed_run
+    print(f"inline backend, 2 workers, logistic regression, {algorithm}, "
+          f"{population:,} synthetic clients, {rounds} rounds (median of rounds 2..)")
+    print("| clients per round | driver ms per round | per 1,000 clients | workers s per round |")
+    print("|---|---|---|---|")
+    try:
+        for k in ks:
+            spent["round"] = []
+            with tempfile.TemporaryDirectory() as tmp:
+                fedray.run({
+                    "name": f"per-round-{k}", "rounds": rounds,
+                    "data": {"synthetic": {"num_clients": population}},
+                    "model": {"name": "logreg"}, "algorithm": {"name": algorithm},
+                    "client": {"lr": 0.05, "batch_size": 20, "local_epochs": 1},
+                    "sampling": {"clients_per_round": k},
+                    "eval": {"every": 0, "central": False},
+                    "runtime": {"backend": "inline", "num_workers": 2},
+                    "output": {"dir": f"{tmp}/run", "save_weights": False}})
+            steady = spent["round"][1:]
+            own = statistics.median(t - w for t, w in steady) * 1e3
+            work = statistics.median(w for _, w in steady)
+            print(f"| {k:,} | {own:.1f} | {own / k * 1e3:.2f} | {work:.1f} |", flush=True)
+    finally:
+        driver_module.Driver._train_round, InlinePool._run = train_round, run
     return 0
 
 

@@ -21,10 +21,10 @@ from omegaconf.errors import OmegaConfBaseException
 
 from fedray.errors import ConfigError, key_error, yaml_problem
 
-# The synthetic population keeps one example count per client in every process that reads
-# it (the driver and each worker): 80 MB at this bound, generated in about a second. Larger
-# populations belong in a partition store, whose manifest holds the counts.
-MAX_SYNTHETIC_CLIENTS = 10_000_000
+# A synthetic client's size and data are hashed from its id on demand, so no process holds
+# anything per client; the bound is the largest population sampling, the clock and the
+# client state index are tested at (tests/core/test_sampling.py), far inside int64 ids.
+MAX_SYNTHETIC_CLIENTS = 1_000_000_000_000
 
 
 @dataclass
@@ -156,6 +156,17 @@ class WorkerConfig:
 
 
 @dataclass
+class ReduceConfig:
+    # the reduction tree (fedray/runtime/reduction_tree.py): null, the driver merges every
+    # worker's partial sum; G >= 2, partial sums are added in groups of G consecutive
+    # worker slots, then the groups' sums by the driver
+    group_size: int | None = None
+    # where a group's sum is made: workers (the group's first worker, so the driver
+    # receives one partial per group) or driver (the same sums, made by the driver)
+    where: str = "workers"
+
+
+@dataclass
 class RuntimeConfig:
     address: str | None = None  # Ray address to connect to; None starts a local Ray
     num_workers: int | None = None  # None: as many as the cluster's resources allow
@@ -172,6 +183,7 @@ class RuntimeConfig:
     # without Ray, one task after another (debugging an algorithm with pdb, fast tests)
     backend: str = "ray"
     worker: WorkerConfig = field(default_factory=WorkerConfig)
+    reduce: ReduceConfig = field(default_factory=ReduceConfig)
 
 
 @dataclass
@@ -474,8 +486,7 @@ def validate(cfg: DictConfig, population: int, *, custom_model: bool = False) ->
     syn = cfg.data.synthetic
     if cfg.data.partition == "synthetic":
         r(1 <= syn.num_clients <= MAX_SYNTHETIC_CLIENTS, "data.synthetic.num_clients",
-          f"must be in 1..{MAX_SYNTHETIC_CLIENTS:,} (each process holds the synthetic "
-          "population's example counts; build a partition store for more)", syn.num_clients)
+          f"must be in 1..{MAX_SYNTHETIC_CLIENTS:,}", syn.num_clients)
         r(syn.min_examples >= 1, "data.synthetic.min_examples", "must be >= 1", syn.min_examples)
         r(syn.max_examples >= syn.min_examples, "data.synthetic.max_examples",
           f"must be >= data.synthetic.min_examples ({syn.min_examples})", syn.max_examples)
@@ -538,6 +549,11 @@ def validate(cfg: DictConfig, population: int, *, custom_model: bool = False) ->
     r(w.state_cache_mb >= 0, "runtime.worker.state_cache_mb", "must be >= 0", w.state_cache_mb)
     r(w.vectorize in ("auto", "on", "off"), "runtime.worker.vectorize",
       "must be auto, on or off", w.vectorize)
+    red = rt.reduce
+    r(red.group_size is None or red.group_size >= 2, "runtime.reduce.group_size",
+      "must be >= 2 or null (every worker's partial sum merged by the driver)", red.group_size)
+    r(red.where in ("workers", "driver"), "runtime.reduce.where", "must be workers or driver",
+      red.where)
     e = cfg.eval
     r(e.every >= 0, "eval.every", "must be >= 0", e.every)
     r(e.federated_clients >= 0, "eval.federated_clients", "must be >= 0", e.federated_clients)

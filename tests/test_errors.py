@@ -54,9 +54,9 @@ def _template(base: pathlib.Path) -> None:
     stores = base / "stores"
     build(ROOT / "partitions" / "synthetic_dirichlet.yaml",
           [f"out={stores / 'tiny'}", "source.num_writers=5", "partitioner.num_clients=10"])
-    build(ROOT / "partitions" / "synthetic_dirichlet.yaml",  # clients 2 and 8 are empty
+    build(ROOT / "partitions" / "synthetic_dirichlet.yaml",  # clients 3 and 6 are empty
           [f"out={stores / 'sparse'}", "source.num_writers=5", "partitioner.num_clients=20",
-           "partitioner.min_examples=0", "partitioner.alpha=0.05"])
+           "partitioner.min_examples=0", "partitioner.alpha=0.01"])
     for name in ("nomanifest", "badjson", "corrupt"):
         shutil.copytree(stores / "tiny", stores / name)
     (stores / "nomanifest" / "manifest.json").unlink()
@@ -151,15 +151,28 @@ def _rewrite_shard(store: pathlib.Path, name: str, y: np.ndarray) -> None:
 
 
 def _bad_stores(stores: pathlib.Path) -> None:
-    """Copies of the tiny store (10 clients, one train shard) whose manifest or labels lie."""
-    def edit(name: str, change) -> None:
+    """Copies of the tiny store (10 clients, one train shard) whose client index or labels
+    lie, with checksums made to match (written wrong by something other than fedray)."""
+    def edit(name: str, column: str, change) -> None:
         shutil.copytree(stores / "tiny", stores / name)
+        path = stores / name / "clients.arrow"
+        with pa.memory_map(str(path)) as source:
+            batch = pa.ipc.open_file(source).get_batch(0)
+        values = batch.column(column).to_numpy().copy()
+        change(values)
+        cols = [pa.array(values) if n == column else c
+                for n, c in zip(batch.schema.names, batch.columns, strict=True)]
+        sink = pa.BufferOutputStream()
+        with pa.ipc.new_file(sink, batch.schema) as writer:
+            writer.write_batch(pa.record_batch(cols, schema=batch.schema))
+        data = sink.getvalue().to_pybytes()
+        path.write_bytes(data)
         manifest = json.loads((stores / name / "manifest.json").read_text())
-        change(manifest["clients"]["train"])
+        manifest["client_index"].update(bytes=len(data), sha256=hashlib.sha256(data).hexdigest())
         (stores / name / "manifest.json").write_text(json.dumps(manifest))
 
-    edit("pastshard", lambda train: train["count"].__setitem__(9, train["count"][9] + 50))
-    edit("overlap", lambda train: train["offset"].__setitem__(3, train["offset"][2] + 1))
+    edit("pastshard", "train_count", lambda count: count.__setitem__(9, count[9] + 50))
+    edit("overlap", "train_offset", lambda offset: offset.__setitem__(3, offset[2] + 1))
     shutil.copytree(stores / "tiny", stores / "badlabels")
     with pa.memory_map(str(stores / "tiny" / "train-00000.arrow")) as source:
         y = pa.ipc.open_file(source).get_batch(0).column(1).to_numpy().copy()

@@ -14,7 +14,9 @@ are (unscaled).
 
 from __future__ import annotations
 
+import contextlib
 import math
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -95,3 +97,37 @@ class PartialSum:
     def to_message(self) -> PartialMessage:
         return PartialMessage(self.total.cpu().numpy(), self.weight, self.log_scale,
                               {k: v.cpu().numpy() for k, v in self.extras.items()})
+
+
+@contextlib.contextmanager
+def _one_thread() -> Iterator[None]:
+    """torch's add on the CPU splits a long vector among its threads, and a split may change
+    which elements take the scalar path instead of the vector one (a fused multiply-add):
+    a fold that must be bit-identical wherever it runs -- a worker with many threads, the
+    driver with one -- runs on one."""
+    before = torch.get_num_threads()
+    if before != 1:
+        torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        if before != 1:
+            torch.set_num_threads(before)
+
+
+def fold_partials(parts: Iterable[PartialMessage]) -> PartialMessage:
+    """The partial sums ``parts`` merged into one, from zero, in the order given.
+
+    One definition of a group's sum (runtime.reduce, fedray.runtime.reduction_tree) for
+    every place that makes it -- a worker, the driver, a fallback after a fault -- so the
+    round's arithmetic does not depend on where its groups were summed. ``parts`` is
+    consumed one at a time: a caller that fetches each as it is needed holds one."""
+    acc: PartialSum | None = None
+    for part in parts:
+        if acc is None:
+            acc = PartialSum(part.sum.size, extras={k: v.size for k, v in part.extras.items()})
+        with _one_thread():
+            acc.merge(part)
+    if acc is None:
+        raise ValueError("no partial sums to fold")
+    return acc.to_message()

@@ -18,11 +18,13 @@ def assign_balanced(client_ids: np.ndarray, sizes: np.ndarray, num_workers: int
     """Split clients over ``num_workers`` lists; ``sizes[i]`` is the work of client_ids[i]."""
     if num_workers < 1:
         raise ValueError("num_workers must be >= 1")
-    order = np.lexsort((client_ids, -np.asarray(sizes)))
+    ids, work = np.asarray(client_ids), np.asarray(sizes)
+    order = np.lexsort((ids, -work))
     heap = [(0, w) for w in range(num_workers)]
     groups: list[list[int]] = [[] for _ in range(num_workers)]
-    for i in order:
+    # plain ints: O(k log m) heap steps without a numpy scalar per client
+    for cid, n in zip(ids[order].tolist(), work[order].tolist(), strict=True):
         load, w = heapq.heappop(heap)
-        groups[w].append(int(client_ids[i]))
-        heapq.heappush(heap, (load + int(sizes[i]), w))
+        groups[w].append(int(cid))
+        heapq.heappush(heap, (load + int(n), w))
     return groups

@@ -10,12 +10,18 @@ with over-selection the server samples ``ceil(k * (1 + over_selection))`` client
 the ``k`` survivors that would finish first. A client's simulated finish time is its number
 of train examples times a log-normal speed factor (sigma 1) of its own; the late ones are
 not trained at all, since a real server would throw their work away.
+
+A round costs O(k) whatever the population: numpy's ``Generator.choice`` without
+replacement runs Floyd's algorithm (a hash set of about k) when k < population / 50, and
+shuffles an arange of the population only when the population is at most 50 k (or 10,000);
+example counts are asked of the source for the drawn ids alone (``sizes`` as a function of
+ids).
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -64,10 +70,13 @@ class RoundSelection:
 
 def select_round(seed: int, round_idx: int, population: int, k: int, *,
                  always: Sequence[int] = (), dropout: float = 0.0,
-                 over_selection: float = 0.0, sizes: np.ndarray | None = None,
+                 over_selection: float = 0.0,
+                 sizes: np.ndarray | Callable[[np.ndarray], np.ndarray] | None = None,
                  mode: str = "fixed") -> RoundSelection:
     """The clients that train in a round, after dropout and over-selection; ``mode``
-    ``poisson`` draws each client with probability k / population instead of exactly k."""
+    ``poisson`` draws each client with probability k / population instead of exactly k.
+    ``sizes`` (over-selection's work per client): every client's train count, or a
+    function giving the counts of the ids it is passed (fedray.data.source.sizes_of)."""
     n = min(population, math.ceil(k * (1.0 + over_selection))) if over_selection else k
     ids = (poisson_clients(seed, round_idx, population, k) if mode == "poisson" else
            sample_clients(seed, round_idx, population, n, always))
@@ -79,7 +88,8 @@ def select_round(seed: int, round_idx: int, population: int, k: int, *,
     if over_selection and len(alive) > k:  # poisson rounds may hold more than k
         speed = np.array([rng(seed, TAG_SPEED, round_idx, int(c)).lognormal(0.0, 1.0)
                           for c in alive])
-        finish = np.asarray(sizes, dtype=np.float64)[alive] * speed
+        work = sizes(alive) if callable(sizes) else np.asarray(sizes)[alive]
+        finish = np.asarray(work, dtype=np.float64) * speed
         late = len(alive) - k
         alive = np.sort(alive[np.argsort(finish, kind="stable")[:k]])
     return RoundSelection(alive, len(ids), len(ids) - len(alive) - late, late)

@@ -4,6 +4,12 @@ A client is virtual: an integer id in [0, population) plus a way to read its exa
 driver only needs example counts (to sample, balance and weight); a worker reads a client's
 arrays when it trains it and keeps recently used ones in a bounded cache. A source object is
 small and picklable -- it is shipped once to every worker, never per client.
+
+Counts are read through ``sizes_of(source, ids)``, for the clients a round uses only: a
+source whose counts are computed rather than stored (the synthetic population) offers
+``train_sizes_of(ids)`` / ``test_sizes_of(ids)`` in O(len(ids)), so a population of 10^8
+costs nothing until its clients are sampled; any other source's ``train_sizes()`` (a
+stored array, or a zero-copy view of a store's manifest) is indexed instead.
 """
 
 from __future__ import annotations
@@ -28,6 +34,8 @@ class ClientSource(Protocol):
     has_client_test: bool
     cacheable: bool  # False when reading a client is already free (zero-copy views)
 
+    # every client's count; optional beside them, and preferred by sizes_of:
+    # train_sizes_of(ids) / test_sizes_of(ids), the counts of exactly ``ids`` in O(len(ids))
     def train_sizes(self) -> np.ndarray: ...
 
     def test_sizes(self) -> np.ndarray: ...
@@ -35,6 +43,18 @@ class ClientSource(Protocol):
     def client(self, cid: int, split: str = "train") -> Arrays: ...
 
     def central_test(self) -> Arrays | None: ...
+
+
+def sizes_of(source: ClientSource, ids: Any, split: str = "train") -> np.ndarray:
+    """The ``split`` example counts of clients ``ids`` (int64, in their order): the
+    source's ``{split}_sizes_of`` where it has one (O(len(ids))), else its
+    ``{split}_sizes()`` indexed."""
+    ids = np.asarray(ids, dtype=np.int64)
+    per_id = getattr(source, f"{split}_sizes_of", None)
+    if per_id is not None:
+        return np.asarray(per_id(ids), dtype=np.int64)
+    every = source.train_sizes() if split == "train" else source.test_sizes()
+    return np.asarray(every[ids], dtype=np.int64)
 
 
 def _as_xy(x: Any, y: Any, what: str) -> Arrays:

@@ -5,7 +5,10 @@ Why synthetic: the quickstart, the benchmarks and the scale tests need a populat
 62 character classes in LEAF's convention (floats in [0, 1], 1.0 = white background), drawn
 from 62 fixed stroke glyphs through the writer's own handwriting style (slant, size, shear,
 offset, stroke weight, contrast) and label mix, with per-example jitter and pixel noise.
-Client sizes vary between ``min_examples`` and ``max_examples``.
+Client sizes vary between ``min_examples`` and ``max_examples``: ``min + rint(u * span)``
+with u ~ Beta(1.5, 1.5), drawn per client from a counter-based hash of (data seed, client
+id) (fedray.timing.streams), so the sizes of the clients a round samples cost O(clients),
+never O(population).
 
 Everything derives from (data seed, client id), so any process can regenerate any client in
 about a millisecond and nothing is stored: memory does not grow with the population.
@@ -22,11 +25,17 @@ import torch.nn.functional as F
 
 from fedray.core.seeding import rng
 from fedray.data.dataset import Dataset, Split
+from fedray.timing.streams import stream_key, uniform
 
 NUM_CLASSES = 62
 SIDE = 28
-_TAG_SIZES, _TAG_WRITER, _TAG_GLYPHS = 11, 12, 13
+_TAG_WRITER, _TAG_GLYPHS = 12, 13
 _SPLIT_TAGS = {"train": 21, "test": 22}
+# client sizes, hashed per client id; not 11 (sizes' former single stream), which is also
+# the clock's device tag (fedray.core.seeding.TAG_DEVICE): a data seed equal to the job's
+# would otherwise tie a writer's size to its simulated speed
+_TAG_SIZES = 23
+_CHUNK = 1 << 20  # ids per pass of train_sizes(): bounds its temporaries at a few MB
 
 
 @functools.lru_cache(maxsize=4)
@@ -42,6 +51,30 @@ def glyphs(seed: int) -> torch.Tensor:
     d2 = ((pts[:, :, None, :] - grid[None, None]) ** 2).sum(-1) * SIDE**2
     ink = np.exp(-d2 / (2 * 1.1**2)).max(axis=1).reshape(NUM_CLASSES, 1, SIDE, SIDE)
     return torch.from_numpy(ink.astype(np.float32))
+
+
+def beta15_cdf(x: float) -> float:
+    """Beta(1.5, 1.5)'s CDF in closed form: with x = sin^2(t), its density
+    (8 / pi) sqrt(x (1 - x)) dx is (2 / pi)(1 - cos 4t) dt, whose integral from 0 is
+    (2t - sin(4t) / 2) / pi."""
+    t = math.asin(math.sqrt(min(1.0, max(0.0, x))))
+    return (2.0 * t - math.sin(4.0 * t) / 2.0) / math.pi
+
+
+@functools.lru_cache(maxsize=16)
+def size_cdf(span: int) -> np.ndarray:
+    """P(rint(u * span) <= k) for k = 0..span, u ~ Beta(1.5, 1.5): the integer CDF a
+    client's hashed uniform is looked up in. rint(u * span) = k exactly when u is in
+    [(k - 1/2) / span, (k + 1/2) / span) (the interval ends have probability 0), so this is
+    the distribution the former ``min + rint(beta(1.5, 1.5) * span)`` draws had.
+
+    Computed with Python's math module, in float64, once per span: a size changes from one
+    machine to another only if a client's uniform falls within an ulp of a table entry."""
+    if span <= 0:
+        return np.ones(1)
+    cdf = np.array([beta15_cdf((k + 0.5) / span) for k in range(span + 1)])
+    cdf[-1] = 1.0  # every uniform (< 1) lands in the table
+    return cdf
 
 
 def _class_prior() -> np.ndarray:
@@ -68,17 +101,39 @@ class SyntheticFEMNIST:
         self.test_writers = int(test_writers)
         self.seed = int(seed)
         self._sizes: np.ndarray | None = None
+        self._key = stream_key(self.seed, _TAG_SIZES)
 
     def __getstate__(self) -> dict:
         state = dict(self.__dict__)
         state["_sizes"] = None  # recomputed on first use: cheaper than shipping N ints
         return state
 
+    def train_sizes_of(self, ids: np.ndarray | list[int]) -> np.ndarray:
+        """The train sizes of exactly these clients (any order, repeats allowed), in
+        O(len(ids)): what the driver, the workers and the clock ask for."""
+        a = np.asarray(ids)
+        if a.size and a.dtype.kind not in "iu":
+            raise TypeError(f"client ids must be integers, got an array of {a.dtype}")
+        a = a.astype(np.int64, copy=False)
+        if a.size and not (0 <= int(a.min()) and int(a.max()) < self.population):
+            bad = int(a.min()) if int(a.min()) < 0 else int(a.max())
+            raise IndexError(f"client {bad} is outside the population of {self.population}")
+        cdf = size_cdf(self.max_examples - self.min_examples)
+        u = uniform(self._key, a)
+        return self.min_examples + np.searchsorted(cdf, u, side="right").astype(np.int64)
+
+    def test_sizes_of(self, ids: np.ndarray | list[int]) -> np.ndarray:
+        return self._test_size(self.train_sizes_of(ids))
+
     def train_sizes(self) -> np.ndarray:
+        """Every client's train size (O(population), cached): for callers that need all of
+        them, e.g. ``to_dataset``; equal to ``train_sizes_of`` bit for bit."""
         if self._sizes is None:
-            u = rng(self.seed, _TAG_SIZES).beta(1.5, 1.5, size=self.population)
-            span = self.max_examples - self.min_examples
-            self._sizes = (self.min_examples + np.rint(u * span)).astype(np.int64)
+            sizes = np.empty(self.population, np.int64)
+            for lo in range(0, self.population, _CHUNK):
+                hi = min(self.population, lo + _CHUNK)
+                sizes[lo:hi] = self.train_sizes_of(np.arange(lo, hi, dtype=np.int64))
+            self._sizes = sizes
         return self._sizes
 
     def test_sizes(self) -> np.ndarray:
@@ -108,9 +163,8 @@ class SyntheticFEMNIST:
     def client(self, cid: int, split: str = "train") -> tuple[np.ndarray, np.ndarray]:
         if not 0 <= cid < self.population:
             raise IndexError(f"client {cid} is outside the population of {self.population}")
-        n = int(self.train_sizes()[cid])  # one writer's count, not the population's
-        if split != "train":
-            n = int(self._test_size(np.asarray(n)))
+        # one writer's count, not the population's
+        n = int((self.train_sizes_of if split == "train" else self.test_sizes_of)([cid])[0])
         if n == 0:  # no held-out examples (test_fraction: 0)
             return np.zeros((0, 1, SIDE, SIDE), np.float32), np.zeros(0, np.int64)
         label_p, theta, weight, contrast = self._style(cid)

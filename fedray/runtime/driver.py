@@ -24,6 +24,7 @@ process, its pool and its broadcasts without Ray (fedray.runtime.inline).
 from __future__ import annotations
 
 import copy
+import functools
 import json
 import time
 from collections.abc import Callable
@@ -53,12 +54,13 @@ from fedray.core.models import fit_problem
 from fedray.core.sampling import federated_eval_clients, select_round
 from fedray.core.seeding import TAG_INIT, derive_seed
 from fedray.data.per_round import parse_per_round
-from fedray.data.source import ClientSource
+from fedray.data.source import ClientSource, sizes_of
 from fedray.errors import FedrayError, key_error
 from fedray.kernels.vectorized import vectorize_plan
 from fedray.runtime.inline import InlinePool, frozen, frozen_tree
 from fedray.runtime.messages import Broadcast, RoundResult, RoundTask
 from fedray.runtime.pool import WorkerPool
+from fedray.runtime.reduction_tree import slot_groups
 from fedray.runtime.session import private_mb
 from fedray.runtime.worker import (
     LocalTraining,
@@ -68,7 +70,7 @@ from fedray.runtime.worker import (
     keeps_client_state,
 )
 from fedray.state.checkpoint import CHECKPOINT_FILE, Checkpoint, encode, read_checkpoint
-from fedray.state.client_state import ClientStateStore
+from fedray.state.client_state import ClientStateStore, ClientVersions
 from fedray.state.run_dir import CLIENT_STATE_DIR, SERVER_STATE_FILE, WEIGHTS_FILE, RunDir
 from fedray.tracking.client_eval import client_metrics, client_table, table_bytes, table_name
 
@@ -151,13 +153,15 @@ class Driver:
             payload = stage.payload(payload)
         self.update_bytes = payload.bytes  # what one client's update costs on the uplink
         self.server_opt = self.algorithm.server_opt
-        self.sizes = source.train_sizes()
+        # example counts are asked of the source for the clients a round uses, never held
+        # for the population (10^8 synthetic clients: 800 MB)
+        self.sizes_of = functools.partial(sizes_of, source)
         self.run_dir = RunDir(run_dir)
         state_url = self.run_dir.url_of(CLIENT_STATE_DIR)
         # per-client state (the client part's): which version of each client's state is current
         stateful = keeps_client_state(client, self.stages)
         self.state_store = ClientStateStore(state_url, cache_mb=0) if stateful else None
-        self.versions = np.zeros(source.population, np.int32) if stateful else None
+        self.versions = ClientVersions(source.population) if stateful else None
         self._superseded: list[tuple[int, int]] = []  # versions the last checkpoint needs
         self.last_checkpoint = 0
         self.start_round = 1
@@ -168,11 +172,12 @@ class Driver:
         if c.clock.enabled:
             from fedray.timing.rounds import LocalWork, RoundClock
 
-            self.clock = RoundClock(c.clock, c.seed, self.sizes, self.template.num_params,
+            self.clock = RoundClock(c.clock, c.seed, self.sizes_of, self.template.num_params,
                                     LocalWork(cl.batch_size, cl.local_epochs, cl.local_steps,
                                               cl.steps_per_epoch, client.full_batch,
                                               client.independent_batches),
-                                    update_bytes=self.update_bytes)
+                                    update_bytes=self.update_bytes,
+                                    population=source.population)
         # buffered asynchronous training: the whole schedule, from the clock alone
         self.schedule, self.keep_until = None, {}
         self.version_weights: dict[int, torch.Tensor] = {}  # the models stale clients need
@@ -201,15 +206,20 @@ class Driver:
                                       vectorize=self._vectorize_plan(client)),
             client=worker_parts[0], aggregator=worker_parts[1], state_url=state_url,
             per_round=parse_per_round(c.data.get("per_round")), stages=worker_parts[2])
+        reduce = c.runtime.reduce
+        if reduce.group_size is not None and self.merger is not None:
+            raise key_error("runtime.reduce.group_size", f"the update stage "
+                            f"{self.merger.name} must see each worker's partial sum, not a "
+                            "group's: use null with it", reduce.group_size)
         if resume:  # before the pool starts: a checkpoint that cannot be used fails fast
             self._restore()
         start = time.perf_counter()
         if c.runtime.backend == "inline":  # plain objects of this process (fedray.runtime.inline)
             self.pool = InlinePool(spec, num_workers, c.runtime.max_retries)
-        else:
+        else:  # a reduction tree's groups of slots tend to share a node (node_major)
             self.pool = WorkerPool(spec, num_workers, c.runtime.worker.num_cpus,
                                    c.runtime.worker.num_gpus, c.runtime.max_retries,
-                                   launched=launched)
+                                   launched=launched, node_major=reduce.group_size is not None)
         self.pool_start_s = time.perf_counter() - start
         self.test_ref, self.test_len = None, 0
         if c.eval.central:
@@ -262,10 +272,11 @@ class Driver:
             if ckpt.weights.numel() != self.weights.numel():
                 raise FedrayError(f"checkpoint {where} holds {ckpt.weights.numel()} weights; "
                                   f"the model has {self.weights.numel()}")
-            if self.versions is not None and (ckpt.client_versions is None or len(
-                    ckpt.client_versions) != len(self.versions)):
+            if self.versions is not None and (ckpt.client_versions is None or
+                                              ckpt.client_versions.population !=
+                                              self.versions.population):
                 raise FedrayError(f"checkpoint {where} has no client state versions for "
-                                  f"{len(self.versions)} clients")
+                                  f"{self.versions.population} clients")
             self.weights = ckpt.weights.to(torch.float32).clone()
             part = {p: {k.removeprefix(p): v for k, v in ckpt.server_state.items()
                         if k.startswith(p)} for p in ("server_opt.", "aggregator.", "buffered.v")}
@@ -277,8 +288,8 @@ class Driver:
                 prefix = f"stage.{stage.name}."
                 stage.load_state_dict({k.removeprefix(prefix): v for k, v in
                                        ckpt.server_state.items() if k.startswith(prefix)})
-            if self.versions is not None:
-                self.versions = ckpt.client_versions.astype(np.int32)
+            if self.versions is not None:  # sparse, also from a dense (older) checkpoint
+                self.versions = ckpt.client_versions
             self.resumed_from = self.last_checkpoint = ckpt.round
             self.start_round = ckpt.round + 1
         self.run_dir.remove_temporaries()
@@ -289,7 +300,7 @@ class Driver:
         self.history = [self._history_entry(json.loads(line)) for line in lines]
         if self.state_store is not None:  # versions written after the checkpoint, or unused
             v = self.versions
-            self.state_store.sweep(lambda cid: int(v[cid]) if cid < len(v) else 0)
+            self.state_store.sweep(lambda cid: v[cid] if cid < v.population else 0)
 
     @staticmethod
     def _history_entry(m: dict) -> dict:
@@ -313,12 +324,11 @@ class Driver:
         dropped at once otherwise -- the round is over, no re-run can need it."""
         if not stored:
             return
-        stale = []
-        for cid in stored:
-            old = int(self.versions[cid])
-            if old:
-                (self._superseded if old <= self.last_checkpoint else stale).append((cid, old))
-            self.versions[cid] = r
+        ids, old = self.versions.record(stored, r)  # O(k log n), not O(population)
+        had = old > 0
+        kept = had & (old <= self.last_checkpoint)
+        self._superseded += list(zip(ids[kept].tolist(), old[kept].tolist(), strict=True))
+        stale = list(zip(ids[had & ~kept].tolist(), old[had & ~kept].tolist(), strict=True))
         if stale:
             self.state_store.delete(stale)
 
@@ -377,7 +387,7 @@ class Driver:
             else:
                 sel = select_round(c.seed, r, self.source.population, sm.clients_per_round,
                                    always=sm.always, dropout=sm.dropout,
-                                   over_selection=sm.over_selection, sizes=self.sizes,
+                                   over_selection=sm.over_selection, sizes=self.sizes_of,
                                    mode=sm.mode)
             ids, dropped_out, late = sel.participants, sel.dropped_out, sel.late
             shares = [(self._broadcast_round(), 0, ids)]
@@ -386,9 +396,9 @@ class Driver:
         # a secure sum's partials must each hold enough clients: fewer, fuller workers
         least = max([1, *(s.min_clients_per_partial for s in self.stages)])
         for broadcast, staleness, share in shares:  # one share (and broadcast) per model
-            groups = assign_balanced(share, self.sizes[share],
+            groups = assign_balanced(share, self.sizes_of(share),
                                      max(1, min(len(self.pool), len(share) // least)))
-            tasks += [(slot, (broadcast, RoundTask(r, g, None if v is None else v[g].tolist(),
+            tasks += [(slot, (broadcast, RoundTask(r, g, None if v is None else v.get(g).tolist(),
                                                    staleness)), f"round {r}: clients {g}")
                       for slot, g in enumerate(groups) if g]
         acc = PartialSum(self.weights.numel(), extras=extra_sizes(
@@ -396,17 +406,29 @@ class Driver:
         stats = dict.fromkeys(RoundResult.STATS, 0.0)
         worker_mem = 0.0
         stored: list[int] = []
+        merge_s = 0.0  # see docs/api.md: receiving and merging, not waiting for workers
         # fixed order: the float64 sum is bit-identical across reruns and re-runs
-        for res in self.pool.gather("train", tasks):
+        group_size = c.runtime.reduce.group_size
+        if group_size is None:  # every worker's partial, in slot order
+            results = ((res.partial, (res,)) for res in self.pool.gather("train", tasks))
+        else:  # the reduction tree: each group's sum, in group order (reduction_tree)
+            results = ((g.partial, g.results) for g in self.pool.gather_reduced(
+                tasks, slot_groups([slot for slot, _, _ in tasks], group_size),
+                c.runtime.reduce.where == "workers"))
+        for partial, members in results:
+            start = time.perf_counter()
             if self.merger is None:
-                acc.merge(res.partial)
+                acc.merge(partial)
             else:  # a stage that reveals only large enough sums
-                self.merger.merge(acc, res.partial)
-            for k in stats:
-                stats[k] += getattr(res, k)
-            worker_mem = max(worker_mem, res.mem_mb)
-            stored += res.stored
-            del res
+                self.merger.merge(acc, partial)
+            for res in members:
+                for k in stats:
+                    stats[k] += getattr(res, k)
+                worker_mem = max(worker_mem, res.mem_mb)
+                stored += res.stored
+            del partial, members, res
+            merge_s += time.perf_counter() - start
+        merge_s += self.pool.merge_s
         if v is not None:
             self._record_versions(r, stored)
         part_metrics: dict[str, float] = {}
@@ -426,7 +448,7 @@ class Driver:
                 "dropped_updates": int(stats["dropped"]),
                 "worker_failures": self.pool.round_failures,
                 "train_loss": stats["loss_sum"] / max(1, stats["examples_seen"]),
-                "worker_busy_s": stats["busy_s"], "worker_mem_mb": worker_mem,
+                "worker_busy_s": stats["busy_s"], "worker_mem_mb": worker_mem, "merge_s": merge_s,
                 "upload_bytes": int(stats["updates"]) * self.update_bytes,
                 **clocked, **part_metrics}
 
@@ -454,7 +476,7 @@ class Driver:
                 if hi > lo])
         if self.fed_eval_ids is not None:
             ids = self.fed_eval_ids
-            groups = assign_balanced(ids, self.source.test_sizes()[ids], n)
+            groups = assign_balanced(ids, self.sizes_of(ids, "test"), n)
             pending["fed_test"] = ("evaluate_clients", [
                 (slot, (weights_ref, g, r, self.personalize),
                  f"round {r} evaluation: clients {g}")

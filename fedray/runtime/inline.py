@@ -16,12 +16,15 @@ from __future__ import annotations
 import contextlib
 import copy
 import os
+import time
 from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
 import torch
 
+from fedray.runtime.messages import GroupResult
+from fedray.runtime.reduction_tree import reduce_results
 from fedray.runtime.worker import ClientWorker, WorkerSpec
 
 
@@ -67,6 +70,7 @@ class InlinePool:
         self.max_retries = max_retries  # nothing is re-run in-process: kept for the summary
         self.failures = 0
         self.round_failures = 0
+        self.merge_s = 0.0  # the last gather's group sums made here (WorkerPool.merge_s)
         with self._worker_threads():  # configure() sets this process's thread count
             self.workers = [InlineWorker(copy.deepcopy(spec)) for _ in range(count)]
 
@@ -87,12 +91,43 @@ class InlinePool:
         finally:
             torch.set_num_threads(before)
 
+    def _run(self, method: str, slot: int, args: tuple) -> Any:
+        with self._worker_threads():
+            return getattr(self.workers[slot], method)(*args)
+
     def gather(self, method: str, tasks: list[tuple[int, tuple, str]]) -> Iterator[Any]:
         """``worker.method(*args)`` for each ``(slot, args, what)``, in the order given."""
+        self.merge_s = 0.0  # a result is in this process as soon as it exists
         for slot, args, _what in tasks:
-            with self._worker_threads():
-                result = getattr(self.workers[slot], method)(*args)
-            yield result
+            yield self._run(method, slot, args)
+
+    def gather_reduced(self, tasks: list[tuple[int, tuple, str]], groups: list[list[int]],
+                       on_workers: bool) -> Iterator[GroupResult]:
+        """WorkerPool.gather_reduced in this process: each group's tasks, then its sum by the
+        group's first worker (``on_workers``, for a group of two or more) or here, one
+        result at a time (the same function: the same bits)."""
+        self.merge_s = 0.0
+        for g in groups:
+            if on_workers and len(g) > 1:
+                results = [self._run("train", *tasks[i][:2]) for i in g]
+                out = self._run("reduce", tasks[g[0]][0], tuple(results))
+                del results
+            else:
+                trained = [0.0]  # seconds of the fold below spent training, not merging
+
+                def results(group: list[int] = g, trained: list[float] = trained) -> Iterator:
+                    for i in group:
+                        start = time.perf_counter()
+                        res = self._run("train", *tasks[i][:2])
+                        trained[0] += time.perf_counter() - start
+                        yield res
+                        del res
+
+                start = time.perf_counter()
+                out = reduce_results(results())
+                self.merge_s += time.perf_counter() - start - trained[0]
+            yield out
+            del out
 
     def info(self) -> list[dict]:
         with self._worker_threads():

@@ -39,7 +39,7 @@ class RoundTask:
 class RoundResult:
     """A worker's round: its partial sum and what the round's metrics are built from."""
 
-    partial: PartialMessage
+    partial: PartialMessage | None  # None: folded into its group's sum (GroupResult)
     clients: int
     examples: int
     loss_sum: float
@@ -51,3 +51,13 @@ class RoundResult:
     mem_mb: float
 
     STATS = ("examples", "loss_sum", "examples_seen", "dropped", "updates", "busy_s")
+
+
+@dataclass
+class GroupResult:
+    """A group of consecutive slots' round (runtime.reduce): their partial sums folded into
+    one, and each member's result without its partial, in slot order, so that the driver
+    adds the round's statistics exactly as it adds them from single workers."""
+
+    partial: PartialMessage
+    results: list[RoundResult]

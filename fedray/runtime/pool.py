@@ -9,12 +9,16 @@ one round, since a worker without clients only adds broadcast cost.
 from __future__ import annotations
 
 import math
+import time
 from collections.abc import Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from omegaconf import DictConfig
 
 from fedray.errors import FedrayError, key_error
+
+if TYPE_CHECKING:  # torch, which pool_size's callers (a sweep's checks) need not import
+    from fedray.runtime.messages import GroupResult
 
 
 def pool_size(cfg: DictConfig, resources: dict[str, float]) -> int:
@@ -99,10 +103,14 @@ class WorkerPool:
     the same partial sum, merged at the same place: the round is bit-identical to an
     unfaulted one. ``max_retries`` re-runs are allowed per round (``begin_round`` resets the
     count); then the round fails, naming the task's clients and the error.
+
+    ``node_major`` (runtime.reduce): the workers take their slots ordered by node, so that
+    a group of consecutive slots tends to share a node (fedray.runtime.reduction_tree).
     """
 
     def __init__(self, spec, count: int, num_cpus: float, num_gpus: float, max_retries: int,
-                 replace_timeout_s: float = 60.0, launched: list | None = None):
+                 replace_timeout_s: float = 60.0, launched: list | None = None,
+                 node_major: bool = False):
         import ray
 
         self._spec_ref = ray.put(spec)
@@ -111,8 +119,21 @@ class WorkerPool:
         self.replace_timeout_s = replace_timeout_s
         self.workers = create_workers(self._spec_ref, count, num_cpus, num_gpus,
                                       launched=launched)
+        if node_major:
+            self.order_by_node()
         self.failures = 0  # tasks lost to dead workers, this run
         self.round_failures = 0  # ... this round
+        # driver seconds of the last gather spent on results that were ready: receiving
+        # them (ray.get after ray.wait) and folding groups on the driver (runtime.reduce)
+        self.merge_s = 0.0
+        self._task_s = 0.0  # ... and in _result altogether (waiting, re-runs included)
+
+    def order_by_node(self) -> None:
+        """Reorder the slots node-major (nodes in the order of their first worker)."""
+        from fedray.runtime.reduction_tree import node_major
+
+        order = node_major([i.get("node_id") for i in self.info()])
+        self.workers = [self.workers[i] for i in order]
 
     def __len__(self) -> int:
         return len(self.workers)
@@ -128,31 +149,95 @@ class WorkerPool:
             # or it died too: a survivor takes the slot (a dead one fails, and is replaced)
             self.workers[slot] = self.workers[(slot + 1) % len(self.workers)]
 
+    def _result(self, method: str, slot: int, args: tuple, what: str, ref: Any) -> Any:
+        """The result of ``ref`` (``worker.method(*args)`` on ``slot``), re-running the task
+        while its worker dies and the round's re-runs last."""
+        import ray
+
+        failure = _failure_types()
+        start = time.perf_counter()
+        while True:
+            ray.wait([ref], fetch_local=False)  # until ready, wherever it is
+            ready = time.perf_counter()
+            try:
+                result = ray.get(ref)
+                self.merge_s += time.perf_counter() - ready
+                break
+            except failure as exc:
+                self._failed(exc, slot, what)
+                ref = getattr(self.workers[slot], method).remote(*args)
+        self._task_s += time.perf_counter() - start
+        return result
+
+    def _failed(self, exc: BaseException, slot: int, what: str) -> None:
+        """Count a task lost to a dead worker and give its slot a live one; raise when the
+        round's re-runs are spent."""
+        self.failures += 1
+        self.round_failures += 1
+        if self.round_failures > self.max_retries:
+            reason = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+            raise FedrayError(
+                f"{what}: worker {slot} died ({type(exc).__name__}: {reason}) and "
+                f"runtime.max_retries={self.max_retries} re-runs this round are "
+                "spent") from None
+        self._replace(slot)
+
     def gather(self, method: str, tasks: list[tuple[int, tuple, str]]) -> Iterator[Any]:
         """Run ``worker.method(*args)`` for each ``(slot, args, what)`` and yield the results
         in the order given, re-running a task whose worker died; ``what`` names the task's
         work (its clients) in the error raised when the round's re-runs are spent."""
+        self.merge_s = self._task_s = 0.0
+        refs = [getattr(self.workers[slot], method).remote(*args) for slot, args, _ in tasks]
+        for i, (slot, args, what) in enumerate(tasks):
+            ref, refs[i] = refs[i], None
+            yield self._result(method, slot, args, what, ref)
+
+    def gather_reduced(self, tasks: list[tuple[int, tuple, str]], groups: list[list[int]],
+                       on_workers: bool) -> Iterator[GroupResult]:
+        """Run ``worker.train(*args)`` for each task and yield, for each group of tasks
+        (lists of indices into ``tasks``: fedray.runtime.reduction_tree.slot_groups), its
+        results as one GroupResult, in group order.
+
+        ``on_workers``: a group of two or more tasks is summed by its first task's worker,
+        which receives the others' results as its task's arguments. Where that fails
+        because a worker died -- one of the group's, the summing one -- the group's results
+        are fetched one by one through the re-run path (only a dead worker's task is run
+        again) and summed here: the same function, the same bits. Otherwise (and for a
+        group of one) the group is summed here, each result fetched as it is added."""
         import ray
 
+        from fedray.runtime.reduction_tree import reduce_results
+
+        self.merge_s = self._task_s = 0.0
         failure = _failure_types()
-        refs = [getattr(self.workers[slot], method).remote(*args) for slot, args, _ in tasks]
-        for (slot, args, what), ref in zip(tasks, refs, strict=True):
-            while True:
+        refs: list[Any] = [self.workers[slot].train.remote(*args) for slot, args, _ in tasks]
+        reduced = [self.workers[tasks[g[0]][0]].reduce.remote(*(refs[i] for i in g))
+                   if on_workers and len(g) > 1 else None for g in groups]
+        for k, g in enumerate(groups):
+            ref, reduced[k] = reduced[k], None
+            out, lost = None, None
+            if ref is not None:
+                ray.wait([ref], fetch_local=False)
+                ready = time.perf_counter()
                 try:
-                    result = ray.get(ref)
-                    break
+                    out = ray.get(ref)
+                    self.merge_s += time.perf_counter() - ready
                 except failure as exc:
-                    self.failures += 1
-                    self.round_failures += 1
-                    if self.round_failures > self.max_retries:
-                        reason = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
-                        raise FedrayError(
-                            f"{what}: worker {slot} died ({type(exc).__name__}: {reason}) and "
-                            f"runtime.max_retries={self.max_retries} re-runs this round are "
-                            "spent") from None
-                    self._replace(slot)
-                    ref = getattr(self.workers[slot], method).remote(*args)
-            yield result
+                    lost = exc
+                del ref
+            if out is None:
+                failures = self.round_failures
+                start, waited = time.perf_counter(), self._task_s
+                out = reduce_results(self._result("train", *tasks[i], refs[i]) for i in g)
+                self.merge_s += (time.perf_counter() - start) - (self._task_s - waited)
+                if lost is not None and self.round_failures == failures:
+                    # every member's result was there: the summing worker itself died
+                    slot, _, what = tasks[g[0]]
+                    self._failed(lost, slot, f"{what} (summing its group)")
+            for i in g:
+                refs[i] = None
+            yield out
+            del out  # the driver has merged it: not held while the next is fetched
 
     def info(self) -> list[dict]:
         """Each slot's worker (process, device, node); a worker whose process is gone is

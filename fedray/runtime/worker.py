@@ -38,10 +38,11 @@ from fedray.core.flat_model import FlatModel
 from fedray.core.seeding import client_seed, personalize_seed
 from fedray.core.tensors import readonly_tensor
 from fedray.data.per_round import PerRound, apply_per_round
-from fedray.data.source import ClientCache, ClientSource
+from fedray.data.source import ClientCache, ClientSource, sizes_of
 from fedray.kernels.sequential import client_batch_size, local_sgd
 from fedray.kernels.vectorized import group_size, group_sizes, vmap_local_sgd
-from fedray.runtime.messages import Broadcast, RoundResult, RoundTask
+from fedray.runtime.messages import Broadcast, GroupResult, RoundResult, RoundTask
+from fedray.runtime.reduction_tree import reduce_results
 from fedray.runtime.session import keep_freed_memory, private_mb
 from fedray.state.client_state import ClientStateStore
 
@@ -182,7 +183,7 @@ class ClientWorker:
         if self._pool is None:
             x, y = (a.numpy() for a in self.cache.get(cid))
         elif pr.size is None:  # pool: all draws from the pool: only the client's size is read
-            own = int(self.spec.source.train_sizes()[cid])
+            own = int(sizes_of(self.spec.source, [cid])[0])
         nx, ny, _ = apply_per_round(pr, self.spec.seed, round_idx, cid, x, y,
                                     self.spec.source.num_classes, self._pool, own)
         return (readonly_tensor(np.ascontiguousarray(nx)),
@@ -347,6 +348,13 @@ class ClientWorker:
                            loss_sum=loss_sum, examples_seen=seen, dropped=dropped,
                            updates=len(ids) - dropped, stored=self._stored,
                            busy_s=time.perf_counter() - start, mem_mb=private_mb())
+
+    def reduce(self, *results: RoundResult) -> GroupResult:
+        """runtime.reduce.where=workers: the round's results of a group of slots, this
+        worker's first, as one (fedray.runtime.reduction_tree). Ray hands them over as this
+        task's arguments, read from this node's object store without a copy where they were
+        made on this node, so the driver receives one partial sum for the group."""
+        return reduce_results(results)
 
     def evaluate_range(self, weights: np.ndarray, test: tuple[np.ndarray, np.ndarray],
                        lo: int, hi: int) -> EvalSums:

@@ -8,12 +8,16 @@ depend on:
   weights                  the global model, flat float32
   server_opt.*             the server optimizer's state (momentum, Adam moments, step count)
   aggregator.*             the aggregator's state (SCAFFOLD's server control variate c)
-  client_state.version     per client, the version (round) of its stored state that is
-                           current at the checkpoint (SCAFFOLD's c_i; fedray.state.client_state)
+  client_state.ids         the clients that have stored state (sorted, int64), and
+  client_state.versions    the version (round) of each one's state that is current at the
+                           checkpoint (SCAFFOLD's c_i; fedray.state.client_state.ClientVersions);
+                           checkpoints of earlier fedray versions hold one int32 per client of
+                           the population instead (client_state.version), and still resume
 
 and, in the safetensors header's metadata (JSON text, never code), the round it was taken
-after and the metrics lines of rounds 1..round. The sampler needs no state of its own: every
-round's selection and every client's randomness derive from (seed, round, client id).
+after, the metrics lines of rounds 1..round and, with client state, the population. The
+sampler needs no state of its own: every round's selection and every client's randomness
+derive from (seed, round, client id).
 
 Resuming re-reads the job's config (the run's config.yaml, or a job file given again) and
 refuses any difference from the config the run started with, naming the keys -- unless the
@@ -39,10 +43,13 @@ from fedray.state.redact import MASK, mask_tree
 if TYPE_CHECKING:  # `fedray run --resume` compares configs, and fails there, without torch
     import torch
 
+    from fedray.state.client_state import ClientVersions
+
 CHECKPOINT_FILE = "checkpoint.safetensors"
 CONFIG_FILE = "config.yaml"
 _META = "fedray_checkpoint"
-_VERSIONS = "client_state.version"
+_DENSE_VERSIONS = "client_state.version"  # one per client: checkpoints before the sparse index
+_IDS, _VERSIONS = "client_state.ids", "client_state.versions"
 
 # keys that may differ on resume with --allow-change: they decide how long to run, how
 # often to evaluate or checkpoint, and where the work runs, never what a round computes
@@ -58,7 +65,9 @@ class Checkpoint:
     round: int
     weights: torch.Tensor
     server_state: dict[str, torch.Tensor]  # server_opt.* and aggregator.*
-    client_versions: np.ndarray | None  # int32 per client, or None without client state
+    # the client state index, or None without client state (encode also takes one int per
+    # client of the population, 0: none)
+    client_versions: ClientVersions | np.ndarray | None
     metrics_lines: list[str]  # metrics.jsonl lines of rounds 1..round
 
 
@@ -66,11 +75,19 @@ def encode(ckpt: Checkpoint) -> bytes:
     import torch
     from safetensors.torch import save as save_safetensors
 
+    from fedray.state.client_state import ClientVersions
+
     tensors = {"weights": ckpt.weights.detach().cpu().contiguous(),
                **{k: v.detach().cpu().contiguous() for k, v in ckpt.server_state.items()}}
-    if ckpt.client_versions is not None:
-        tensors[_VERSIONS] = torch.from_numpy(np.ascontiguousarray(ckpt.client_versions))
     meta = {"round": ckpt.round, "metrics": ckpt.metrics_lines}
+    index = ckpt.client_versions
+    if index is not None:
+        if not isinstance(index, ClientVersions):
+            index = ClientVersions.from_dense(index)
+        ids, versions = index.arrays()
+        tensors[_IDS] = torch.from_numpy(np.ascontiguousarray(ids))
+        tensors[_VERSIONS] = torch.from_numpy(np.ascontiguousarray(versions))
+        meta["clients"] = index.population
     return save_safetensors(tensors, metadata={_META: json.dumps(meta)})
 
 
@@ -83,18 +100,27 @@ def _header_metadata(data: bytes) -> dict:
 def decode(data: bytes, where: str) -> Checkpoint:
     from safetensors.torch import load as load_safetensors
 
+    from fedray.state.client_state import ClientVersions
+
     try:
         tensors = load_safetensors(data)
         meta = json.loads(_header_metadata(data)[_META])
         rnd, lines = int(meta["round"]), list(meta["metrics"])
         weights = tensors.pop("weights")
-    except Exception as exc:  # safetensors, struct, JSON and key errors alike
+        dense, ids, versions = (tensors.pop(k, None) for k in (_DENSE_VERSIONS, _IDS, _VERSIONS))
+        index = None
+        if dense is not None:
+            index = ClientVersions.from_dense(dense.numpy())
+        elif ids is not None or versions is not None:
+            if ids is None or versions is None:
+                raise KeyError(_IDS if ids is None else _VERSIONS)
+            index = ClientVersions.from_arrays(int(meta["clients"]), ids.numpy(),
+                                               versions.numpy())
+    except Exception as exc:  # safetensors, struct, JSON, key and index errors alike
         raise FedrayError(f"checkpoint {where} is corrupt: {type(exc).__name__}: "
                           f"{str(exc).splitlines()[0] if str(exc) else ''}") from None
-    versions = tensors.pop(_VERSIONS, None)
     return Checkpoint(round=rnd, weights=weights, server_state=tensors,
-                      client_versions=None if versions is None else versions.numpy(),
-                      metrics_lines=lines)
+                      client_versions=index, metrics_lines=lines)
 
 
 def read_checkpoint(run_dir: str) -> Checkpoint | None:

@@ -13,10 +13,10 @@ Why versions: a worker that dies mid-round may already have written some of its 
 new c_i; their re-run must read the c_i the first run read, not the new one. A run resumed
 from a checkpoint must read c_i as of the checkpoint, not as of the round it was killed in.
 So a round never overwrites a client's state; it writes version r beside the old one. The
-driver keeps the index -- one int per client, the version that is current (0: none yet) --
-in its checkpoint, tells each worker the versions of its clients, and deletes versions once
-neither a re-run nor the last checkpoint can need them (fedray.runtime.driver), so the store holds
-about one file per client.
+driver keeps the index -- per client that has state, the version that is current (0: none
+yet; ``ClientVersions``) -- in its checkpoint, tells each worker the versions of its
+clients, and deletes versions once neither a re-run nor the last checkpoint can need them
+(fedray.runtime.driver), so the store holds about one file per client.
 
 Concurrency: a (client, version) is written by one worker (the driver gives each sampled
 client to one worker); a re-run after a crash writes identical bytes. Writes go to a
@@ -38,6 +38,7 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 import fsspec
+import numpy as np
 import torch
 from safetensors.torch import load as load_safetensors
 from safetensors.torch import save as save_safetensors
@@ -275,3 +276,126 @@ class ClientStateStore:
         if temporaries:
             self._fs.rm(temporaries)
         return removed + len(temporaries)
+
+
+class ClientVersions:
+    """The driver's index of per-client state: for each client, the version (round) of its
+    stored state that is current; 0 for a client with none yet.
+
+    Sparse, over the clients that ever stored state: a run touches at most rounds x k
+    clients, while one int32 per client of a population of 10^8 would hold 400 MB on the
+    driver, and a Python dict costs about 100 bytes an entry. Held as sorted ids with their
+    versions (12 bytes a client) plus the clients first seen since the last merge in a small
+    dict, merged in once it outgrows an eighth of the arrays: a lookup is a binary search,
+    and a round's update costs O(k log n), amortized.
+    """
+
+    MERGE_AT = 4096  # the recent dict's size that always triggers a merge
+
+    def __init__(self, population: int):
+        self.population = int(population)
+        self._ids = np.zeros(0, np.int64)
+        self._versions = np.zeros(0, np.int32)
+        self._recent: dict[int, int] = {}
+
+    @classmethod
+    def from_arrays(cls, population: int, ids: Any, versions: Any) -> ClientVersions:
+        """From sorted, distinct ids in [0, population) and their versions (>= 1)."""
+        out = cls(population)
+        ids = np.array(ids, dtype=np.int64).reshape(-1)
+        versions = np.array(versions, dtype=np.int32).reshape(-1)
+        if len(ids) != len(versions):
+            raise ValueError(f"{len(ids)} client ids for {len(versions)} versions")
+        if len(ids) and (ids[0] < 0 or ids[-1] >= out.population
+                         or not (np.diff(ids) > 0).all() or versions.min() < 1):
+            raise ValueError(f"client ids must be sorted, distinct and in [0, "
+                             f"{out.population}), with versions >= 1")
+        out._ids, out._versions = ids, versions
+        return out
+
+    @classmethod
+    def from_dense(cls, dense: Any) -> ClientVersions:
+        """From one version per client (0: none), as checkpoints before the sparse index
+        stored it."""
+        dense = np.asarray(dense).reshape(-1)
+        if len(dense) and dense.min() < 0:
+            raise ValueError("client state versions must be >= 0")
+        have = np.flatnonzero(dense)
+        return cls.from_arrays(len(dense), have, dense[have])
+
+    def __len__(self) -> int:
+        """Clients that have state."""
+        return len(self._ids) + len(self._recent)
+
+    def __getitem__(self, client_id: int) -> int:
+        return int(self.get([client_id])[0])
+
+    def _positions(self, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Where each id is in the sorted arrays, and whether it is there."""
+        if not len(self._ids):
+            return np.zeros(len(ids), np.int64), np.zeros(len(ids), bool)
+        pos = np.minimum(np.searchsorted(self._ids, ids), len(self._ids) - 1)
+        return pos, self._ids[pos] == ids
+
+    def get(self, ids: Any) -> np.ndarray:
+        """The current version of each of ``ids`` (int32, 0: no state yet)."""
+        ids = np.asarray(ids, dtype=np.int64).reshape(-1)
+        pos, hit = self._positions(ids)
+        out = np.zeros(len(ids), np.int32)
+        out[hit] = self._versions[pos[hit]]
+        if self._recent:
+            for i, cid in enumerate(ids.tolist()):
+                v = self._recent.get(cid)
+                if v is not None:
+                    out[i] = v
+        return out
+
+    def record(self, ids: Any, version: int) -> tuple[np.ndarray, np.ndarray]:
+        """Make ``version`` current for clients ``ids``; returns those clients (sorted,
+        distinct) and the versions they had (0: none)."""
+        version = _check_version(version, 1)
+        ids = np.unique(np.asarray(ids, dtype=np.int64).reshape(-1))
+        if len(ids) and (ids[0] < 0 or ids[-1] >= self.population):
+            raise ValueError(f"client ids must be in [0, {self.population})")
+        old = self.get(ids)
+        pos, hit = self._positions(ids)
+        self._versions[pos[hit]] = version
+        for cid in ids[~hit].tolist():
+            self._recent[cid] = version
+        if len(self._recent) > max(self.MERGE_AT, len(self._ids) // 8):
+            self._merge()
+        return ids, old
+
+    def _merge(self) -> None:
+        if not self._recent:
+            return
+        new = np.fromiter(self._recent, np.int64, len(self._recent))
+        order = np.argsort(new)
+        new = new[order]
+        vs = np.fromiter(self._recent.values(), np.int32, len(self._recent))[order]
+        at = np.searchsorted(self._ids, new)
+        self._ids = np.insert(self._ids, at, new)
+        self._versions = np.insert(self._versions, at, vs)
+        self._recent = {}
+
+    def arrays(self) -> tuple[np.ndarray, np.ndarray]:
+        """The clients with state (sorted ids, int64) and their versions (int32)."""
+        self._merge()
+        return self._ids, self._versions
+
+    def dense(self) -> np.ndarray:
+        """One version per client of the population (int32): for small populations."""
+        out = np.zeros(self.population, np.int32)
+        ids, vs = self.arrays()
+        out[ids] = vs
+        return out
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, ClientVersions):
+            return NotImplemented
+        a, b = self.arrays(), other.arrays()
+        return (self.population == other.population and np.array_equal(a[0], b[0])
+                and np.array_equal(a[1], b[1]))
+
+    def __repr__(self) -> str:
+        return f"ClientVersions({len(self)} of {self.population} clients with state)"

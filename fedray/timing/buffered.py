@@ -86,7 +86,7 @@ def buffered_schedule(clock: RoundClock, concurrency: int, k: int, steps: int
                       ) -> list[BufferedStep]:
     """The first ``steps`` server steps of buffered asynchronous training on ``clock``
     (its seed, devices, availability and local work)."""
-    population = len(clock.sizes)
+    population = clock.population
     if not 1 <= concurrency <= population:
         raise FedrayError(f"sampling.concurrency: must be in [1, the population of "
                           f"{population}], got {concurrency}")

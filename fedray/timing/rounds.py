@@ -16,6 +16,7 @@ run, see the same schedule.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -97,13 +98,24 @@ class ClockedSelection:
 class RoundClock:
     """The simulated clock of a synchronous run: its devices, availability and bytes."""
 
-    def __init__(self, cfg: Any, seed: int, sizes: np.ndarray, num_params: int,
-                 work: LocalWork, update_bytes: int | None = None):
-        """``update_bytes``: what one update costs on the uplink as the job's update stages
+    def __init__(self, cfg: Any, seed: int,
+                 sizes: np.ndarray | Callable[[np.ndarray], np.ndarray], num_params: int,
+                 work: LocalWork, update_bytes: int | None = None,
+                 population: int | None = None):
+        """``sizes``: every client's train count, or a function giving the counts of the
+        ids it is passed (fedray.data.source.sizes_of), with ``population`` -- the clock
+        then asks for the clients it draws alone, never the population's.
+        ``update_bytes``: what one update costs on the uplink as the job's update stages
         encode it (compressed, say); None: the model in float32. clock.up_bytes, when set,
         overrides it."""
         self.seed = seed
-        self.sizes = np.asarray(sizes, dtype=np.int64)
+        if callable(sizes):
+            if population is None:
+                raise ValueError("RoundClock: sizes given as a function needs population")
+            self.population, self.sizes_of = int(population), sizes
+        else:
+            every = np.asarray(sizes, dtype=np.int64)
+            self.population, self.sizes_of = len(every), every.__getitem__
         self.devices = device_model(cfg, seed)
         self.availability = availability_model(cfg, seed)
         default = float(BYTES_PER_PARAMETER * num_params)
@@ -116,14 +128,14 @@ class RoundClock:
 
     def durations(self, ids: np.ndarray) -> np.ndarray:
         """Simulated seconds of each client's update (download, local passes, upload)."""
-        times = update_times(self.devices.profiles(ids), self.work.processed(self.sizes[ids]),
+        times = update_times(self.devices.profiles(ids), self.work.processed(self.sizes_of(ids)),
                              down_bytes=self.down_bytes, up_bytes=self.up_bytes)
         return times.total_s
 
     def select(self, round_idx: int, start_s: float, k: int, *, dropout: float = 0.0,
                over_selection: float = 0.0) -> ClockedSelection:
         """Round ``round_idx``, starting at simulated time ``start_s``."""
-        population = len(self.sizes)
+        population = self.population
         n = min(population, math.ceil(k * (1.0 + over_selection))) if over_selection else k
         ids = sample_online(self.seed, round_idx, population, n, self.availability, start_s,
                             max_draws=self.max_draws).ids

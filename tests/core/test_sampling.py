@@ -114,3 +114,32 @@ def test_over_selection_keeps_the_first_k_to_finish():
                   for c in survivors}
         assert sorted(sel.participants.tolist()) == sorted(sorted(finish, key=finish.get)[:20])
     assert select_round(2, 1, 25, 20, over_selection=0.5, sizes=sizes[:25]).sampled == 25
+
+
+def test_a_round_costs_its_clients_not_the_population():
+    import tracemalloc
+
+    from fedray.core.sampling import select_round
+
+    calls = []
+
+    def sizes_of(ids):  # what the driver passes: counts of the ids asked, nothing more
+        calls.append(len(ids))
+        return 10 + ids % 97
+
+    tracemalloc.start()
+    try:
+        sel = select_round(1, 3, 10**12, 1_000, over_selection=0.3, sizes=sizes_of)
+        fed = federated_eval_clients(1, 10**12, 500)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    # Floyd's algorithm in numpy's choice: a table of about 2 x 1,300 ids, never an arange
+    # of 10^12; 1 MB leaves room for the lists of speeds and ids
+    assert peak < 2**20, peak
+    assert calls == [1_300] and len(sel.participants) == 1_000 and sel.late == 300
+    assert len(np.unique(fed)) == 500 and fed.max() < 10**12
+    every = 10 + np.arange(2_000) % 97  # the same counts as an array: the same selection
+    a = select_round(1, 3, 2_000, 100, over_selection=0.3, sizes=every)
+    b = select_round(1, 3, 2_000, 100, over_selection=0.3, sizes=sizes_of)
+    assert np.array_equal(a.participants, b.participants) and a.late == b.late == 30

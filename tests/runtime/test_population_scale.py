@@ -1,0 +1,92 @@
+"""A round's driver cost does not depend on the population: 10^8 synthetic clients set up
+and train a round without one population-sized array; client state versions are kept
+sparse, and resume exactly (also from a checkpoint that stored them one per client).
+Inline backend: no Ray."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import tracemalloc
+
+import numpy as np
+import pytest
+import torch
+from conftest import tiny_job
+from safetensors.torch import save as save_safetensors
+
+import fedray
+from fedray.data.synthetic import glyphs
+from fedray.state.checkpoint import CHECKPOINT_FILE, read_checkpoint
+from fedray.state.client_state import ClientStateStore
+from fedray.state.run_dir import load_weights
+
+HUGE = 100_000_000
+
+
+@pytest.mark.parametrize("extra", [
+    # stateful clients (the versions index), over-selection (sizes of the drawn ids),
+    # federated evaluation (its clients' test sizes)
+    {"algorithm": {"name": "scaffold"}, "sampling": {"clients_per_round": 10,
+                                                     "over_selection": 0.5},
+     "eval": {"federated_clients": 5}},
+    {"clock": {"enabled": True}},  # the simulated clock: update durations from sizes
+], ids=["scaffold-overselection-fedeval", "clock"])
+def test_a_hundred_million_clients_need_no_population_sized_array(tmp_path, extra):
+    job = tiny_job(tmp_path, rounds=1, runtime={"backend": "inline"})
+    job["data"]["synthetic"]["num_clients"] = HUGE
+    job["sampling"]["clients_per_round"] = 10
+    for key, value in extra.items():
+        job[key] = {**job.get(key, {}), **value}
+    glyphs(0)  # the generator's glyph tables (about 100 MB while built, for any population)
+    tracemalloc.start()
+    try:
+        res = fedray.run(job)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert res.metrics[0]["clients"] == 10 and res.summary["population"] == HUGE
+    # one int32 per client would be 400 MB, one int64 (the sizes) 800 MB; the run itself
+    # peaks at about 30 MB (numpy and Python objects: tracemalloc does not see torch's)
+    assert peak < 64 * 2**20, f"{peak / 2**20:.0f} MB"
+
+
+def _resume_job(tmp_path, name: str, rounds: int) -> dict:
+    # 30 clients, 8 a round: most take part again, so old versions are superseded, some
+    # while the last checkpoint still needs them
+    job = tiny_job(tmp_path, rounds=rounds, algorithm={"name": "scaffold"},
+                   checkpoint={"every": 2}, runtime={"backend": "inline", "num_workers": 2})
+    job["data"]["synthetic"].update(num_clients=30, min_examples=4, max_examples=8)
+    job["output"]["dir"] = str(tmp_path / name)
+    return job
+
+
+def _dense_checkpoint(run_dir) -> None:
+    """Rewrite the run's checkpoint as fedray before the sparse index wrote it: one int32
+    per client under client_state.version, no population in the metadata."""
+    ckpt = read_checkpoint(str(run_dir))
+    tensors = {"weights": ckpt.weights, **ckpt.server_state,
+               "client_state.version": torch.from_numpy(ckpt.client_versions.dense())}
+    meta = {"round": ckpt.round, "metrics": ckpt.metrics_lines}
+    (run_dir / CHECKPOINT_FILE).write_bytes(save_safetensors(
+        tensors, metadata={"fedray_checkpoint": json.dumps(meta)}))
+
+
+def test_sparse_versions_resume_exactly_and_so_does_a_dense_checkpoint(tmp_path):
+    whole = fedray.run(_resume_job(tmp_path, "whole", 5))
+    fedray.run(_resume_job(tmp_path, "part", 3))  # checkpoints after rounds 2 and 3
+    shutil.copytree(tmp_path / "part", tmp_path / "dense")
+    _dense_checkpoint(tmp_path / "dense")
+    expect = load_weights(str(tmp_path / "whole"))
+    index = read_checkpoint(str(tmp_path / "whole")).client_versions
+    store = ClientStateStore(str(tmp_path / "whole" / "client_state")).versions()
+    assert 8 < len(index) <= 30 and store == {c: [index[c]] for c in store}
+    for name in ("part", "dense"):
+        more = fedray.run(resume=str(tmp_path / name), overrides=["rounds=5"],
+                          allow_changes=["rounds"])
+        assert more.summary["resumed_from_round"] == 3
+        got = load_weights(str(tmp_path / name))
+        assert all(torch.equal(expect[k], got[k]) for k in expect), name
+        assert read_checkpoint(str(tmp_path / name)).client_versions == index
+        assert ClientStateStore(str(tmp_path / name / "client_state")).versions() == store
+        assert np.array_equal(whole.metrics[-1]["train_loss"], more.metrics[-1]["train_loss"])

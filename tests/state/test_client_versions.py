@@ -1,0 +1,73 @@
+"""The driver's sparse index of client state versions, against a dense array, and its
+checkpoint formats (sparse now, one int32 per client before). No Ray, no training."""
+
+import json
+
+import numpy as np
+import pytest
+import torch
+from safetensors.torch import save as save_safetensors
+
+from fedray.errors import FedrayError
+from fedray.state.checkpoint import Checkpoint, decode, encode
+from fedray.state.client_state import ClientVersions
+
+
+def test_matches_a_dense_array_through_rounds_and_merges(monkeypatch):
+    monkeypatch.setattr(ClientVersions, "MERGE_AT", 16)  # many merges in a short run
+    population = 5_000
+    g = np.random.default_rng(0)
+    index, dense = ClientVersions(population), np.zeros(population, np.int32)
+    for r in range(1, 200):
+        stored = g.choice(population, size=int(g.integers(0, 60)), replace=False)
+        ids, old = index.record(g.permutation(stored), r)
+        assert ids.tolist() == sorted(stored.tolist())  # sorted, whatever the order given
+        assert np.array_equal(old, dense[ids])  # the versions they had: 0 for new clients
+        dense[stored] = r
+        probe = g.integers(0, population, size=100)
+        assert np.array_equal(index.get(probe), dense[probe])
+        assert len(index) == np.count_nonzero(dense)
+    assert np.array_equal(index.dense(), dense)
+    ids, vs = index.arrays()
+    assert np.array_equal(ids, np.flatnonzero(dense)) and np.array_equal(vs, dense[ids])
+    assert index == ClientVersions.from_dense(dense) and index[int(ids[0])] == dense[ids[0]]
+    assert index.record([7, 7, 7], 500)[0].tolist() == [7]  # a repeat counts once
+    with pytest.raises(ValueError, match=r"in \[0, 5000\)"):
+        index.record([population], 501)
+    with pytest.raises(ValueError, match="version must be >= 1"):
+        index.record([1], 0)
+
+
+def _bytes(tensors: dict, meta: dict) -> bytes:
+    return save_safetensors(tensors, metadata={"fedray_checkpoint": json.dumps(meta)})
+
+
+def test_checkpoints_store_it_sparse_and_read_the_dense_format():
+    index = ClientVersions(100_000_000)
+    index.record([5, 99_999_999, 42], 3)
+    index.record([42], 4)
+    ckpt = Checkpoint(round=4, weights=torch.ones(3), server_state={},
+                      client_versions=index, metrics_lines=[])
+    data = encode(ckpt)
+    assert len(data) < 2_000  # 3 clients' entries, not 10^8 of them
+    back = decode(data, "here").client_versions
+    assert back == index and back.population == 100_000_000
+    assert back.get([5, 42, 99_999_999, 6]).tolist() == [3, 4, 3, 0]
+    # a checkpoint of an earlier fedray: one int32 per client under client_state.version
+    dense = np.array([0, 2, 0, 7, 1], np.int32)
+    old = _bytes({"weights": torch.ones(3), "client_state.version": torch.from_numpy(dense)},
+                 {"round": 7, "metrics": []})
+    read = decode(old, "old")
+    assert read.client_versions.population == 5 and read.server_state == {}
+    assert np.array_equal(read.client_versions.dense(), dense)
+    # no client state at all: None, as before
+    assert decode(encode(Checkpoint(4, torch.ones(3), {}, None, [])), "x").client_versions is None
+    ids, vs = torch.tensor([3, 1]), torch.tensor([1, 1], dtype=torch.int32)  # not sorted
+    for tensors, meta in (({"client_state.ids": ids, "client_state.versions": vs}, {}),
+                          ({"client_state.ids": ids.sort().values}, {"clients": 9}),
+                          ({"client_state.ids": ids.sort().values,
+                            "client_state.versions": vs}, {"clients": 2})):
+        bad = _bytes({"weights": torch.ones(3), **tensors},
+                     {"round": 1, "metrics": [], **meta})
+        with pytest.raises(FedrayError, match="checkpoint bad is corrupt"):
+            decode(bad, "bad")
