@@ -9,16 +9,21 @@ One round (docs/architecture.md has the picture):
      algorithm's update stages (clipping, compression: algorithm.stages) and returns one
      partial weighted sum;
   5. merge the partial sums (in worker order, so reruns are bit-identical; through the
-     stage that guards what the driver may read, secure aggregation's), let the stages
+     stage that guards what the driver may read, secure aggregation's; with
+     ``runtime.reduce.group_size`` one sum per group of workers, made on the group's
+     node: fedray.runtime.reduction_tree), let the stages
      finish the sum (decode, add noise), apply the
      server optimizer, write the round's metrics, and return them to fedray.run, which
      calls the run's callbacks (fedray.tracking.callbacks) and asks for the next round or stops;
   6. every ``checkpoint.every`` rounds, write a checkpoint (fedray.state.checkpoint).
-The driver never holds more than one worker's partial result at a time. A worker that dies
-mid-round has its clients re-run (fedray.runtime.pool); per-client state is versioned by round
-(fedray.state.client_state), so a re-run, or a run resumed from a checkpoint, reads exactly what
-the first run read. With ``runtime.backend: inline`` the same class runs in the calling
-process, its pool and its broadcasts without Ray (fedray.runtime.inline).
+The driver never holds more than one worker's (or group's) partial result at a time, and
+nothing per client of the population: example counts are asked of the source for the
+clients a round uses, and client state versions are kept for the clients that have state.
+A worker that dies mid-round has its clients re-run (fedray.runtime.pool); per-client state
+is versioned by round (fedray.state.client_state), so a re-run, or a run resumed from a
+checkpoint, reads exactly what the first run read. With ``runtime.backend: inline`` the same
+class runs in the calling process, its pool and its broadcasts without Ray
+(fedray.runtime.inline).
 """
 
 from __future__ import annotations
