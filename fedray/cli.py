@@ -113,8 +113,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--version", action="version", version=f"fedray {__version__}")
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
     run = _command(sub, "run", "run a federated job", RUN_HELP)
-    run.add_argument("job", metavar="JOB.yaml", nargs="?",
-                     help="job configuration file (optional with --resume)")
+    run.add_argument("job", metavar="JOB", nargs="?",
+                     help="job configuration file, or a bundled job's name (fedray jobs lists "
+                     "them: quickstart, femnist/fedavg, ...); optional with --resume")
     run.add_argument("overrides", nargs="*", metavar="key=value", help="config overrides")
     run.add_argument("--resume", metavar="RUN_DIR",
                      help="continue this run directory from its last checkpoint")
@@ -125,7 +126,9 @@ def _parser() -> argparse.ArgumentParser:
                      "repeatable")
     run.add_argument("--quiet", action="store_true", help="no progress bar")
     part = _command(sub, "partition", "build or describe a partition store", PARTITION_HELP)
-    part.add_argument("recipe", metavar="RECIPE.yaml", nargs="?", help="partition recipe")
+    part.add_argument("recipe", metavar="RECIPE", nargs="?", help="partition recipe file, or "
+                      "a bundled recipe's name (fedray recipes lists them: femnist, dirichlet, "
+                      "...)")
     part.add_argument("overrides", nargs="*", metavar="key=value", help="recipe overrides")
     part.add_argument("--describe", metavar="URL", help="describe an existing store instead")
     part.add_argument("--plot", metavar="PNG", help="with --describe: also write the label "
@@ -185,6 +188,16 @@ def _parser() -> argparse.ArgumentParser:
                          "RAY_ADDRESS, else http://127.0.0.1:8265)")
         if verb == "logs":
             cmd.add_argument("--follow", action="store_true", help="until the job ends")
+    for verb, folder, what, use in (("jobs", "jobs", "job", "run quickstart"),
+                                    ("recipes", "partitions", "recipe", "partition femnist")):
+        cmd = _command(sub, verb, f"list the bundled {what}s, or print one",
+                       f"The {what}s that come with fedray, one line each; `fedray {verb} show "
+                       f"NAME > my.yaml` copies one out to edit. A bundled {what} runs by its "
+                       f"name: `fedray {use} key=value ...` (a path to a file still means "
+                       "that file).")
+        cmd.add_argument("action", nargs="?", choices=["show"], help="print one by name")
+        cmd.add_argument("name", nargs="?", metavar="NAME", help=f"a bundled {what}'s name")
+        cmd.set_defaults(folder=folder)
     add_traces_command(sub, _command)  # generate, convert-fedscale, describe
     add_privacy_command(sub, _command)  # epsilon, noise
     return p
@@ -197,7 +210,10 @@ def _sweep(args: argparse.Namespace) -> int:
         raise FedrayError("--resume takes no key=value overrides: a sweep resumes as it "
                           "started" if "=" in args.sweep else
                           "give either SWEEP.yaml or --resume SWEEP_DIR, not both")
-    result = run_sweep(args.sweep, args.overrides, resume=args.resume)
+    from fedray.bundled import resolve
+
+    sweep = resolve("jobs", args.sweep) if args.sweep else None
+    result = run_sweep(sweep, args.overrides, resume=args.resume)
     print(format_rows(result.rows))
     if result.report_table is not None:
         print(result.report_table)
@@ -219,9 +235,10 @@ def _follow_exit(job_id: str, address: str | None) -> int:
 
 
 def _submit(args: argparse.Namespace) -> int:
+    from fedray.bundled import resolve
     from fedray.cluster.submit import job_server, submit
 
-    job_id = submit(args.job, list(args.overrides), args.address, args.job_id)
+    job_id = submit(resolve("jobs", args.job), list(args.overrides), args.address, args.job_id)
     where = job_server(args.address)
     print(f"submitted {job_id} to {where}; follow it with: fedray logs {job_id} --follow",
           flush=True)
@@ -261,6 +278,22 @@ def _report(args: argparse.Namespace) -> int:
     return 0
 
 
+def _bundled(args: argparse.Namespace) -> int:
+    from fedray import bundled
+
+    if args.action is None:
+        if args.name:
+            raise FedrayError(f"fedray {args.command} show NAME prints one; "
+                              f"fedray {args.command} lists them")
+        print(bundled.table(args.folder), flush=True)
+        return 0
+    if not args.name:
+        raise FedrayError(f"fedray {args.command} show needs a NAME (fedray {args.command} "
+                          "lists them)")
+    print(bundled.show(args.folder, args.name), end="", flush=True)
+    return 0
+
+
 def _partition(args: argparse.Namespace) -> int:
     from fedray.data import recipe
     from fedray.data.describe import describe
@@ -275,7 +308,9 @@ def _partition(args: argparse.Namespace) -> int:
     if args.plot:
         raise FedrayError("--plot goes with --describe URL")
     log = (lambda s: None) if args.quiet else (lambda s: print(s, file=sys.stderr, flush=True))
-    out, manifest = recipe.build(args.recipe, args.overrides, log=log)
+    from fedray.bundled import resolve
+
+    out, manifest = recipe.build(resolve("partitions", args.recipe), args.overrides, log=log)
     train = sum(sh["rows"] for sh in manifest["shards"] if sh["split"] == "train")
     print(f"done: {manifest['num_clients']:,} clients, {train:,} train examples; "
           f"store at {mask(out)}", flush=True)
@@ -290,6 +325,10 @@ def _run(args: argparse.Namespace) -> int:
     job, overrides = args.job, list(args.overrides)
     if job is not None and "=" in job and not os.path.exists(job):
         job, overrides = None, [job, *overrides]  # `fedray run --resume DIR key=value`
+    if job is not None:  # a bundled job's name (fedray jobs), or a file
+        from fedray.bundled import resolve
+
+        job = resolve("jobs", job)
     if args.allow_change and not args.resume:
         raise FedrayError("--allow-change needs --resume RUN_DIR")
     if args.resume:
@@ -380,7 +419,8 @@ def _main(argv: list[str] | None) -> int:
     try:
         commands = {"run": _run, "partition": _partition, "report": _report, "sweep": _sweep,
                     "submit": _submit, "status": _job_verb, "logs": _job_verb,
-                    "stop": _job_verb, "traces": run_traces, "privacy": run_privacy}
+                    "stop": _job_verb, "traces": run_traces, "privacy": run_privacy,
+                    "jobs": _bundled, "recipes": _bundled}
         return commands[args.command](args)
     except FedrayError as exc:
         if debug:

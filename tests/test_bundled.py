@@ -1,0 +1,55 @@
+"""Bundled jobs and recipes by name (fedray/bundled.py), read from the checkout here; the
+installed wheel's copy is checked by .ci/wheel_check, from a directory outside the checkout."""
+
+from __future__ import annotations
+
+import pathlib
+import subprocess
+import sys
+
+import pytest
+
+from fedray import bundled
+from fedray.errors import FedrayError
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+
+
+def test_every_top_level_job_and_recipe_is_listed_once_with_its_first_comment():
+    for folder in ("jobs", "partitions"):
+        files = sorted(p.relative_to(ROOT / folder).with_suffix("").as_posix()
+                       for p in (ROOT / folder).rglob("*.yaml"))
+        items = bundled.listing(folder)
+        assert [b.name for b in items] == files  # one source of truth: the top level
+        assert all(b.path.is_relative_to(ROOT / folder) for b in items)
+    quick = {b.name: b for b in bundled.listing("jobs")}["quickstart"]
+    assert quick.summary.startswith("FedAvg with the TFF EMNIST CNN")
+
+
+def test_a_name_resolves_and_a_path_still_means_its_file(tmp_path, monkeypatch):
+    assert bundled.resolve("jobs", "quickstart") == str(ROOT / "jobs" / "quickstart.yaml")
+    assert bundled.resolve("jobs", "femnist/fedavg") == str(ROOT / "jobs/femnist/fedavg.yaml")
+    assert bundled.resolve("partitions", "femnist") == str(ROOT / "partitions/femnist.yaml")
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "quickstart").write_text("name: mine\n")  # a file of that name wins
+    assert bundled.resolve("jobs", "quickstart") == "quickstart"
+    assert bundled.resolve("jobs", "other.yaml") == "other.yaml"  # a path, even if missing
+    assert bundled.resolve("jobs", "s3://bucket/job") == "s3://bucket/job"
+    with pytest.raises(FedrayError, match="no file 'nosuch' and no bundled job of that name "
+                       r"\(fedray jobs lists them; top level: .*quickstart"):
+        bundled.resolve("jobs", "nosuch")
+
+
+def test_the_cli_lists_shows_and_refuses(tmp_path):
+    def cli(*args):
+        return subprocess.run([sys.executable, "-m", "fedray.cli", *args], cwd=tmp_path,
+                              capture_output=True, text=True, timeout=120)
+
+    listed = cli("recipes")
+    assert listed.returncode == 0 and listed.stdout.splitlines()[0].startswith("dirichlet ")
+    shown = cli("jobs", "show", "quickstart")
+    assert shown.stdout == (ROOT / "jobs" / "quickstart.yaml").read_text()
+    bad = cli("partition", "nosuch")
+    assert bad.returncode == 2 and bad.stderr.startswith(
+        "fedray: error: no file 'nosuch' and no bundled recipe of that name")
+    assert len(bad.stderr.strip().splitlines()) == 1
