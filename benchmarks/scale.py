@@ -35,6 +35,15 @@ import time
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
 
+def _job(tmp: str, name: str, rounds: int, data: dict, model: str, k: int, **extra) -> dict:
+    """The benchmark's one job: 1 local epoch, batch 20, lr 0.05, no evaluation, no weights
+    saved; every mode varies only the data, the model and the clients per round."""
+    return {"name": name, "rounds": rounds, "data": data, "model": {"name": model},
+            "client": {"lr": 0.05, "batch_size": 20, "local_epochs": 1},
+            "sampling": {"clients_per_round": k}, "eval": {"every": 0, "central": False},
+            "output": {"dir": f"{tmp}/run", "save_weights": False}, **extra}
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--populations", type=int, nargs="+", default=[1_000, 100_000],
@@ -76,13 +85,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         for data, k in cases:
             with tempfile.TemporaryDirectory() as tmp:
-                res = fedray.run({
-                    "name": "scale", "rounds": args.rounds, "data": data,
-                    "model": {"name": args.model},
-                    "client": {"lr": 0.05, "batch_size": 20, "local_epochs": 1},
-                    "sampling": {"clients_per_round": k},
-                    "eval": {"every": 0, "central": False},
-                    "output": {"dir": f"{tmp}/run", "save_weights": False}})
+                res = fedray.run(_job(tmp, "scale", args.rounds, data, args.model, k))
             steady = res.metrics[args.warmup:]
             wall = statistics.median(m["wall_s"] for m in steady)
             merge = statistics.median(m["merge_s"] for m in steady) * 1e3
@@ -131,22 +134,15 @@ def first_round(populations: list[int], k: int = 1_000, rounds: int = 3) -> int:
         # uncounted: the first run in a process also pays for imports and Ray's first
         # worker processes, whatever its population
         with tempfile.TemporaryDirectory() as tmp:
-            fedray.run({"rounds": 1, "data": {"synthetic": {"num_clients": 100}},
-                        "model": {"name": "logreg"}, "sampling": {"clients_per_round": 10},
-                        "eval": {"every": 0, "central": False},
-                        "output": {"dir": f"{tmp}/run", "save_weights": False}})
+            fedray.run(_job(tmp, "warm-up", 1, {"synthetic": {"num_clients": 100}}, "logreg",
+                            10))
         for n in populations:
             times = Times()
             with tempfile.TemporaryDirectory() as tmp:
                 t0 = time.perf_counter()
-                res = fedray.run({
-                    "name": f"first-round-{n}", "rounds": rounds,
-                    "data": {"synthetic": {"num_clients": n}}, "model": {"name": "logreg"},
-                    "client": {"lr": 0.05, "batch_size": 20, "local_epochs": 1},
-                    "sampling": {"clients_per_round": k},
-                    "eval": {"every": 0, "central": False},
-                    "output": {"dir": f"{tmp}/run", "save_weights": False}},
-                    callbacks=[times])
+                res = fedray.run(_job(tmp, f"first-round-{n}", rounds,
+                                      {"synthetic": {"num_clients": n}}, "logreg", k),
+                                 callbacks=[times])
             setup, first = times.start - t0, times.ends[0] - t0
             driver = [m["driver_mem_mb"] for m in res.metrics]
             rows.append((n, setup, first, driver))
@@ -202,15 +198,10 @@ def per_round(ks: list[int], algorithm: str, population: int = 1_000_000,
         for k in ks:
             spent["round"] = []
             with tempfile.TemporaryDirectory() as tmp:
-                fedray.run({
-                    "name": f"per-round-{k}", "rounds": rounds,
-                    "data": {"synthetic": {"num_clients": population}},
-                    "model": {"name": "logreg"}, "algorithm": {"name": algorithm},
-                    "client": {"lr": 0.05, "batch_size": 20, "local_epochs": 1},
-                    "sampling": {"clients_per_round": k},
-                    "eval": {"every": 0, "central": False},
-                    "runtime": {"backend": "inline", "num_workers": 2},
-                    "output": {"dir": f"{tmp}/run", "save_weights": False}})
+                fedray.run(_job(tmp, f"per-round-{k}", rounds,
+                                {"synthetic": {"num_clients": population}}, "logreg", k,
+                                algorithm={"name": algorithm},
+                                runtime={"backend": "inline", "num_workers": 2}))
             steady = spent["round"][1:]
             own = statistics.median(t - w for t, w in steady) * 1e3
             work = statistics.median(w for _, w in steady)
