@@ -16,9 +16,11 @@ from fedray.privacy.commands import add_privacy_command, run_privacy
 from fedray.state.redact import mask
 from fedray.timing.trace_commands import add_traces_command, run_traces
 
-RUN_HELP = """Run a federated job: JOB.yaml merged with key=value overrides.
+RUN_HELP = """Run a federated job: JOB (a file, or a bundled job's name: fedray jobs) merged with
+key=value overrides.
 
 examples:
+  fedray run quickstart
   fedray run jobs/quickstart.yaml
   fedray run jobs/quickstart.yaml rounds=50 sampling.clients_per_round=20 output.dir=runs/a
   fedray run jobs/quickstart.yaml runtime.address=auto runtime.worker.num_gpus=0.25
@@ -35,9 +37,11 @@ again, plus overrides) must equal the run's, except safe keys named with --allow
 Config keys: docs/config.md; algorithms: docs/algorithms.md; faults and resuming:
 docs/fault_tolerance.md."""
 
-PARTITION_HELP = """Build a partition store from a recipe, or describe one.
+PARTITION_HELP = """Build a partition store from a recipe (a file, or a bundled recipe's name:
+fedray recipes), or describe one.
 
 examples:
+  fedray partition femnist source.path=../data/femnist out=stores/femnist
   fedray partition partitions/femnist.yaml source.path=../data/femnist out=stores/femnist
   fedray partition partitions/dirichlet.yaml partitioner.alpha=0.1 out=stores/dir01
   fedray partition partitions/table.yaml source.path=data/mine.csv out=stores/mine
