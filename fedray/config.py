@@ -351,6 +351,25 @@ def _check_sections(schema: type, tree: Any, what: str, prefix: str = "") -> Non
         _check_sections(hints[f.name], sub, what, f"{key}.")
 
 
+# keys that only one kind of file has (how many of them make it that kind), and the command
+# that reads that kind: a file given to the wrong command (a sweep to `fedray run`) is told
+# where it belongs rather than which of its keys is unknown; one misspelt key is not a kind
+_KIND_MARKS = {"job": (1, ("rounds", "model", "client", "sampling", "runtime")),
+               "sweep": (2, ("job", "parameters")), "recipe": (2, ("source", "partitioner"))}
+_KIND_COMMAND = {"job": "fedray run", "sweep": "fedray sweep", "recipe": "fedray partition"}
+
+
+def _wrong_kind(user: DictConfig, schema: type, kind: str, source: Any) -> None:
+    known = {f.name for f in dataclasses.fields(schema)}
+    extra = [k for k in user.keys() if k not in known]
+    for other, (enough, marks) in _KIND_MARKS.items():
+        found = [k for k in extra if k in marks]
+        if other != kind and len(found) >= enough:
+            raise ConfigError(f"{kind} file {source} is a {other} file (it has "
+                              f"{', '.join(repr(k) for k in found)}): {_KIND_COMMAND[other]} "
+                              f"{source}")
+
+
 def load_structured(schema: type, source: Any, overrides: list[str] | tuple = (), *,
                     what: str = "config", kind: str = "job") -> DictConfig:
     """Merge ``schema`` defaults <- source (file, dict or config) <- ``key=value`` overrides.
@@ -368,6 +387,8 @@ def load_structured(schema: type, source: Any, overrides: list[str] | tuple = ()
             OmegaConf.set_struct(cfg[key], False)
         if source is not None:
             user = _user_config(source, schema, kind)
+            if isinstance(source, str | os.PathLike):
+                _wrong_kind(user, schema, kind, source)
             _check_sections(schema, user, what)
             cfg = OmegaConf.merge(cfg, user)
         if overrides:

@@ -91,3 +91,25 @@ def test_config_is_read_only():
 
     with pytest.raises(ReadonlyConfigError):
         cfg.rounds = 3
+
+
+def test_a_file_of_another_kind_is_sent_to_its_command(tmp_path):
+    from fedray.cluster.sweep import load_sweep
+    from fedray.data.recipe import load_recipe
+
+    sweep, job, recipe = (tmp_path / f"{n}.yaml" for n in ("sweep", "job", "recipe"))
+    sweep.write_text("job: job.yaml\nparameters: {rounds: [1, 2]}\n")
+    job.write_text("rounds: 2\nclient: {lr: 0.1}\n")
+    recipe.write_text("source: {name: mnist}\npartitioner: {name: iid}\n")
+    with pytest.raises(ConfigError, match=f"^job file {sweep} is a sweep file \\(it has 'job', "
+                       f"'parameters'\\): fedray sweep {sweep}$"):
+        load_config(str(sweep))
+    with pytest.raises(ConfigError, match=f"is a job file .*: fedray run {job}$"):
+        load_sweep(str(job))
+    with pytest.raises(ConfigError, match=f"is a recipe file .*: fedray partition {recipe}$"):
+        load_config(str(recipe))
+    with pytest.raises(ConfigError, match=f"^recipe file {job} is a job file"):
+        load_recipe(str(job))
+    job.write_text("rounds: 2\nsource: 1\n")  # one misspelt key does not make a recipe
+    with pytest.raises(ConfigError, match="^unknown config key 'source'"):
+        load_config(str(job))
