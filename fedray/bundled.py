@@ -39,18 +39,33 @@ def root(folder: str) -> Path | None:
 class Bundled:
     name: str  # quickstart, femnist/fedavg
     path: Path
-    summary: str  # the file's first comment line
+    summary: str  # the file's leading comment, its first sentence
+    command: str  # what runs it: fedray run, fedray sweep, fedray partition
+
+
+SUMMARY_WIDTH = 110  # characters of a file's first sentence that ``fedray jobs`` shows
 
 
 def _summary(path: Path) -> str:
+    """The leading comment up to the first line that ends a sentence (its indented lines are
+    examples of a command, not prose), cut at a word to ``SUMMARY_WIDTH``: a sentence may run
+    over several lines, and a full stop inside a line is often an abbreviation (Sec., i.i.d.)."""
+    words: list[str] = []
     with open(path, encoding="utf-8") as f:
         for line in f:
             text = line.strip()
-            if text.startswith("#"):
-                return text.lstrip("#").strip()
-            if text:
+            if not text.startswith("#"):
                 break
-    return ""
+            body = text[1:]
+            if not body.strip() or body.startswith("  "):
+                break
+            words.extend(body.split())
+            if body.rstrip().endswith("."):
+                break
+    sentence = " ".join(words)
+    if len(sentence) > SUMMARY_WIDTH:
+        sentence = sentence[:SUMMARY_WIDTH - 3].rsplit(" ", 1)[0] + "..."
+    return sentence
 
 
 def listing(folder: str) -> list[Bundled]:
@@ -58,9 +73,20 @@ def listing(folder: str) -> list[Bundled]:
     base = root(folder)
     if base is None:
         return []
-    out = [Bundled(p.relative_to(base).with_suffix("").as_posix(), p, _summary(p))
+    out = [Bundled(p.relative_to(base).with_suffix("").as_posix(), p, _summary(p),
+                   _command(folder, p))
            for p in base.rglob("*.yaml")]
     return sorted(out, key=lambda b: b.name)
+
+
+def _command(folder: str, path: Path) -> str:
+    """A sweep file (top-level ``job:`` and ``parameters:``) lives among the jobs but runs
+    with ``fedray sweep``; read as text, so that listing parses no YAML."""
+    if folder == "partitions":
+        return "fedray partition"
+    with open(path, encoding="utf-8") as f:
+        top = {line.split(":", 1)[0] for line in f if line[:1].isalpha()}
+    return "fedray sweep" if {"job", "parameters"} <= top else "fedray run"
 
 
 def is_name(arg: str) -> bool:
@@ -95,9 +121,13 @@ def show(folder: str, name: str) -> str:
 
 
 def table(folder: str) -> str:
-    """One line per bundled file: its name and its first comment line."""
+    """One line per bundled file: its name and what it is; a file that another command
+    than the folder's usual one runs (a sweep among the jobs) says which."""
     items = listing(folder)
     if not items:
         return f"(no bundled {folder}: this fedray was installed without them)"
     width = max(len(b.name) for b in items)
-    return "\n".join(f"{b.name:<{width}}  {b.summary}" for b in items)
+    usual = "fedray partition" if folder == "partitions" else "fedray run"
+    return "\n".join(f"{b.name:<{width}}  "
+                     + (f"[{b.command}] " if b.command != usual else "") + b.summary
+                     for b in items)

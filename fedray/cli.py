@@ -198,7 +198,9 @@ def _parser() -> argparse.ArgumentParser:
                        f"The {what}s that come with fedray, one line each; `fedray {verb} show "
                        f"NAME > my.yaml` copies one out to edit. A bundled {what} runs by its "
                        f"name: `fedray {use} key=value ...` (a path to a file still means "
-                       "that file).")
+                       "that file)." + (" A sweep file among them is marked [fedray sweep]: "
+                                        "`fedray sweep NAME` runs it." if verb == "jobs"
+                                        else ""))
         cmd.add_argument("action", nargs="?", choices=["show"], help="print one by name")
         cmd.add_argument("name", nargs="?", metavar="NAME", help=f"a bundled {what}'s name")
         cmd.set_defaults(folder=folder)

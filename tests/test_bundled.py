@@ -22,8 +22,26 @@ def test_every_top_level_job_and_recipe_is_listed_once_with_its_first_comment():
         items = bundled.listing(folder)
         assert [b.name for b in items] == files  # one source of truth: the top level
         assert all(b.path.is_relative_to(ROOT / folder) for b in items)
-    quick = {b.name: b for b in bundled.listing("jobs")}["quickstart"]
-    assert quick.summary.startswith("FedAvg with the TFF EMNIST CNN")
+    jobs = {b.name: b for b in bundled.listing("jobs")}
+    assert jobs["quickstart"].summary.startswith("FedAvg with the TFF EMNIST CNN")
+    assert jobs["quickstart"].command == "fedray run"
+    assert jobs["sweeps/participation"].command == "fedray sweep"
+    assert {b.command for b in bundled.listing("partitions")} == {"fedray partition"}
+
+
+def test_a_summary_is_the_leading_comments_first_sentence_cut_at_a_word(tmp_path):
+    path = tmp_path / "job.yaml"
+    path.write_text("# FedAvg on Fed-CIFAR100 (Sec. 4, i.i.d. clients): a sentence\n"
+                    "# that runs on (Fig. 3).\n# A second sentence.\nrounds: 2\n")
+    assert bundled._summary(path) == ("FedAvg on Fed-CIFAR100 (Sec. 4, i.i.d. clients): a "
+                                      "sentence that runs on (Fig. 3).")
+    path.write_text("# Title:\n#   fedray run job.yaml\n# after the example\nrounds: 2\n")
+    assert bundled._summary(path) == "Title:"  # an indented line is an example: it ends it
+    path.write_text("# " + "word " * 40 + "end.\n")
+    cut = bundled._summary(path)
+    assert len(cut) <= bundled.SUMMARY_WIDTH and cut.endswith("word...")
+    path.write_text("rounds: 2\n# a comment after the keys is not a summary\n")
+    assert bundled._summary(path) == ""
 
 
 def test_a_name_resolves_and_a_path_still_means_its_file(tmp_path, monkeypatch):
@@ -47,6 +65,8 @@ def test_the_cli_lists_shows_and_refuses(tmp_path):
 
     listed = cli("recipes")
     assert listed.returncode == 0 and listed.stdout.splitlines()[0].startswith("dirichlet ")
+    sweep = [ln for ln in bundled.table("jobs").splitlines() if ln.startswith("sweeps/")]
+    assert sweep and "[fedray sweep] Participation sweep" in sweep[0]
     shown = cli("jobs", "show", "quickstart")
     assert shown.stdout == (ROOT / "jobs" / "quickstart.yaml").read_text()
     bad = cli("partition", "nosuch")
