@@ -1,8 +1,9 @@
 """Ships the repository's top-level jobs/ and partitions/ inside the package at build time.
 
 They stay where the mission puts them (the top level, where people read and edit them); a
-wheel built from a checkout or from the sdist gets a copy as fedray/bundled/, so an
-installed fedray runs them by name (fedray/bundled.py). Everything else is in pyproject.toml.
+wheel built from a checkout or from the sdist gets a copy as fedray/_bundled/, so an
+installed fedray runs them by name (fedray/bundled.py; docs/packaging.md). Everything else is
+in pyproject.toml.
 """
 
 import os
