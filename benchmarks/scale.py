@@ -79,8 +79,9 @@ def main(argv: list[str] | None = None) -> int:
           f"1 local epoch, batch 20, {args.rounds} rounds (median of rounds "
           f"{args.warmup + 1}..), {int(ray.cluster_resources()['CPU'])} CPUs, default pool")
     print("| data | clients per round | median round s | updates/s | driver merge ms | "
-          "driver MB after round 1 | after the last | largest worker MB |")
-    print("|---|---|---|---|---|---|---|---|")
+          "driver MB after round 1 | after the last | worker MB after round 1 | "
+          "largest worker MB |")
+    print("|---|---|---|---|---|---|---|---|---|")
     rows = []
     try:
         for data, k in cases:
@@ -90,12 +91,12 @@ def main(argv: list[str] | None = None) -> int:
             wall = statistics.median(m["wall_s"] for m in steady)
             merge = statistics.median(m["merge_s"] for m in steady) * 1e3
             rss = [m["driver_mem_mb"] for m in res.metrics]
-            worker = max(m["worker_mem_mb"] for m in res.metrics)
+            worker = [m["worker_mem_mb"] for m in res.metrics]  # the largest worker's
             name = data.get("partition") or f"synthetic {res.summary['population']:,}"
             rows.append((name, k, wall, rss[-1]))
             print(f"| {name} ({res.summary['population']:,} clients) | {k:,} | {wall:.3f} | "
                   f"{k / wall:.0f} | {merge:.1f} | {rss[0]:.0f} | {rss[-1]:.0f} | "
-                  f"{worker:.0f} |", flush=True)
+                  f"{worker[0]:.0f} | {max(worker):.0f} |", flush=True)
     finally:
         ray.shutdown()
     if len(args.clients_per_round) == 1:

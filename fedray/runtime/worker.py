@@ -232,13 +232,27 @@ class ClientWorker:
         if not self._prefetch:
             yield from (self._prepare(*a) for a in args)
             return
-        with ThreadPoolExecutor(1, thread_name_prefix="fedray-prefetch") as pool:
-            ahead = deque(pool.submit(self._prepare, *a) for a in args[:2])
+        pool = self._reader()
+        ahead = deque(pool.submit(self._prepare, *a) for a in args[:2])
+        try:
             for a in args[2:]:
                 yield ahead.popleft().result()
                 ahead.append(pool.submit(self._prepare, *a))
             while ahead:
                 yield ahead.popleft().result()
+        finally:  # a round that failed part-way reads no further client
+            for future in ahead:
+                future.cancel()
+
+    def _reader(self) -> ThreadPoolExecutor:
+        """The one prefetch thread of this worker's life. With a thread started anew each
+        round, a Ray worker's memory grew round after round to several times its data cache,
+        and did not with glibc held to one malloc arena: each new thread's arena kept up to
+        keep_freed_memory's trim threshold of freed client data (docs/performance.md,
+        "Worker memory")."""
+        if getattr(self, "_prefetcher", None) is None:
+            self._prefetcher = ThreadPoolExecutor(1, thread_name_prefix="fedray-prefetch")
+        return self._prefetcher
 
     def _terms(self, ctx: ClientContext) -> LocalTerms:
         """The client's state as of the round (a client without training data takes no

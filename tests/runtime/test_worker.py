@@ -194,3 +194,25 @@ def test_a_cnn_trains_vectorized_when_asked(tmp_path):
     np.testing.assert_allclose(b["sum"], a["sum"], atol=atol, rtol=0)
     np.testing.assert_allclose(b["extra"], a["extra"], rtol=0,
                                atol=atol / a["weight"] * sum(1 / (k * LR) for k in STEPS))
+
+
+def test_clients_are_read_ahead_on_one_thread_for_the_workers_life(tmp_path, monkeypatch):
+    """A prefetch thread started anew each round let a Ray worker's memory grow round after
+    round (a malloc arena per new thread; docs/performance.md, "Worker memory"): every
+    round's clients are read on the same thread, never the training one."""
+    import threading
+
+    client, aggregator, extra = CASES["fedavg"]
+    w = _worker(tmp_path, "reader", "logreg", client, aggregator, extra, False)
+    w._prefetch = True
+    readers: list[tuple[int, int]] = []  # (thread, client) of every read
+    read = w.client_data
+
+    def spy(round_idx, cid):
+        readers.append((threading.get_native_id(), cid))
+        return read(round_idx, cid)
+
+    monkeypatch.setattr(w, "client_data", spy)
+    _rounds(w, w.model.flat.numpy().copy())
+    assert len(readers) == 18 and len({t for t, _ in readers}) == 1
+    assert readers[0][0] != threading.get_native_id()
