@@ -354,7 +354,8 @@ def _run(args: argparse.Namespace) -> int:
     why = result.summary.get("stopped_by") or "a callback stopped the run"
     rounds = (f"{stopped} of {result.summary['rounds']} rounds ({why}; "
               f"fedray run --resume {mask(result.run_dir)} continues it)"
-              if stopped is not None else f"{result.summary['rounds']} rounds")
+              if stopped is not None else
+              f"{result.summary['rounds']} round{'s' if result.summary['rounds'] != 1 else ''}")
     print(f"done: {rounds}, {acc_text}{result.summary['total_s']:.1f}s; results in "
           f"{mask(result.run_dir)}", flush=True)
     return 0
