@@ -152,9 +152,10 @@ def keep_freed_memory() -> bool:
     and gives small heap tops back: a worker stepping a group of clients allocates tens of
     MB per step (gradients, gathered batches) and pays a page fault for every 4 KB of it,
     again each step, which made a vectorized group markedly slower (docs/performance.md,
-    "Vectorized clients"). The cost is that a worker keeps up to
-    256 MiB of free memory mapped after its largest step. Linux glibc only; False where it
-    does not apply."""
+    "Vectorized clients"). The cost is that a worker keeps up to 256 MiB of free memory
+    mapped after its largest step, in each malloc arena a thread of it allocates from: the
+    reason a worker reads ahead on one long-lived thread (ClientWorker._reader). Linux glibc
+    only; False where it does not apply."""
     import ctypes
     import ctypes.util
 
