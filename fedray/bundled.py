@@ -20,6 +20,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
+from fedray.config import FILE_COMMANDS, file_kind
 from fedray.errors import FedrayError
 
 KINDS = {"jobs": "job", "partitions": "recipe"}
@@ -80,13 +81,11 @@ def listing(folder: str) -> list[Bundled]:
 
 
 def _command(folder: str, path: Path) -> str:
-    """A sweep file (top-level ``job:`` and ``parameters:``) lives among the jobs but runs
-    with ``fedray sweep``; read as text, so that listing parses no YAML."""
-    if folder == "partitions":
-        return "fedray partition"
+    """What runs the file: a sweep file lives among the jobs but runs with ``fedray sweep``.
+    Its top-level keys are read as text, so that listing parses no YAML."""
     with open(path, encoding="utf-8") as f:
         top = {line.split(":", 1)[0] for line in f if line[:1].isalpha()}
-    return "fedray sweep" if {"job", "parameters"} <= top else "fedray run"
+    return FILE_COMMANDS[file_kind(top) or KINDS[folder]]
 
 
 def is_name(arg: str) -> bool:
@@ -127,7 +126,7 @@ def table(folder: str) -> str:
     if not items:
         return f"(no bundled {folder}: this fedray was installed without them)"
     width = max(len(b.name) for b in items)
-    usual = "fedray partition" if folder == "partitions" else "fedray run"
+    usual = FILE_COMMANDS[KINDS[folder]]
     return "\n".join(f"{b.name:<{width}}  "
                      + (f"[{b.command}] " if b.command != usual else "") + b.summary
                      for b in items)

@@ -356,18 +356,28 @@ def _check_sections(schema: type, tree: Any, what: str, prefix: str = "") -> Non
 # where it belongs rather than which of its keys is unknown; one misspelt key is not a kind
 _KIND_MARKS = {"job": (1, ("rounds", "model", "client", "sampling", "runtime")),
                "sweep": (2, ("job", "parameters")), "recipe": (2, ("source", "partitioner"))}
-_KIND_COMMAND = {"job": "fedray run", "sweep": "fedray sweep", "recipe": "fedray partition"}
+FILE_COMMANDS = {"job": "fedray run", "sweep": "fedray sweep", "recipe": "fedray partition"}
+
+
+def file_kind(keys: Any) -> str | None:
+    """The kind of file (job, sweep, recipe) that these top-level keys mark, if any: what
+    ``fedray jobs`` marks a sweep file by, and how a file given to the wrong command is
+    told which one reads it."""
+    keys = set(keys)
+    for kind, (enough, marks) in _KIND_MARKS.items():
+        if len(keys.intersection(marks)) >= enough:
+            return kind
+    return None
 
 
 def _wrong_kind(user: DictConfig, schema: type, kind: str, source: Any) -> None:
     known = {f.name for f in dataclasses.fields(schema)}
     extra = [k for k in user.keys() if k not in known]
-    for other, (enough, marks) in _KIND_MARKS.items():
-        found = [k for k in extra if k in marks]
-        if other != kind and len(found) >= enough:
-            raise ConfigError(f"{kind} file {source} is a {other} file (it has "
-                              f"{', '.join(repr(k) for k in found)}): {_KIND_COMMAND[other]} "
-                              f"{source}")
+    other = file_kind(extra)
+    if other is not None and other != kind:
+        found = ", ".join(repr(k) for k in extra if k in _KIND_MARKS[other][1])
+        raise ConfigError(f"{kind} file {source} is a {other} file (it has {found}): "
+                          f"{FILE_COMMANDS[other]} {source}")
 
 
 def load_structured(schema: type, source: Any, overrides: list[str] | tuple = (), *,
