@@ -119,6 +119,7 @@ def _chunks(items: Iterator, sizes: list[int]) -> Iterator[list]:
 
 class ClientWorker:
     def __init__(self, spec: WorkerSpec | None = None):
+        self._prefetcher: ThreadPoolExecutor | None = None  # made by _reader, kept for life
         if spec is not None:
             self.configure(spec)
 
@@ -250,7 +251,7 @@ class ClientWorker:
         and did not with glibc held to one malloc arena: each new thread's arena kept up to
         keep_freed_memory's trim threshold of freed client data (docs/performance.md,
         "Worker memory")."""
-        if getattr(self, "_prefetcher", None) is None:
+        if self._prefetcher is None:
             self._prefetcher = ThreadPoolExecutor(1, thread_name_prefix="fedray-prefetch")
         return self._prefetcher
 
