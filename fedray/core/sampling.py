@@ -6,10 +6,11 @@ samples the same clients whatever the cluster looks like.
 
 Cross-device clients also vanish and straggle. ``select_round`` models both, still from
 (seed, round, client) alone: a sampled client drops out with probability ``dropout``, and
-with over-selection the server samples ``ceil(k * (1 + over_selection))`` clients and keeps
-the ``k`` survivors that would finish first. A client's simulated finish time is its number
-of train examples times a log-normal speed factor (sigma 1) of its own; the late ones are
-not trained at all, since a real server would throw their work away.
+with over-selection the server samples ``ceil(k * (1 + over_selection))`` clients (counted
+exactly: ``over_selected``) and keeps the ``k`` survivors that would finish first. A
+client's simulated finish time is its number of train examples times a log-normal speed
+factor (sigma 1) of its own; the late ones are not trained at all, since a real server
+would throw their work away.
 
 A round costs O(k) whatever the population: numpy's ``Generator.choice`` without
 replacement runs Floyd's algorithm (a hash set of about k) when k < population / 50, and
@@ -23,6 +24,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from fractions import Fraction
 
 import numpy as np
 
@@ -60,6 +62,31 @@ def sample_clients(seed: int, round_idx: int, population: int, k: int,
     return np.sort(np.concatenate([pinned, drawn])).astype(np.int64)
 
 
+def over_selected(k: int, over_selection: float, population: int) -> int:
+    """How many clients a round samples for ``k`` with over-selection ``o``: ``ceil(k * (1 +
+    o))``, at most ``population`` (``k`` itself when ``o`` is 0). The one place that counts
+    it: fedray.core.sampling and the simulated clock (fedray.timing.rounds) both ask here.
+
+    Why not ``math.ceil(k * (1.0 + o))``: 0.1 is no double, and in floating point ``100 *
+    1.1`` is 110.00000000000001, so k = 100, o = 0.1 sampled 111 clients, not the documented
+    110 (one too many for 54 of the pairs k <= 1000, o in 0.1..0.9). Here ``o`` is taken as
+    the decimal it stands for -- its value at 15 significant digits, as an exact Fraction --
+    and the ceiling is integer arithmetic. 15 digits because that is what a double holds of
+    any decimal (DBL_DIG): a value written with up to 15 significant digits (``0.1`` in a
+    job file, a sweep's ``0.35``) comes back exactly as written, and the noise of float
+    arithmetic (``0.1 + 0.2`` = 0.30000000000000004) is rounded away rather than costing a
+    client. An infinite ``o`` samples the whole population."""
+    if over_selection != over_selection or over_selection < 0:  # NaN or negative
+        raise ValueError(f"over_selection must be >= 0, got {over_selection!r}")
+    if not over_selection:
+        return k
+    if math.isinf(over_selection):
+        return population
+    o = Fraction(f"{float(over_selection):.15g}")
+    n = k * (1 + o)
+    return min(population, -(-n.numerator // n.denominator))  # the ceiling, exactly
+
+
 @dataclass
 class RoundSelection:
     participants: np.ndarray  # sorted ids that train this round
@@ -77,7 +104,7 @@ def select_round(seed: int, round_idx: int, population: int, k: int, *,
     ``poisson`` draws each client with probability k / population instead of exactly k.
     ``sizes`` (over-selection's work per client): every client's train count, or a
     function giving the counts of the ids it is passed (fedray.data.source.sizes_of)."""
-    n = min(population, math.ceil(k * (1.0 + over_selection))) if over_selection else k
+    n = over_selected(k, over_selection, population)
     ids = (poisson_clients(seed, round_idx, population, k) if mode == "poisson" else
            sample_clients(seed, round_idx, population, n, always))
     alive = ids

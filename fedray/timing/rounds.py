@@ -2,10 +2,11 @@
 
 With ``clock.enabled`` the driver asks this module, instead of the clock-free
 ``fedray.core.sampling.select_round``, which clients take part. The round starts at the
-simulated time the previous one ended. k (or ``ceil(k * (1 + over_selection))``) clients
-are sampled among those online then (fedray.timing.online_sampling), those that
-``sampling.dropout`` removes never start, and the rest run an update whose duration comes
-from their device profile and the examples their local passes touch (fedray.timing.clock).
+simulated time the previous one ended. k (or ``ceil(k * (1 + over_selection))``, counted
+exactly by fedray.core.sampling.over_selected) clients are sampled among those online then
+(fedray.timing.online_sampling), those that ``sampling.dropout`` removes never start, and
+the rest run an update whose duration comes from their device profile and the examples
+their local passes touch (fedray.timing.clock).
 ``synchronous_round`` decides who is kept (trained and aggregated), who went offline
 mid-update (dropped) and who was still running when the server closed the round (late: not
 trained, since a real server would discard the work). Everything is a pure function of
@@ -22,6 +23,7 @@ from typing import Any
 
 import numpy as np
 
+from fedray.core.sampling import over_selected
 from fedray.core.seeding import TAG_DROPOUT, rng
 from fedray.timing.availability import AlwaysOnline, Availability, Diurnal
 from fedray.timing.clock import RoundOutcome, examples_processed, synchronous_round, update_times
@@ -136,7 +138,7 @@ class RoundClock:
                over_selection: float = 0.0) -> ClockedSelection:
         """Round ``round_idx``, starting at simulated time ``start_s``."""
         population = self.population
-        n = min(population, math.ceil(k * (1.0 + over_selection))) if over_selection else k
+        n = over_selected(k, over_selection, population)
         ids = sample_online(self.seed, round_idx, population, n, self.availability, start_s,
                             max_draws=self.max_draws).ids
         started = ids

@@ -1,4 +1,7 @@
+import math
+
 import numpy as np
+import pytest
 
 from fedray.core.sampling import federated_eval_clients, sample_clients
 from fedray.core.seeding import client_seed, derive_seed
@@ -143,3 +146,37 @@ def test_a_round_costs_its_clients_not_the_population():
     a = select_round(1, 3, 2_000, 100, over_selection=0.3, sizes=every)
     b = select_round(1, 3, 2_000, 100, over_selection=0.3, sizes=sizes_of)
     assert np.array_equal(a.participants, b.participants) and a.late == b.late == 30
+
+
+def test_over_selection_counts_exactly_as_documented():
+    """ceil(k * (1 + o)) over the exact decimal o, never float arithmetic: with floats
+    ceil(100 * 1.1) is 111 (110.00000000000001), one client too many for 54 pairs of k <= 1000,
+    o in 0.1..0.9. Every such pair whose product is not an integer is checked against exact
+    rational arithmetic (the integer products are checked too: there float is right)."""
+    from fractions import Fraction
+
+    from fedray.core.sampling import over_selected, select_round
+
+    wrong_in_float = 0
+    for tenths in range(1, 10):
+        o = tenths / 10
+        for k in range(1, 1001):
+            exact = k * (1 + Fraction(tenths, 10))
+            want = -(-exact.numerator // exact.denominator)
+            assert over_selected(k, o, 10**9) == want, (k, o)
+            wrong_in_float += math.ceil(k * (1.0 + o)) != want
+    assert wrong_in_float == 54  # the class of inputs the issue counted: all are now right
+    assert over_selected(100, 0.1, 10**6) == 110
+    assert select_round(0, 1, 10_000, 100, over_selection=0.1,
+                        sizes=np.ones(10_000, dtype=np.int64)).sampled == 110
+    # other decimals, hundredths and beyond, and float noise: the decimal that is meant
+    for k, o, want in ((100, 0.07, 107), (1000, 0.001, 1001), (10, 0.35, 14), (20, 0.35, 27),
+                       (7, 2.3, 24), (10, 0.1 + 0.2, 13), (3, 1 / 3, 4), (1, 1e-9, 2),
+                       (100, 0.1, 110), (10, 0.5, 15), (10, 1, 20)):
+        assert over_selected(k, o, 10**9) == want, (k, o)
+    assert over_selected(100, 0.0, 50) == 100  # no over-selection: k as it is
+    assert over_selected(100, 0.5, 120) == 120  # at most the population
+    assert over_selected(100, math.inf, 5000) == 5000
+    for bad in (-0.1, math.nan):
+        with pytest.raises(ValueError, match="over_selection"):
+            over_selected(10, bad, 100)

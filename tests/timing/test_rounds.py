@@ -119,3 +119,15 @@ def test_bad_clock_settings_are_one_line(tmp_path):
             "source": "trace", "trace": str(tmp_path / "nope.csv")}})
     with pytest.raises(FedrayError, match="'sampling.always': cannot be combined"):
         run(tmp_path, "bad3", sampling={"clients_per_round": 5, "always": [0]})
+
+
+def test_over_selection_on_the_clock_counts_as_without_it():
+    """The clock asks fedray.core.sampling.over_selected: k = 50, o = 0.1 samples 55, not
+    the 56 that float arithmetic gave (ceil(50 * 1.1) = ceil(55.00000000000001))."""
+    from fedray.core.sampling import over_selected
+
+    cfg = OmegaConf.merge(OmegaConf.structured(ClockConfig), {"enabled": True})
+    c = RoundClock(cfg, 7, np.full(200, 10), num_params=18, work=LocalWork(4, 1, 3))
+    assert c.select(2, 0.0, 50, over_selection=0.1).sampled == 55 == over_selected(50, 0.1, 200)
+    assert c.select(2, 0.0, 100, over_selection=0.1).sampled == 110
+    assert c.select(2, 0.0, 100, over_selection=1.5).sampled == 200  # at most the population
