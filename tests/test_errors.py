@@ -390,6 +390,14 @@ def test_bad_python_call(rid, ray_cluster, tmp_path, monkeypatch):
             p.register_hook(lambda g: torch.clamp(g, -0.01, 0.01))
         return model
 
+    class Branching(nn.Module):  # a forward pass that branches on a tensor's value
+        def __init__(self):
+            super().__init__()
+            self.fc = nn.Linear(8, 8)
+
+        def forward(self, x):
+            return self.fc(x) if x.sum() > 0 else self.fc(-x)
+
     g = np.random.default_rng(0)
     clients = {c: (g.normal(size=(10, 8)).astype(np.float32), g.integers(0, 8, size=10))
                for c in range(6)}
@@ -398,6 +406,6 @@ def test_bad_python_call(rid, ray_cluster, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     with pytest.raises(FedrayError) as info:
         eval(call, {"fedray": fedray, "nn": nn, "JOB": job, "CLIENTS": clients,  # noqa: S307
-                    "clipped": clipped})
+                    "clipped": clipped, "Branching": Branching})
     assert str(info.value) == message
     assert list(tmp_path.iterdir()) == []

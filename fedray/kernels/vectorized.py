@@ -111,7 +111,8 @@ MAX_GROUP = 128
 
 
 def vectorize_plan(module: nn.Module, mode: str, gpu: bool,
-                   loss: str = "cross_entropy") -> tuple[bool, str | None]:
+                   loss: str = "cross_entropy",
+                   probe: Callable[[], str | None] | None = None) -> tuple[bool, str | None]:
     """Whether workers train this model vectorized under ``runtime.worker.vectorize`` =
     ``mode``, and, when auto decides against it, the one line that says why. ``on`` for a
     model that cannot be vectorized is an error. On the CPU, auto keeps convolutional models
@@ -120,24 +121,65 @@ def vectorize_plan(module: nn.Module, mode: str, gpu: bool,
     sequential training (docs/performance.md, "Vectorized clients"). Recurrent models
     (``unsupported_reason``) and losses averaged over positions rather than examples
     (``model.loss: sequence_cross_entropy``: the batched step's per-example mean would
-    weigh a client's sequences, not its characters) always train one client after another."""
+    weigh a client's sequences, not its characters) always train one client after another.
+
+    ``probe`` (``batch_failure`` bound to the model and its inputs) is asked last, only where
+    the model would be vectorized: a forward pass that branches on tensor values, calls
+    ``.item()`` or asserts on a tensor passes every static check but fails inside ``vmap``,
+    and it is cheaper to find that in one tiny step on the driver than in round 1 on every
+    worker."""
     if mode == "off":
         return False, None
     reason = unsupported_reason(module)
     if reason is None and loss in PER_POSITION:
         reason = (f"model.loss={loss} averages over positions, which the batched step's "
                   "per-example mean cannot")
+    if reason is None:
+        if mode == "auto" and not gpu and any(isinstance(m, _CONV) for m in module.modules()):
+            return False, ("runtime.worker.vectorize=auto: clients train one after another: "
+                           "on the CPU, batched training measured slower for models with "
+                           "convolutions; set it to on to force it")
+        failure = probe() if probe is not None else None
+        if failure is not None:
+            reason = f"one batched step fails: {failure}"
     if reason is not None:
         if mode == "on":
             raise ValueError(str(key_error("runtime.worker.vectorize", "this model cannot be "
                                            f"trained vectorized: {reason}", "on")))
         return False, (f"runtime.worker.vectorize=auto: clients train one after another, "
                        f"as this model cannot be vectorized: {reason}")
-    if mode == "auto" and not gpu and any(isinstance(m, _CONV) for m in module.modules()):
-        return False, ("runtime.worker.vectorize=auto: clients train one after another: on "
-                       "the CPU, batched training measured slower for models with "
-                       "convolutions; set it to on to force it")
     return True, None
+
+
+def batch_failure(model: FlatModel, input_shape: tuple[int, ...], loss: str,
+                  label_shape: tuple[int, ...] = ()) -> str | None:
+    """Why one step of ``vmap_local_sgd`` fails for ``model``, or None when it runs: two
+    clients of two zero examples each, learning rate 0, one step, through the same code the
+    workers run (so the closed-form chain and the torch.func step are both covered).
+
+    Any exception counts: vmap reports data-dependent control flow and ``.item()`` as a
+    RuntimeError, but a model's own ``assert`` on a tensor, or its own checks, raise other
+    types, and each of them means the model trains only one client after another. The
+    model's weights are not changed (the kernel trains copies) and its train/eval mode is
+    restored."""
+    from fedray.core.losses import float_targets
+
+    was_training = model.module.training
+    x = torch.zeros((2, *input_shape), device=model.device)
+    y = torch.zeros((2, *label_shape), device=model.device,
+                    dtype=torch.float32 if float_targets(loss) else torch.long)
+    try:
+        vmap_local_sgd(model, model.flat, [(x, y), (x, y)], lrs=[0.0, 0.0], batch_size=2,
+                       local_epochs=1, local_steps=1, seeds=[0, 1], loss=loss)
+    except Exception as exc:  # noqa: BLE001 -- any failure means: do not batch this model
+        text = str(exc).strip()
+        first = text.splitlines()[0] if text else ""
+        if len(first) > 160 and ". " in first:  # vmap's messages run to several sentences
+            first = first[:first.index(". ") + 1]
+        return f"{type(exc).__name__}: {first}" if first else type(exc).__name__
+    finally:
+        model.module.train(was_training)
+    return None
 
 
 def group_size(num_params: int, gpu: bool = False) -> int:

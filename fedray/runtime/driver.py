@@ -61,7 +61,7 @@ from fedray.core.seeding import TAG_INIT, derive_seed
 from fedray.data.per_round import parse_per_round
 from fedray.data.source import ClientSource, sizes_of
 from fedray.errors import FedrayError, key_error
-from fedray.kernels.vectorized import vectorize_plan
+from fedray.kernels.vectorized import batch_failure, vectorize_plan
 from fedray.runtime.inline import InlinePool, frozen, frozen_tree
 from fedray.runtime.messages import Broadcast, RoundResult, RoundTask
 from fedray.runtime.pool import WorkerPool
@@ -256,8 +256,11 @@ class Driver:
             self.vectorized = False
             return False
         try:
-            on, why_not = vectorize_plan(self.template.module, w.vectorize, w.num_gpus > 0,
-                                         self.cfg.model.loss)
+            on, why_not = vectorize_plan(
+                self.template.module, w.vectorize, w.num_gpus > 0, self.cfg.model.loss,
+                probe=lambda: batch_failure(self.template, tuple(self.source.input_shape),
+                                            self.cfg.model.loss,
+                                            tuple(getattr(self.source, "label_shape", ()))))
         except ValueError as exc:
             raise FedrayError(str(exc)) from None
         if why_not is not None:

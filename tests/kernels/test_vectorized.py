@@ -15,6 +15,7 @@ from fedray.core.flat_model import FlatModel
 from fedray.core.models import build_model
 from fedray.kernels.sequential import local_sgd
 from fedray.kernels.vectorized import (
+    batch_failure,
     defer_first_layer,
     group_size,
     group_sizes,
@@ -222,6 +223,78 @@ def test_vectorize_plan_follows_the_mode_and_says_why_not():
     assert not on and "cannot be vectorized: it has dropout" in why
     with pytest.raises(ValueError, match="'runtime.worker.vectorize': .* it has dropout.*got 'on'"):
         vectorize_plan(dropout, "on", gpu=True)
+
+
+class _Asserts(nn.Module):
+    """Checks its input with a Python ``assert`` on a tensor."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(4, 3)
+
+    def forward(self, x):
+        assert torch.isfinite(x).all(), "non-finite input"
+        return self.fc(x)
+
+
+class _Item(nn.Module):
+    """Scales by a Python float read with ``.item()``."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(4, 3)
+
+    def forward(self, x):
+        return self.fc(x) / (1.0 + x.abs().max().item())
+
+
+class _Branches(nn.Module):
+    """Takes a branch chosen by a tensor's value."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(4, 3)
+
+    def forward(self, x):
+        if x.sum() > 0:
+            return self.fc(x)
+        return self.fc(-x)
+
+
+@pytest.mark.parametrize("kind", [_Asserts, _Item, _Branches])
+def test_a_model_that_fails_under_vmap_falls_back_or_is_refused(kind):
+    """A forward pass that an ordinary model may well have (an ``assert`` on a tensor,
+    ``.item()``, an ``if`` on tensor data) passes every static check, but cannot run inside
+    ``vmap``. The probe, one tiny batched step, finds that before round 1: ``auto`` trains
+    the model one client after another and says why in one line; ``on`` refuses it in one
+    line naming the key. The probe changes no weight and leaves the mode as it was."""
+    model = FlatModel(kind())
+    before = model.flat.clone()
+    model.module.eval()
+    failure = batch_failure(model, (4,), "cross_entropy")
+    assert failure is not None and "\n" not in failure
+    assert torch.equal(model.flat, before) and not model.module.training
+    probe = lambda: batch_failure(model, (4,), "cross_entropy")  # noqa: E731
+    on, why = vectorize_plan(model.module, "auto", gpu=False, probe=probe)
+    assert not on and why.startswith("runtime.worker.vectorize=auto: clients train one after "
+                                     "another, as this model cannot be vectorized: one "
+                                     "batched step fails: ")
+    with pytest.raises(ValueError, match=r"^config key 'runtime.worker.vectorize': this model "
+                       r"cannot be trained vectorized: one batched step fails: .*got 'on'$"):
+        vectorize_plan(model.module, "on", gpu=False, probe=probe)
+
+
+@pytest.mark.parametrize("name,shape,loss", [("logreg", (1, 28, 28), "cross_entropy"),
+                                             ("mlp", (1, 28, 28), "cross_entropy"),
+                                             ("leaf_cnn", (1, 28, 28), "cross_entropy"),
+                                             ("logreg", (5,), "mse"), ("logreg", (5,), "bce")])
+def test_the_probe_passes_the_zoo(name, shape, loss):
+    """Every zoo model that auto would vectorize, under each loss it trains with, passes the
+    probe: it never sends an ordinary model to sequential training by mistake."""
+    model = FlatModel(build_model(name, shape, 1 if loss in ("mse", "bce") else 62))
+    assert batch_failure(model, shape, loss) is None
+    assert vectorize_plan(model.module, "on", gpu=False, loss=loss,
+                          probe=lambda: batch_failure(model, shape, loss)) == (True, None)
 
 
 def test_hooks_keep_a_model_sequential():
