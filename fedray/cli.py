@@ -30,8 +30,9 @@ examples:
   fedray run --resume runs/a rounds=200 --allow-change rounds   # extend a finished one
 
 The run directory (output.dir, any fsspec URL) receives config.yaml, metrics.jsonl,
-summary.json, model.safetensors, server_state.safetensors, checkpoint.safetensors
-(every checkpoint.every rounds) and, for SCAFFOLD, client_state/. --resume RUN_DIR continues
+summary.json, events.out.tfevents.fedray (TensorBoard), model.safetensors,
+server_state.safetensors, checkpoint.safetensors (every checkpoint.every rounds) and, for
+SCAFFOLD, client_state/. --resume RUN_DIR continues
 from the checkpoint, bit-identically; the config (RUN_DIR/config.yaml, or JOB.yaml given
 again, plus overrides) must equal the run's, except safe keys named with --allow-change.
 Config keys: docs/config.md; algorithms: docs/algorithms.md; faults and resuming:

@@ -61,3 +61,78 @@ def test_readme_commands_exist_in_makefile():
     for target in re.findall(r"^make (\w+)", readme, flags=re.M):
         assert re.search(rf"^{target}:", makefile, flags=re.M), target
     assert "make test" in (ROOT / ".ci" / "run").read_text()
+
+
+def _marked_table(doc: str, mark: str) -> list[list[str]]:
+    """The rows (cells) of the table right after ``<!-- readme: MARK ...-->`` in ``doc``."""
+    at = doc.index(f"<!-- readme: {mark} ")
+    lines = doc[at:].splitlines()[2:]  # past the marker and the header
+    rows = []
+    for line in lines[1:]:  # past the |---| line
+        if not line.startswith("|"):
+            break
+        rows.append([c.strip() for c in line.strip("|").split("|")])
+    return rows
+
+
+def _ratio(cell: str) -> str:
+    """A bold ratio as the table writes it (``**3.88x**`` -> "3.88", ``**47x**`` -> "47")."""
+    return re.search(r"\*\*([0-9.]+)x\*\*", cell)[1]
+
+
+def _span(values: list[str]) -> str:
+    """The README's way of giving a range of table ratios: one decimal where the table has
+    decimals (3.88 -> 3.9), whole numbers where it has none."""
+    nums = sorted(values, key=float)
+    def fmt(v): return f"{float(v):.1f}" if "." in v else v  # noqa: E704
+    lo, hi = fmt(nums[0]), fmt(nums[-1])
+    return f"{lo}x" if lo == hi else f"{lo}–{hi}x"
+
+
+def test_readme_speed_ups_are_the_current_tables():
+    """The README's speed-ups are the marked (latest) tables' figures, per model: a new
+    measurement that moves the table without the README fails here (issue 39: the README
+    once quoted the oldest table)."""
+    doc = (ROOT / "docs" / "performance.md").read_text()
+    readme = " ".join((ROOT / "README.md").read_text().split())
+    raw = _marked_table(doc, "raw loop")
+    flower = _marked_table(doc, "Flower")
+    assert len(raw) >= 3 and len(flower) >= 3
+
+    def of(rows, model, col):
+        return [_ratio(r[col]) for r in rows if r[0].startswith(model)]
+
+    claims = {
+        "raw loop, logistic regression": (_span(of(raw, "logistic regression", 4)),
+                                          "as a plain single-process PyTorch loop on "
+                                          "logistic regression"),
+        "raw loop, MLP": (_span(of(raw, "MLP", 4)), "on a small MLP"),
+        "raw loop, CNN": (_span(of(raw, "LEAF CNN", 4)), "on the LEAF CNN"),
+        "Flower, logreg and MLP": (_span(of(flower, "logistic regression", 4)
+                                         + of(flower, "MLP", 4)),
+                                   "as many updates per second on logistic regression and a "
+                                   "small MLP"),
+        "Flower, CNN": (_span(of(flower, "LEAF CNN", 4)), "as many on the LEAF CNN"),
+    }
+    for what, (span, phrase) in claims.items():
+        assert re.search(re.escape(span) + r"[^.]{0,120}?" + re.escape(phrase), readme), \
+            f"README: {what} should read {span}"
+
+
+def test_run_help_names_every_file_of_the_run_directory():
+    """``fedray run --help`` lists the files the README says a run directory holds."""
+    from fedray.cli import RUN_HELP
+
+    readme = (ROOT / "README.md").read_text()
+    part = readme[readme.index("Each run directory"):readme.index("The algorithms, their")]
+    files = re.findall(r"^- `([^`]+)`", part, flags=re.M)
+    assert len(files) >= 8
+    text = " ".join(RUN_HELP.split())
+    for name in files:
+        assert name.rstrip("/") in text, name
+
+
+def test_api_doc_says_model_loss_applies_to_model_fn():
+    doc = (ROOT / "docs" / "api.md").read_text()
+    row = next(ln for ln in doc.splitlines() if ln.startswith("| `model_fn` |"))
+    assert "model.loss" in row and "the loss is cross-entropy" not in row
