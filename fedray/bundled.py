@@ -30,7 +30,10 @@ def root(folder: str) -> Path | None:
     """Where the bundled ``folder`` (jobs or partitions) is: inside the installed package,
     else the checkout's top level; None when neither has it."""
     package = Path(__file__).resolve().parent
-    for base in (package / "_bundled", package.parent):
+    # the top level only of a checkout (its setup.py beside the package): an installed
+    # fedray's parent is site-packages, whose jobs/ would be another package's
+    checkout = [package.parent] if (package.parent / "setup.py").is_file() else []
+    for base in (package / "_bundled", *checkout):
         if (base / folder).is_dir() and any((base / folder).rglob("*.yaml")):
             return base / folder
     return None
@@ -100,9 +103,10 @@ def resolve(folder: str, arg: str) -> str:
     must exist; the error lists what does."""
     if not is_name(arg):
         return arg
-    base = root(folder)
-    path = base / f"{arg}.yaml" if base is not None else None
-    if path is None or not path.is_file():
+    # looked up among the listing's names, never joined to a path: ``../../x`` or an
+    # absolute name is no bundled file, whatever exists where the join would point
+    path = {b.name: b.path for b in listing(folder)}.get(arg)
+    if path is None:
         kind = KINDS[folder]
         names = ", ".join(b.name for b in listing(folder) if "/" not in b.name)
         raise FedrayError(f"no file {arg!r} and no bundled {kind} of that name (fedray "

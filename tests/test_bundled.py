@@ -4,6 +4,7 @@ installed wheel's copy is checked by .ci/wheel_check, from a directory outside t
 from __future__ import annotations
 
 import pathlib
+import re
 import subprocess
 import sys
 
@@ -73,3 +74,24 @@ def test_the_cli_lists_shows_and_refuses(tmp_path):
     assert bad.returncode == 2 and bad.stderr.startswith(
         "fedray: error: no file 'nosuch' and no bundled recipe of that name")
     assert len(bad.stderr.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize("name", ["../x", "../../x", "sub/../../x", "/tmp/x", "./quickstart",
+                                  "quickstart/", "../partitions/femnist"])
+def test_a_bundled_name_never_leaves_the_bundled_folder(name, tmp_path, monkeypatch):
+    """A name is looked up among the bundled files' names, never joined to a path: a file
+    where ``jobs/../x.yaml`` would point is not a bundled job, whatever it holds."""
+    (tmp_path / "jobs" / "sub").mkdir(parents=True)
+    (tmp_path / "jobs" / "mine.yaml").write_text("# mine.\nrounds: 1\n")
+    (tmp_path / "jobs" / "sub" / "x.yaml").write_text("# inner.\nrounds: 1\n")
+    (tmp_path / "x.yaml").write_text("# outside the bundled folder.\nrounds: 1\n")
+    (tmp_path / "partitions").mkdir()
+    (tmp_path / "partitions" / "femnist.yaml").write_text("# a recipe.\nsource: {}\n")
+    monkeypatch.setattr(bundled, "root", lambda folder: tmp_path / folder)
+    monkeypatch.chdir(tmp_path / "jobs" / "sub")  # where none of the names is a file
+    assert bundled.resolve("jobs", "sub/x") == str(tmp_path / "jobs" / "sub" / "x.yaml")
+    with pytest.raises(FedrayError, match=f"^no file {re.escape(repr(name))} and no bundled "
+                       "job of that name"):
+        bundled.resolve("jobs", name)
+    with pytest.raises(FedrayError, match="no bundled job of that name"):
+        bundled.show("jobs", name)
