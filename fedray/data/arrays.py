@@ -21,6 +21,7 @@ from fedray.data.columns import (
     Part,
     assemble,
     check_keys,
+    finite_inputs,
     labels,
     missing_column,
     numbers,
@@ -100,6 +101,8 @@ def _dataset(where: str, kind: str, names: dict[str, str | None], given: dict[st
         if given[key] is not None and _rows(given[key]) != n:
             raise FedrayError(f"{where}: {kind} {names[key]!r} has {_rows(given[key])} rows but "
                               f"{kind} {names['x']!r} has {n}")
+    if n == 0:
+        raise cols["x"].error("has no rows (a data set needs at least one example)")
     x = numbers(cols["x"], given["x"])
     if channels_last:
         if x.ndim != 4:
@@ -111,12 +114,13 @@ def _dataset(where: str, kind: str, names: dict[str, str | None], given: dict[st
     elif x.ndim == 1:
         x = x[:, None]  # one number per row
     pixels = x.dtype == np.uint8
+    if scale is None:
+        scale = 1.0 / 255.0 if pixels else 1.0
+    finite_inputs(cols["x"], x, float(scale))  # before the cast: 1e300 is inf in float32
     x = np.ascontiguousarray(x if pixels else x.astype(np.float32))
     part = Part(where, x, labels(cols["label"], given["label"]), cols["label"],
                 None if given["user"] is None else user_ids(cols["user"], given["user"]),
                 False if given["split"] is None else split_flags(cols["split"], given["split"]))
-    if scale is None:
-        scale = 1.0 / 255.0 if pixels else 1.0
     return assemble(name, [part], scale=float(scale), num_classes=num_classes, source=source)
 
 

@@ -215,6 +215,8 @@ def _to_split(doc: dict, where: str) -> Split:
         raise FedrayError(f"{where}: b'data' must be a uint8 array [n, 3072], got "
                           f"{getattr(data, 'dtype', type(data).__name__)} {shape}")
     n = len(data)
+    if n == 0:
+        raise FedrayError(f"{where}: b'data' holds no images (0 rows)")
     y = _label_array(doc, b"fine_labels", n, NUM_CLASSES, where)
     coarse = _label_array(doc, b"coarse_labels", n, NUM_COARSE, where)
     # each row is 1024 R, then 1024 G, then 1024 B values, each plane row-major 32x32

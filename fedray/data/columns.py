@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from fedray.data.dataset import Dataset, Split
+from fedray.data.dataset import MAX_CLASSES, Dataset, Split, first_nonfinite
 from fedray.errors import FedrayError, key_error, one_line
 
 # source.<key>s that each bring-your-own source reads (recipe.SourceSpec documents them)
@@ -81,6 +81,9 @@ def check_keys(source: str, keys: Mapping[str, Any]) -> None:
     k = keys.get("num_classes")
     if k is not None and (not _is_int(k) or k < 1):
         raise _bad("num_classes", "must be a whole number >= 1 (or null: max label + 1)", k)
+    if k is not None and k > MAX_CLASSES:
+        raise _bad("num_classes", f"must be at most {MAX_CLASSES:,} (the most classes fedray "
+                   f"takes)", k)
     scale = keys.get("scale")
     if scale is not None and (isinstance(scale, (bool, np.bool_)) or not isinstance(
             scale, (int, float, np.integer, np.floating)) or not math.isfinite(scale)
@@ -194,6 +197,7 @@ def labels(col: Column, values: Any) -> np.ndarray:
     if v.ndim != 1:
         raise col.error(f"must hold one label per row, got shape {v.shape[1:]} per row")
     if v.dtype.kind in "iu":
+        _no_huge_label(col, v)
         out = v.astype(np.int64)
     elif v.dtype.kind == "f":
         nan = np.flatnonzero(np.isnan(v))
@@ -202,6 +206,7 @@ def labels(col: Column, values: Any) -> np.ndarray:
         frac = np.flatnonzero(~np.isfinite(v) | (v != np.round(v)))
         if len(frac):
             raise col.error(f"{v[frac[0]].item()!r} is not an integer label", int(frac[0]))
+        _no_huge_label(col, v)
         out = v.astype(np.int64)
     else:
         out = np.zeros(len(v), dtype=np.int64)
@@ -211,6 +216,8 @@ def labels(col: Column, values: Any) -> np.ndarray:
                 and value == round(value)
             if not (_is_int(value) or whole):
                 raise col.error(f"{_short(x)} is not an integer label", r)
+            if value > MAX_CLASSES - 1:
+                raise col.error(_huge_label(value), r)
             out[r] = int(value)
     neg = np.flatnonzero(out < 0)
     if len(neg):
@@ -218,17 +225,31 @@ def labels(col: Column, values: Any) -> np.ndarray:
     return out
 
 
+def _huge_label(value: Any) -> str:
+    return (f"label {_short(value)} is beyond the largest class fedray takes "
+            f"({MAX_CLASSES - 1:,}: at most {MAX_CLASSES:,} classes)")
+
+
+def _no_huge_label(col: Column, v: np.ndarray) -> None:
+    """Refuse a label past MAX_CLASSES before it is cast to int64 (where 1e30 or a uint64
+    past 2**63 would wrap to a negative number and be reported as one)."""
+    over = np.flatnonzero(v > MAX_CLASSES - 1)
+    if len(over):
+        raise col.error(_huge_label(v[over[0]]), int(over[0]))
+
+
 def numbers(col: Column, values: Any) -> np.ndarray:
     """The column's rows as one numeric array [n, ...] (its own dtype): a number per row, or
     a list or array of numbers per row, all of the same shape. Nulls, NaN or infinite
-    values, text and ragged rows are errors naming the row."""
+    values, text and ragged rows are errors naming the row (``finite_inputs`` checks them
+    again as model inputs, once cast to float32 and scaled)."""
     v, null = _numpy(col, values)
     _first_null(col, null)
     if v.dtype == object or v.dtype.kind in "US":
         v = _stack_rows(col, v)
     if v.dtype.kind not in "iufb":
         raise col.error(f"holds {v.dtype}, not numbers")
-    if v.dtype.kind == "f":
+    if v.dtype.kind == "f" and len(v):
         bad = ~np.isfinite(v.reshape(len(v), -1)).all(axis=1)
         if bad.any():
             r = int(np.flatnonzero(bad)[0])
@@ -363,6 +384,16 @@ def split_flags(col: Column, values: Any) -> np.ndarray:
     return out
 
 
+def finite_inputs(col: Column, x: np.ndarray, scale: float) -> None:
+    """Refuse inputs that are not finite as model inputs (``float32(x) * scale``): a
+    finite float64 such as 1e300 is inf in float32, and would make every update non-finite.
+    Refused here, naming the file, the column and the row, rather than by the store writer,
+    which can name only the client."""
+    bad = first_nonfinite(x, scale)
+    if bad is not None:
+        raise col.error(f"{bad[1]}: not a finite model input", bad[0])
+
+
 @dataclass
 class Part:
     """The checked columns of one file, or one split of a Hugging Face DatasetDict."""
@@ -373,6 +404,28 @@ class Part:
     label: Column  # the label column, for a label >= num_classes
     users: np.ndarray | None = None  # [n] str
     test: np.ndarray | bool = False  # per row, or the whole part
+
+
+def inferred_classes(parts: list[Part]) -> int:
+    """The number of classes when none is given: the largest label + 1, provided the labels
+    use at least half of 0..largest (largest + 1 <= 2 x the number of distinct labels).
+
+    Why a rule: a single stray label (a typo, an id pasted into the label column: 1e9)
+    would otherwise make that many classes -- a model with a billion outputs, a store whose
+    every reader allocates for them -- from data that has a handful. A label set that is
+    really that sparse is given with ``source.num_classes``, which this rule never
+    overrides."""
+    distinct = np.unique(np.concatenate([p.y for p in parts]))
+    top = int(distinct[-1])
+    if top + 1 <= 2 * len(distinct):
+        return top + 1
+    p = next(p for p in parts if len(p.y) and int(p.y.max()) == top)
+    row = int(np.flatnonzero(p.y == top)[0])
+    below = f"the next largest is {int(distinct[-2])}" if len(distinct) > 1 else "no other"
+    raise p.label.error(f"label {top:,} would make {top + 1:,} classes, but the labels take "
+                        f"only {len(distinct)} distinct values ({below}); without "
+                        f"source.num_classes the labels must use at least half of 0..largest: "
+                        f"fix the label, or give source.num_classes", row)
 
 
 def assemble(name: str, parts: list[Part], *, scale: float, num_classes: int | None,
@@ -389,9 +442,11 @@ def assemble(name: str, parts: list[Part], *, scale: float, num_classes: int | N
         raise FedrayError(f"{first.where}: no rows")
     if all(np.all(p.test) for p in parts):
         raise FedrayError(f"{first.where}: no train rows (every row is a test row)")
-    top = max(int(p.y.max()) for p in parts if len(p.y))
     if num_classes is None:
-        num_classes = top + 1
+        num_classes = inferred_classes(parts)
+    elif num_classes > MAX_CLASSES:  # a ClassLabel's num_classes (the keys are checked)
+        raise FedrayError(f"{first.where}: {num_classes:,} classes; fedray takes at most "
+                          f"{MAX_CLASSES:,}")
     for p in parts:
         over = np.flatnonzero(p.y >= num_classes)
         if len(over):

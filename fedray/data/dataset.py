@@ -18,6 +18,12 @@ import numpy as np
 if TYPE_CHECKING:
     from fedray.data.partitioned import PartitionedDataset
 
+# The most classes a data set or a store may have. Far beyond any real label set (ImageNet-21k
+# has 21,841, a large vocabulary a few 100,000), and small enough that what is sized by the
+# classes -- a model's output layer, a store's label histograms, --describe's picture -- fits
+# in memory: a stray label of 1e9 must be an error, not a billion-class store.
+MAX_CLASSES = 1_000_000
+
 
 @dataclass
 class Split:
@@ -92,3 +98,48 @@ class Dataset:
 
         return PartitionedDataset(self, partition(self, name, seed, **params), name, seed,
                                   dict(params))
+
+
+_FLOAT32_MAX = float(np.finfo(np.float32).max)
+
+
+def first_nonfinite(x: np.ndarray, scale: float = 1.0) -> tuple[int, str] | None:
+    """The first row of ``x`` whose model input is not finite, and why (NaN, an infinite
+    value, a value beyond float32's range, or one that overflows when scaled); None when
+    every one is finite.
+
+    Why here: a model input is ``float32(x) * scale`` (how a store's reader makes it), so a
+    finite float64 of 1e300, or a finite pixel times an absurd ``scale``, is as useless as a
+    NaN -- every update it touches is dropped as non-finite, and a run ends with nothing
+    learnt and exit 0. Sources, the store writer, ``data.verify`` and a worker's read of a
+    client all ask this one question. It costs two passes over ``x`` (its min and max: the
+    extremes overflow first, and NaN propagates through both); the rows are searched, a block
+    at a time, only when one fails."""
+    if x.size == 0 or x.dtype.kind not in "iuf":
+        return None
+    s = np.float32(scale)
+    with np.errstate(over="ignore", invalid="ignore"):
+        ends = np.asarray([x.min(), x.max()])
+        if np.isfinite(ends).all() and np.isfinite(ends.astype(np.float32) * s).all():
+            return None
+        rows = x.reshape(len(x), -1)
+        block = max(1, 2**22 // max(1, rows.shape[1]))  # about 16 MB of float32 at a time
+        for start in range(0, len(rows), block):
+            part = rows[start:start + block]
+            scaled = part.astype(np.float32) * s
+            bad = np.flatnonzero(~np.isfinite(scaled).all(axis=1))
+            if len(bad):
+                r = int(bad[0])
+                raw = part[r][~np.isfinite(scaled[r])][0].item()
+                return start + r, _why_nonfinite(raw, scale)
+    return None  # pragma: no cover -- the extremes said one row fails
+
+
+def _why_nonfinite(raw: float, scale: float) -> str:
+    if raw != raw:
+        return "NaN"
+    if raw in (float("inf"), float("-inf")):
+        return f"an infinite value ({raw})"
+    if abs(raw) > _FLOAT32_MAX:
+        return f"{raw:g} is beyond float32's range (±3.4e38)"
+    return f"{raw:g} times scale {scale:g} overflows float32 (±3.4e38)"

@@ -43,9 +43,10 @@ def describe(url: str, plot: str | None = None, verify: bool = True) -> str:
     if verify:
         verify_store(url, m)
     index = client_index(url, m)
+    source = m.get("source") or {}  # the manifest's schema allows it absent
     lines = [f"store:        {url}",
-             f"source:       {m['source'].get('name')} ({m['source'].get('path') or 'generated'})",
-             f"partitioner:  {m['partitioner']}, seed {m['seed']}",
+             f"source:       {source.get('name')} ({source.get('path') or 'generated'})",
+             f"partitioner:  {m.get('partitioner')}, seed {m.get('seed')}",
              f"clients:      {m['num_clients']:,}",
              f"classes:      {m['num_classes']}, inputs {tuple(m['input_shape'])} {m['dtype']}"]
     label_shape = tuple(m.get("label_shape") or ())
@@ -83,6 +84,24 @@ def describe(url: str, plot: str | None = None, verify: bool = True) -> str:
     return "\n".join(lines)
 
 
+def _shown_histograms(index: ClientIndex, shown: np.ndarray, dense_up_to: int = 1024
+                      ) -> tuple[np.ndarray, np.ndarray | None]:
+    """The shown clients' label histograms: over every class for up to ``dense_up_to``
+    classes; beyond, over the labels they hold only (and those labels), so that the picture
+    costs what the clients hold, not clients x num_classes (up to MAX_CLASSES)."""
+    if index.num_classes <= dense_up_to:
+        return index.histograms("train", shown), None
+    starts, labels, counts = index.sparse("train")
+    lo, hi = starts[shown], starts[shown + 1]
+    entries = np.concatenate([np.arange(a, b) for a, b in zip(lo, hi, strict=True)]) \
+        if len(shown) else np.zeros(0, np.int64)
+    present, column = np.unique(labels[entries], return_inverse=True)
+    rows = np.repeat(np.arange(len(shown)), hi - lo)
+    h = np.zeros((len(shown), max(1, len(present))), dtype=np.int64)
+    h[rows, column] = counts[entries]
+    return h, present
+
+
 def _plot(index: ClientIndex, manifest: dict, path: str, max_clients: int = 400) -> None:
     import matplotlib
 
@@ -91,21 +110,22 @@ def _plot(index: ClientIndex, manifest: dict, path: str, max_clients: int = 400)
 
     n = index.num_clients
     shown = np.unique(np.linspace(0, n - 1, min(n, max_clients)).astype(int))
-    h = index.histograms("train", shown)
+    h, labels = _shown_histograms(index, shown)
     props = h / np.maximum(1, h.sum(axis=1, keepdims=True))
     order = np.lexsort((-props.max(axis=1), props.argmax(axis=1)))
     fig, (ax0, ax1) = plt.subplots(1, 2, figsize=(13, 4.8), width_ratios=[3, 1])
     im = ax0.imshow(props[order].T, aspect="auto", interpolation="nearest", cmap="viridis")
     ax0.set_xlabel(f"client ({len(shown)} of {n:,}, sorted by majority label)")
-    ax0.set_ylabel("label")
+    ax0.set_ylabel("label" if labels is None else f"label ({len(labels):,} of "
+                   f"{index.num_classes:,} present; rows in label order)")
     ax0.set_title("label proportions per client (train)")
     fig.colorbar(im, ax=ax0, fraction=0.04, pad=0.01)
     ax1.hist(index.counts("train"), bins=40, color="tab:blue")
     ax1.set_xlabel("train examples per client")
     ax1.set_ylabel("clients")
     ax1.set_title("client sizes")
-    source = manifest["source"].get("name")
-    fig.suptitle(f"{source} / {manifest['partitioner'].get('name')}: "
+    source = (manifest.get("source") or {}).get("name")
+    fig.suptitle(f"{source} / {(manifest.get('partitioner') or {}).get('name')}: "
                  f"{manifest['num_clients']:,} clients")
     fig.tight_layout()
     fig.savefig(path, dpi=110)

@@ -72,7 +72,7 @@ def from_hf_disk(path: str | os.PathLike, *, label: str | None = "label",
                           f"dataset_dict.json or dataset_info.json)")
     parts, scale, classes = [], 1.0, None
     for directory, test in dirs:
-        table, types = _read_dataset(directory)
+        table, types = _read_dataset(directory, test)
         chosen = _inputs(directory, types, keys)
         part, scale = table_part(str(directory), table, chosen)
         if test:
@@ -104,7 +104,7 @@ def _dict_splits(root: Path) -> list[str]:
     return splits
 
 
-def _read_dataset(directory: Path) -> tuple[pa.Table, dict[str, dict]]:
+def _read_dataset(directory: Path, test: bool = False) -> tuple[pa.Table, dict[str, dict]]:
     """One saved Dataset's rows (its data files in ``state.json``'s order) and column types."""
     info = _json(directory / "dataset_info.json")
     types = info.get("features") if isinstance(info, dict) else None
@@ -130,6 +130,9 @@ def _read_dataset(directory: Path) -> tuple[pa.Table, dict[str, dict]]:
     except pa.ArrowInvalid as exc:
         raise FedrayError(f"{directory}: its data files differ in columns ({one_line(exc)})") \
             from None
+    if table.num_rows == 0:
+        raise FedrayError(f"{directory}: its {len(files)} data file(s) hold no rows (an empty "
+                          f"split{'; source.test_split: null reads none' if test else ''})")
     return table, types
 
 

@@ -60,6 +60,10 @@ def _read_split(root: Path, split: str, read_user: UserReader | None = None,
     records: list[_Record] = []
     for file in files:
         records.extend(_read_file(file, read_user or _read_writer, who))
+    if split == "train" and not any(len(r[2]) for r in records):
+        raise FedrayError(f"{directory}: its {len(files)} LEAF file(s) hold no examples "
+                          f"({len(records)} {who}s, num_samples all 0)" if records else
+                          f"{directory}: its {len(files)} LEAF file(s) list no {who}s")
     return records
 
 

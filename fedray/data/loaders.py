@@ -25,7 +25,7 @@ from fedray.data.shakespeare import (
 )
 from fedray.data.table import from_table
 from fedray.data.tff import load_tff_cifar100, load_tff_emnist
-from fedray.errors import key_error
+from fedray.errors import FedrayError, key_error
 
 LOADERS: dict[str, Callable[[str], Dataset]] = {
     "leaf_femnist": load_leaf_femnist,
@@ -57,4 +57,7 @@ def load_source(name: str, path: str, **options: object) -> Dataset:
     path = os.path.expanduser(os.fspath(path))
     if not os.path.exists(path):
         raise key_error("source.path", f"{path} does not exist", what="recipe")
-    return loader(path, **options)
+    dataset = loader(path, **options)
+    if len(dataset.train) == 0:  # each loader says it naming its file; this is for any other
+        raise FedrayError(f"{path}: source {name} found no train examples there")
+    return dataset

@@ -93,6 +93,8 @@ def _read_idx(file: Path, magic: int, ndim: int) -> np.ndarray:
     if len(raw) < header:
         raise FedrayError(f"{file}: truncated IDX header ({len(raw)} bytes)")
     dims = struct.unpack(f">{ndim}I", raw[4:header])
+    if dims[0] == 0:
+        raise FedrayError(f"{file}: its IDX header says 0 {'images' if ndim == 3 else 'labels'}")
     expected = int(np.prod(dims, dtype=np.int64))
     got = len(raw) - header
     if got != expected:

@@ -26,6 +26,7 @@ from fedray.data.columns import (
     Part,
     assemble,
     check_keys,
+    finite_inputs,
     images,
     labels,
     missing_column,
@@ -39,6 +40,7 @@ from fedray.data.dataset import Dataset
 from fedray.errors import FedrayError, one_line
 
 PARQUET_MAGIC = b"PAR1"
+PARQUET_SUFFIXES = (".parquet", ".parq", ".pq")
 
 
 def from_table(table: Any, *, label: str | None = "label", features: list[str] | None = None,
@@ -94,8 +96,13 @@ def table_part(where: str, data: pa.Table, keys: dict) -> tuple[Part, float]:
         x, scale = tokens(Column(where, keys["text"]), data[keys["text"]],
                           keys["text_length"]), 1.0
     else:
-        cols = [numbers(Column(where, f), data[f]) for f in keys["features"]]
-        x = np.concatenate([c.reshape(len(c), -1).astype(np.float32) for c in cols], axis=1)
+        cols = []
+        for f in keys["features"]:
+            c = numbers(Column(where, f), data[f])
+            finite_inputs(Column(where, f), c, 1.0)  # float64 past float32's range: inf
+            cols.append(c.reshape(len(c), int(np.prod(c.shape[1:], dtype=np.int64)))
+                        .astype(np.float32))
+        x = np.concatenate(cols, axis=1)
         scale = 1.0
     label = Column(where, keys["label"])
     user = None if keys.get("user") is None else \
@@ -115,18 +122,30 @@ def read_table(path: str, keys: dict) -> pa.Table:
             raise FedrayError(f"{path}: a directory with no parquet files (*.parquet)")
         tables = [_read_parquet(str(f), keys) for f in files]
         try:
-            return pa.concat_tables(tables)
+            table = pa.concat_tables(tables)
         except pa.ArrowInvalid as exc:
             raise FedrayError(f"{path}: its parquet files have different columns or types "
                               f"({one_line(exc)})") from None
+        if table.num_rows == 0:
+            raise FedrayError(f"{path}: its {len(files)} parquet files hold no rows")
+        return table
     try:
         with open(path, "rb") as f:
             magic = f.read(len(PARQUET_MAGIC))
     except OSError as exc:
         raise FedrayError(f"{path}: cannot read ({exc.strerror or exc})") from None
     if magic == PARQUET_MAGIC:
-        return _read_parquet(path, keys)
-    return _read_csv(path, keys)
+        table = _read_parquet(path, keys)
+        if table.num_rows == 0:
+            raise FedrayError(f"{path}: an empty parquet file (no rows)")
+        return table
+    if path.lower().endswith(PARQUET_SUFFIXES):  # not read as CSV: its CSV error would mislead
+        raise FedrayError(f"{path}: not a parquet file (it does not start with parquet's "
+                          f"magic bytes PAR1{'; it is empty' if not magic else ''})")
+    table = _read_csv(path, keys)
+    if table.num_rows == 0:
+        raise FedrayError(f"{path}: a CSV file with a header and no rows")
+    return table
 
 
 def _read_parquet(file: str, keys: dict) -> pa.Table:

@@ -487,3 +487,55 @@ def test_registry_and_load_source(tmp_path):
     _write_mnist(tmp_path, "t10k", np.full((1, 28, 28), 7, np.uint8), np.array([4]))
     ds = load_source("mnist", str(tmp_path))
     assert ds.train.y.tolist() == [4] and ds.train.x[0, 0, 27, 27] == 7
+
+
+# --- degenerate files of the official formats: one line naming the file (issue 39, 7) ------
+
+
+def _empty_leaf(root: Path, users: bool) -> None:
+    shard = _leaf_shard({"w1": ([], [])}) if users else _leaf_shard({})
+    _write_leaf(root, {"all_data_0_x_train_9.json": shard}, {"all_data_0_x_test_9.json": shard})
+    load_leaf_femnist(str(root))
+
+
+def _empty_mnist(root: Path) -> None:
+    _write_mnist(root, "t10k", np.zeros((0, 28, 28), np.uint8), np.zeros(0, np.int64))
+    load_mnist(str(root))
+
+
+def _empty_cifar(root: Path) -> None:
+    docs = _write_cifar(root)
+    docs["train"][b"data"] = np.zeros((0, 3072), np.uint8)
+    docs["train"][b"fine_labels"] = docs["train"][b"coarse_labels"] = []
+    (root / "train").write_bytes(_py2_dumps(docs["train"]))  # as the real files were written
+    load_cifar100(str(root))
+
+
+@pytest.mark.parametrize("make, message", [
+    (lambda p: _empty_leaf(p, users=True), r"train: its 1 LEAF file\(s\) hold no examples "
+     r"\(1 writers, num_samples all 0\)$"),
+    (lambda p: _empty_leaf(p, users=False), r"train: its 1 LEAF file\(s\) list no writers$"),
+    (_empty_mnist, r"t10k-images-idx3-ubyte\.gz: its IDX header says 0 images$"),
+    (_empty_cifar, r"train: b'data' holds no images \(0 rows\)$"),
+])
+def test_empty_official_files_are_one_line(tmp_path, make, message):
+    """A LEAF, MNIST or CIFAR-100 file of no examples: one line naming it. Checked by
+    reverting: each loaded as a data set of 0 train rows, and `fedray partition` then ended
+    in a traceback (hold_out_test's "need at least one array to concatenate") or in "a store
+    needs at least one client", which names no file."""
+    with pytest.raises(FedrayError, match=message) as info:
+        make(tmp_path)
+    assert "\n" not in str(info.value)
+
+
+def test_load_source_refuses_a_source_of_no_train_examples(tmp_path, monkeypatch):
+    """Whatever a loader returns, a data set of no train examples stops at load_source,
+    naming the path, rather than in a partitioner."""
+    from fedray.data import loaders
+    from fedray.data.dataset import Dataset, Split
+
+    empty = Dataset("mnist", Split(np.zeros((0, 1, 28, 28), np.uint8), np.zeros(0, np.int64)),
+                    None, num_classes=10)
+    monkeypatch.setitem(loaders.LOADERS, "mnist", lambda path: empty)
+    with pytest.raises(FedrayError, match=r": source mnist found no train examples there$"):
+        load_source("mnist", str(tmp_path))
