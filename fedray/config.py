@@ -312,6 +312,69 @@ def _one_line(exc: OmegaConfBaseException, schema: type, what: str) -> str:
     return msg
 
 
+def _resolvers(value: str) -> list[str]:
+    """The resolvers (``oc.env`` in ``${oc.env:HOME}``) a string value calls, read from
+    omegaconf's own parse tree, so that spacing, nesting (``${a.${oc.env:X}}``) and escapes
+    (``\\${oc.env:X}`` is text) count as omegaconf counts them. A value omegaconf cannot
+    parse raises its GrammarParseError."""
+    from omegaconf.grammar.gen.OmegaConfGrammarParser import OmegaConfGrammarParser
+    from omegaconf.grammar_parser import parse
+
+    found: list[str] = []
+    stack = [parse(value)]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, OmegaConfGrammarParser.InterpolationResolverContext):
+            found.append(node.resolverName().getText())
+        stack.extend(getattr(node, "children", None) or [])
+    return found
+
+
+def check_interpolations(tree: Any, what: str = "config", prefix: str = "") -> None:
+    """Refuse every omegaconf resolver (``${oc.env:VAR}``, ``${oc.decode:...}``, any
+    ``${name:...}``) in a config tree as given -- a job, sweep or recipe file, a dict,
+    ``key=value`` overrides, a run's or a sweep's saved YAML -- with one line naming the key.
+
+    A resolver reads what the config does not hold (the environment, above all) and its
+    value would be copied into config.yaml, summary.json, TensorBoard's hyper-parameters,
+    the run directory's name and the closing line; ``${key}`` references to other keys of
+    the same config are allowed, since they copy nothing from outside (docs/config.md,
+    Interpolation). Every loader of a config passes its tree through here before omegaconf
+    resolves anything."""
+    if isinstance(tree, DictConfig | ListConfig):
+        tree = OmegaConf.to_container(tree, resolve=False)
+    if dataclasses.is_dataclass(tree) and not isinstance(tree, type):
+        tree = OmegaConf.to_container(OmegaConf.structured(tree), resolve=False)
+    items = tree.items() if isinstance(tree, dict) else enumerate(tree) if isinstance(
+        tree, list | tuple) else ()
+    for k, v in items:
+        key = f"{prefix}{k}"
+        if isinstance(v, dict | list | tuple):
+            check_interpolations(v, what, f"{key}.")
+        elif isinstance(v, str):
+            _check_interpolation(key, v, what)
+
+
+def _check_interpolation(key: str, value: str, what: str) -> None:
+    if "${" not in value:
+        return
+    try:
+        names = _resolvers(value)
+    except OmegaConfBaseException as exc:
+        raise key_error(key, f"not a valid ${{...}} interpolation ({_grammar_problem(exc)})",
+                        value, what=what) from None
+    if names:
+        raise key_error(key, f"the resolver {names[0]} is not allowed: only ${{key}} "
+                        "references to other keys of the config are (docs/config.md, "
+                        "Interpolation)", value, what=what)
+
+
+def _grammar_problem(exc: BaseException) -> str:
+    """omegaconf's grammar error without the value it repeats on its following lines."""
+    text = str(getattr(exc, "msg", None) or exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
+
+
 def _user_config(source: Any, schema: type, kind: str) -> DictConfig:
     if isinstance(source, schema):
         return OmegaConf.structured(source)
@@ -391,24 +454,46 @@ def load_structured(schema: type, source: Any, overrides: list[str] | tuple = ()
     for item in overrides:
         if "=" not in item or item.startswith("="):
             raise ConfigError(f"override '{item}' is not of the form key=value")
+        # as typed, before omegaconf parses it (which refuses a malformed ${ in its own words)
+        _check_interpolation(*item.split("=", 1), what)
     try:
         cfg = OmegaConf.structured(schema)
         for key in getattr(schema, "OPEN_SECTIONS", ()):  # keys the schema cannot list
             OmegaConf.set_struct(cfg[key], False)
         if source is not None:
             user = _user_config(source, schema, kind)
+            check_interpolations(user, what)
             if isinstance(source, str | os.PathLike):
                 _wrong_kind(user, schema, kind, source)
             _check_sections(schema, user, what)
             cfg = OmegaConf.merge(cfg, user)
         if overrides:
             dotlist = OmegaConf.from_dotlist(list(overrides))
+            check_interpolations(dotlist, what)
             _check_sections(schema, dotlist, what)
             cfg = OmegaConf.merge(cfg, dotlist)
+        # ${key} references resolved once, here, against the merged config (an override
+        # of the key they name included): what is checked is what runs and is recorded
+        OmegaConf.resolve(cfg)
     except OmegaConfBaseException as exc:
         raise ConfigError(_one_line(exc, schema, what)) from None
+    _no_literal_interpolation(OmegaConf.to_container(cfg, resolve=False), what)
     check_finite(cfg, what)
     return cfg
+
+
+def _no_literal_interpolation(tree: Any, what: str, prefix: str = "") -> None:
+    """A resolved value that still reads as an interpolation is refused: an escaped
+    ``\\${oc.env:X}`` resolves to the text ``${oc.env:X}``, which omegaconf then reads as
+    an interpolation again on the next access (and so would --resume in config.yaml)."""
+    items = tree.items() if isinstance(tree, dict) else enumerate(tree)
+    for k, v in items:
+        key = f"{prefix}{k}"
+        if isinstance(v, dict | list):
+            _no_literal_interpolation(v, what, f"{key}.")
+        elif isinstance(v, str) and "${" in v:
+            raise key_error(key, "'${' may appear only in a ${key} reference to another key",
+                            v, what=what)
 
 
 def load_config(source: ConfigSource | None = None,

@@ -74,6 +74,9 @@ def _template(base: pathlib.Path) -> None:
     prev.mkdir()
     cfg = load_config(ROOT / "jobs" / "quickstart.yaml", [f"output.dir={prev}"])
     (prev / "config.yaml").write_text(to_yaml(cfg))
+    (base / "runs" / "envcfg").mkdir()  # the same, edited to read the environment
+    (base / "runs" / "envcfg" / "config.yaml").write_text(
+        to_yaml(cfg).replace("name: quickstart\n", "name: ${oc.env:HOME}\n", 1))
     (base / "reports" / "old").mkdir(parents=True)
     (base / "reports" / "old" / "report.md").write_text("| method |\n")
     (base / "notarun").mkdir()

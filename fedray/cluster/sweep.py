@@ -609,6 +609,12 @@ def run_sweep(source: Any = None, overrides: list[str] | tuple = (), *,
         if not fs.exists(f"{path}/{SWEEP_FILE}"):
             raise FedrayError(f"--resume {url}: not a fedray sweep directory (no {SWEEP_FILE})")
         saved = OmegaConf.create(fs.cat_file(f"{path}/{SWEEP_FILE}").decode())
+        from fedray.config import check_interpolations
+
+        try:  # before anything resolves it: a crafted ${oc.env:...} would read the environment
+            check_interpolations(saved, "sweep")
+        except FedrayError as exc:
+            raise FedrayError(f"--resume {url}: its {SWEEP_FILE}: {exc}") from None
         from fedray.state.checkpoint import masked_keys
 
         masked = masked_keys(saved)

@@ -151,6 +151,12 @@ def saved_config(run_dir: str) -> DictConfig:
                           f"{yaml_problem(exc)}") from None
     if not isinstance(cfg, DictConfig):
         raise FedrayError(f"--resume {run_dir}: its {CONFIG_FILE} is not a mapping of keys")
+    from fedray.config import check_interpolations
+
+    try:  # before anything resolves it: a crafted ${oc.env:...} would read the environment
+        check_interpolations(cfg)
+    except FedrayError as exc:
+        raise FedrayError(f"--resume {run_dir}: its {CONFIG_FILE}: {exc}") from None
     return cfg
 
 
