@@ -25,6 +25,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from fedray.config import ConfigSource, load_config, validate, with_algorithm
 from fedray.errors import FedrayError, key_error
+from fedray.state.redact import mask
 from fedray.state.storage import RunClaim, absolute_url, filesystem, storage_failure
 from fedray.tracking.callbacks import (
     Callback,
@@ -433,4 +434,4 @@ def _note(text: str) -> None:
     """A line the driver has for the user (why clients train one after another, say),
     printed here rather than in the driver's process, where Ray would prefix it with the
     actor's name and pid."""
-    print(f"fedray: {text}", file=sys.stderr, flush=True)
+    print(f"fedray: {mask(text)}", file=sys.stderr, flush=True)

@@ -221,9 +221,9 @@ def _sweep(args: argparse.Namespace) -> int:
 
     sweep = resolve("jobs", args.sweep) if args.sweep else None
     result = run_sweep(sweep, args.overrides, resume=args.resume)
-    print(format_rows(result.rows))
+    print(mask(format_rows(result.rows)))  # a trial's name holds its swept values
     if result.report_table is not None:
-        print(result.report_table)
+        print(mask(result.report_table))
     where = mask(result.sweep_dir)
     if result.failed:
         raise FedrayError(f"sweep {where}: trials {', '.join(result.failed)} failed (see "
@@ -246,7 +246,7 @@ def _submit(args: argparse.Namespace) -> int:
     from fedray.cluster.submit import job_server, submit
 
     job_id = submit(resolve("jobs", args.job), list(args.overrides), args.address, args.job_id)
-    where = job_server(args.address)
+    where = mask(job_server(args.address))  # http://user:PASSWORD@head:8265
     print(f"submitted {job_id} to {where}; follow it with: fedray logs {job_id} --follow",
           flush=True)
     return _follow_exit(job_id, args.address) if args.wait else 0
@@ -279,8 +279,8 @@ def _report(args: argparse.Namespace) -> int:
                           allow_differing=args.allow_differing,
                           client_metric=args.client_metric, client_round=args.client_round,
                           x=args.x, until=args.until)
-    print(report.grouping)
-    print(report.table)
+    print(mask(report.grouping))  # config values, a store's URL among them
+    print(mask(report.table))
     print(f"report in {mask(args.out)}", flush=True)
     return 0
 
@@ -308,13 +308,14 @@ def _partition(args: argparse.Namespace) -> int:
     if args.describe:
         if args.recipe:
             raise FedrayError("give either RECIPE.yaml or --describe URL, not both")
-        print(describe(args.describe, plot=args.plot), flush=True)
+        print(mask(describe(args.describe, plot=args.plot)), flush=True)
         return 0
     if not args.recipe:
         raise FedrayError("fedray partition needs RECIPE.yaml (or --describe URL)")
     if args.plot:
         raise FedrayError("--plot goes with --describe URL")
-    log = (lambda s: None) if args.quiet else (lambda s: print(s, file=sys.stderr, flush=True))
+    log = (lambda s: None) if args.quiet else (lambda s: print(mask(s), file=sys.stderr,
+                                                                flush=True))
     from fedray.bundled import resolve
 
     out, manifest = recipe.build(resolve("partitions", args.recipe), args.overrides, log=log)

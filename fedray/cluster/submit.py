@@ -2,8 +2,9 @@
 
 ``fedray submit JOB.yaml`` sends the job file, this machine's fedray package and the user's
 modules the job names by import path (Ray's runtime_env ``working_dir`` and ``py_modules``,
-``user_modules``) to the cluster's job server, where
-``python -m fedray.cli run job.yaml key=value ...`` runs as the job's entrypoint, joining the
+``user_modules``) to the cluster's job server, where ``fedray run job.yaml key=value ...``
+runs (``python -m fedray.cluster.entrypoint``, which reads the overrides from a file shipped
+with the job, so that no credential in them shows in the cluster's job list), joining the
 cluster through the RAY_ADDRESS Ray Jobs sets. The cluster's nodes must already have fedray's
 dependencies (ray_cluster.yaml's setup_commands install them); the shipped package makes the
 code the one you just edited. The job runs on the head, so its paths are the cluster's:
@@ -15,6 +16,7 @@ be lost with it, so it is refused here, before anything is sent.
 from __future__ import annotations
 
 import importlib.machinery
+import json
 import os
 import shlex
 import shutil
@@ -27,6 +29,7 @@ from typing import Any
 
 from fedray.algorithms.registry import PART_KEYS, installed
 from fedray.errors import FedrayError, key_error, one_line
+from fedray.state.redact import mask
 
 DEFAULT_ADDRESS = "http://127.0.0.1:8265"
 TERMINAL = ("SUCCEEDED", "FAILED", "STOPPED")
@@ -152,21 +155,15 @@ def submit(job: str, overrides: list[str], address: str | None = None,
     package = os.path.dirname(os.path.abspath(fedray.__file__))
     staging = tempfile.mkdtemp(prefix="fedray-submit-")
     try:
-        shutil.copyfile(job, os.path.join(staging, "job.yaml"))
-        py_modules = [package] + [m.path for m in modules if not m.by_file]
         for m in modules:
             if m.by_file:
                 _stage_file(m, staging)
-        entrypoint = shlex.join(["python", "-m", "fedray.cli", "run", "job.yaml", *overrides,
-                                 "--quiet"])
+        spec = job_spec(job, overrides, staging,
+                        [package] + [m.path for m in modules if not m.by_file], cfg.name)
         deadline = time.monotonic() + agent_wait_s
         while True:
             try:
-                return jobs.submit_job(
-                    entrypoint=entrypoint, submission_id=submission_id,
-                    runtime_env={"working_dir": staging, "py_modules": py_modules,
-                                 "excludes": ["__pycache__"]},
-                    metadata={"fedray_job": os.path.basename(job), "fedray_name": cfg.name})
+                return jobs.submit_job(submission_id=submission_id, **spec)
             except RuntimeError as exc:  # the job server's refusal (a duplicate id, ...)
                 # a head that has just started has no job agent yet: wait for it
                 if "No available agent" in str(exc) and time.monotonic() < deadline:
@@ -175,6 +172,28 @@ def submit(job: str, overrides: list[str], address: str | None = None,
                 raise FedrayError(f"submit {job}: {one_line(exc)}") from None
     finally:
         shutil.rmtree(staging, ignore_errors=True)
+
+
+def job_spec(job: str, overrides: Sequence[str], staging: str, py_modules: list[str],
+             name: str) -> dict[str, Any]:
+    """What ``submit`` hands Ray Jobs: the entrypoint, the runtime environment and the
+    metadata, with the job file and the overrides staged in ``staging`` (the job's working
+    directory). Everything returned here is shown to whoever can list the cluster's jobs
+    (``ray job list``, the dashboard, the job log's first line), so it holds no override
+    value, which may carry a credential (``output.dir=s3://KEY:SECRET@...``): the values
+    travel in ``overrides.json`` (fedray.cluster.entrypoint), the metadata names only the
+    keys."""
+    from fedray.cluster.entrypoint import JOB_FILE, OVERRIDES_FILE
+
+    shutil.copyfile(job, os.path.join(staging, JOB_FILE))
+    with open(os.path.join(staging, OVERRIDES_FILE), "w", encoding="utf-8") as f:
+        json.dump(list(overrides), f)
+    keys = ", ".join(o.split("=", 1)[0] for o in overrides)
+    return {"entrypoint": shlex.join(["python", "-m", "fedray.cluster.entrypoint"]),
+            "runtime_env": {"working_dir": staging, "py_modules": py_modules,
+                            "excludes": ["__pycache__"]},
+            "metadata": {"fedray_job": mask(os.path.basename(job)), "fedray_name": mask(name),
+                         "fedray_overrides": mask(keys)}}
 
 
 def _stage_file(module: UserModule, staging: str) -> None:
@@ -204,11 +223,13 @@ def status(job_id: str, address: str | None = None) -> dict[str, Any]:
     info = _call("status", job_id, lambda: client(address).get_job_info(job_id))
     return {"job_id": job_id, "status": str(info.status.value if hasattr(info.status, "value")
                                             else info.status),
-            "message": info.message or "", "entrypoint": info.entrypoint}
+            "message": mask(info.message or ""), "entrypoint": mask(info.entrypoint)}
 
 
 def logs(job_id: str, address: str | None = None) -> str:
-    return _call("logs", job_id, lambda: client(address).get_job_logs(job_id))
+    """The job's log, credentials masked (a job of an older fedray had them in its first
+    line, the entrypoint)."""
+    return mask(_call("logs", job_id, lambda: client(address).get_job_logs(job_id)))
 
 
 def stop(job_id: str, address: str | None = None) -> bool:
@@ -226,7 +247,7 @@ def follow(job_id: str, address: str | None = None, out: Callable[[str], None] =
         state = str(getattr(state, "value", state))
         text = _call("logs", job_id, lambda: jobs.get_job_logs(job_id))
         if len(text) > shown:
-            out(text[shown:].rstrip("\n"))
+            out(mask(text[shown:].rstrip("\n")))
             shown = len(text)
         if state in TERMINAL:
             return state

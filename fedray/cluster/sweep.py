@@ -425,7 +425,7 @@ def _value_text(value: Any) -> str:
     """A swept value in a trial's name: floats to 6 significant digits (0.1, 1e-05)."""
     if isinstance(value, float):
         return f"{value:.6g}"
-    return str(value)
+    return mask(str(value))
 
 
 def short_keys(keys: list[str]) -> dict[str, str]:
@@ -602,7 +602,7 @@ def run_sweep(source: Any = None, overrides: list[str] | tuple = (), *,
     they are rows with an ``error: ...`` status (``SweepResult.failed``)."""
     from fedray.runtime.session import ray_session
 
-    log = log or (lambda s: print(s, file=sys.stderr, flush=True))
+    log = log or (lambda s: print(mask(s), file=sys.stderr, flush=True))
     if resume is not None:
         url = absolute_url(resume)
         fs, path = filesystem(url, "--resume", durable=True, what=None)
@@ -653,7 +653,7 @@ def run_sweep(source: Any = None, overrides: list[str] | tuple = (), *,
         grid = _tuner(sweep, job, resume is not None, progress).fit()
     rows = _rows(sweep, job, grid)
     with fs.open(f"{path}/{RESULTS_FILE}", "w") as f:
-        f.write(_csv(rows))
+        f.write(mask(_csv(rows)))
     table = _report(sweep, rows)
     return SweepResult(rows=rows, sweep_dir=sweep.output,
                        wall_s=time.perf_counter() - start, report_table=table)

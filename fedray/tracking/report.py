@@ -33,6 +33,7 @@ import numpy as np
 import yaml
 
 from fedray.errors import FedrayError
+from fedray.state.redact import mask
 from fedray.state.storage import check_writable, filesystem
 
 CONFIG_FILE = "config.yaml"
@@ -344,8 +345,8 @@ def group_runs(runs: Sequence[Run], metric: str, group_by: list[str] | None,
                     continue
                 raise FedrayError(f"group-by key {key!r} is not in "
                                   f"{_join(run.url, CONFIG_FILE)}") from None
-        label = labels[i] if labels is not None else ", ".join(f"{k}={v}"
-                                                               for k, v in keys.items())
+        label = mask(labels[i] if labels is not None else ", ".join(f"{k}={v}"  # in plots
+                                                                    for k, v in keys.items()))
         values = series(run, metric)
         if not values:
             raise FedrayError(f"{_join(run.url, METRICS_FILE)} has no {metric!r} values; "
@@ -924,9 +925,11 @@ def build_report(run_urls: Sequence[str], out: str, *, metric: str = "test_accur
         outputs.append((client_plot_name(client_metric),
                         _cdf_png(cgroups, client_metric, f"{title}: per-client "
                                  f"{client_metric}")))
-    outputs += [("report.csv", _csv_text(rows).encode()),
-                ("report.json", (json.dumps(_json_safe(report_json), indent=2) + "\n").encode()),
-                (REPORT_FILE, "\n".join(md).encode())]  # last: it means complete
+    # run URLs and config values, credentials masked (fedray.state.redact)
+    outputs += [("report.csv", mask(_csv_text(rows)).encode()),
+                ("report.json", mask(json.dumps(_json_safe(report_json), indent=2) + "\n"
+                                     ).encode()),
+                (REPORT_FILE, mask("\n".join(md)).encode())]  # last: it means complete
     fs.makedirs(out_path, exist_ok=True)
     for name, data in outputs:
         with fs.open(_join(out_path, name), "wb") as f:

@@ -42,7 +42,7 @@ def test_submit_runs_the_job_on_the_cluster_and_writes_to_the_output_url(tmp_pat
         assert job_id.startswith("raysubmit_")
         assert f"job {job_id}: SUCCEEDED" in sub.stdout
         # the entrypoint ran the shipped job file with the overrides, on the cluster
-        assert "fedray.cli run job.yaml" in sub.stdout and "done: 4 rounds" in sub.stdout
+        assert "fedray.cluster.entrypoint" in sub.stdout and "done: 4 rounds" in sub.stdout
         status = _fedray(["status", job_id, "--address", head.job_server], env)
         assert status.returncode == 0 and f"{job_id}: SUCCEEDED" in status.stdout
         logs = _fedray(["logs", job_id], {**env, "RAY_ADDRESS": head.job_server})
