@@ -4,7 +4,7 @@ PYTHON ?= python3
 VENV   ?= .venv
 BIN    := $(VENV)/bin
 
-.PHONY: venv demo test lint bench clean
+.PHONY: venv demo test lint bench mutation clean
 
 $(BIN)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -29,6 +29,9 @@ bench: venv  ## fedray vs a plain PyTorch loop, the vectorized step, 1,000 vs 10
 	$(BIN)/python benchmarks/vectorized_step.py
 	$(BIN)/python benchmarks/scale.py
 	$(BIN)/python benchmarks/startup.py
+
+mutation: venv  ## can the core math's tests fail? small bugs put in one at a time (docs/testing.md; long, not in `make test`)
+	nice -n 19 $(BIN)/python tools/mutation.py $(MUTATION_ARGS)
 
 clean:
 	rm -rf $(VENV) runs .pytest_cache .ruff_cache

@@ -248,3 +248,206 @@ def test_a_stage_section_stays_in_a_job_while_the_stage_is_off():
                                           "algorithm.stages"]
     with pytest.raises(ConfigError, match="algorithm.dp.clp"):
         resolve({"name": "dp_fedavg", "stages": [], "dp": {"clp": 2.0}}, server)
+
+
+# -- the stage by itself (no run): every rule, default and boundary, as tools/mutation.py
+# showed the run-level tests above could not see them ---------------------------------------
+
+def _plan(**over) -> RoundPlan:
+    return RoundPlan(**({"seed": 5, "population": 1000, "clients_per_round": 10,
+                         "sampling": "fixed", "rounds": 8, "num_params": 4} | over))
+
+
+def _client(stage: DifferentialPrivacy, delta: torch.Tensor, clip: float, seed: int = 11):
+    """One client's update through the stage on a worker: the update after it, and how many
+    unclipped updates it counted."""
+    from fedray.algorithms.base import ClientContext, LocalUpdate, WorkerEnv
+
+    env = WorkerEnv(model=None, device=torch.device("cpu"), lr=0.1, loss="cross_entropy",
+                    eval_batch_size=1, batch_size_for=lambda n: n,
+                    broadcast={"dp_clip": torch.tensor([clip])})
+    ctx = ClientContext(cid=3, round=1, seed=seed, x=torch.zeros(1), y=torch.zeros(1),
+                        batch_size=1)
+    update = LocalUpdate(delta=delta, num_examples=1, loss_sum=0.0, examples_seen=1, steps=1)
+    acc = PartialSum(len(delta), extras={"dp_unclipped": 1})
+    stage.client_update(env, ctx, update, acc)
+    return update.delta, float(acc.extras["dp_unclipped"][0])
+
+
+def test_dp_defaults_are_the_documented_ones():
+    p = DPParams()
+    assert (p.mode, p.clip, p.noise_multiplier, p.target_quantile, p.clip_lr,
+            p.count_noise_multiplier, p.delta, p.epsilon_budget, p.accountant) == (
+        "central", 1.0, 1.0, None, 0.2, None, None, None, "rdp")
+    stage = DifferentialPrivacy()
+    stage.init_server(_plan(population=2000))
+    assert stage.delta == default_delta(2000) == 1 / 2000 ** 1.1
+    assert float(stage.state["clip"][0]) == 1.0 and stage.rounds == 0
+
+
+@pytest.mark.parametrize(("bad", "key"), [
+    ({"mode": "global"}, "mode"), ({"clip": 0.0}, "clip"), ({"clip": -1.0}, "clip"),
+    ({"clip": math.inf}, "clip"), ({"clip": math.nan}, "clip"),
+    ({"noise_multiplier": -1e-9}, "noise_multiplier"),
+    ({"target_quantile": 0.0}, "target_quantile"), ({"target_quantile": 1.0}, "target_quantile"),
+    ({"target_quantile": 0.5, "mode": "local"}, "target_quantile"),
+    ({"clip_lr": 0.0}, "clip_lr"), ({"count_noise_multiplier": 0.0}, "count_noise_multiplier"),
+    ({"delta": 0.0}, "delta"), ({"delta": 1.0}, "delta"),
+    ({"epsilon_budget": 0.0}, "epsilon_budget"), ({"accountant": "moments"}, "accountant"),
+])
+def test_dp_check_refuses_each_bad_value(bad, key):
+    from fedray.algorithms.base import ParamError
+
+    with pytest.raises(ParamError, match=key):
+        DifferentialPrivacy(DPParams(**bad))
+
+
+def test_dp_check_accepts_the_values_next_to_each_boundary():
+    for ok in ({"mode": "local"}, {"clip": 1e-12}, {"noise_multiplier": 0.0},
+               {"target_quantile": 1e-9}, {"target_quantile": 1 - 1e-9}, {"clip_lr": 1e-9},
+               {"count_noise_multiplier": 1e-9}, {"delta": 1e-12}, {"delta": 1 - 1e-9},
+               {"epsilon_budget": 1e-9}, {"accountant": "pld"}):
+        assert DifferentialPrivacy(DPParams(**ok)).params == DPParams(**ok)
+
+
+def test_clip_bound_is_exact_and_tight_for_any_vector():
+    """clip_ leaves a vector of norm exactly C alone and clips every longer one to a norm in
+    [C (1 - 2^-22), C] -- never above C in float64, whatever float32 rounding does."""
+    exact = torch.tensor([1.0, 0.0, 0.0])
+    assert clip_(exact, 1.0) == 1.0 and torch.equal(exact, torch.tensor([1.0, 0.0, 0.0]))
+    g = torch.Generator().manual_seed(0)
+    for i in range(300):
+        v = torch.randn(257, generator=g) * (1 + i)
+        c = 0.37 + i / 300
+        before = float(torch.linalg.vector_norm(v, dtype=torch.float64))
+        assert clip_(v, c) == before
+        after = float(torch.linalg.vector_norm(v, dtype=torch.float64))
+        assert c * (1 - 2.0 ** -22) <= after <= c, (i, after / c - 1)
+
+
+def test_local_dp_adds_z_c_noise_to_each_clipped_update_from_its_round_seed():
+    from fedray.algorithms.privacy import gaussian
+    from fedray.core.seeding import TAG_DP_LOCAL, derive_seed
+
+    z, clip, n = 1.7, 0.3, 40_000
+    stage = DifferentialPrivacy(DPParams(mode="local", clip=clip, noise_multiplier=z))
+    noisy, unclipped = _client(stage, torch.zeros(n), clip, seed=11)
+    assert unclipped == 1.0  # a zero update is within C
+    assert abs(float(noisy.std()) / (z * clip) - 1) < 4 / math.sqrt(2 * n)
+    assert torch.equal(noisy, gaussian(n, z * clip, derive_seed(11, TAG_DP_LOCAL)))
+    other, _ = _client(stage, torch.zeros(n), clip, seed=12)  # another client or round
+    assert not torch.equal(noisy, other)
+    # a long update is clipped first, then noised, and not counted as unclipped
+    long = torch.full((n,), 1.0)
+    out, unclipped = _client(stage, long.clone(), clip, seed=11)
+    assert unclipped == 0.0
+    expect = long * (clip / math.sqrt(n) * (1 - 2.0 ** -23)) + gaussian(
+        n, z * clip, derive_seed(11, TAG_DP_LOCAL))
+    assert torch.allclose(out, expect, atol=1e-6)
+    # z = 0, or central mode: the worker adds nothing
+    for p in (DPParams(mode="local", clip=clip, noise_multiplier=0.0),
+              DPParams(mode="central", clip=clip, noise_multiplier=z)):
+        plain, unclipped = _client(DifferentialPrivacy(p), torch.full((4,), 0.1), clip)
+        assert torch.equal(plain, torch.full((4,), 0.1)) and unclipped == 1.0
+    # an update of norm exactly C is within the bound: untouched, and counted as unclipped
+    at, unclipped = _client(DifferentialPrivacy(DPParams(clip=0.5, noise_multiplier=0.0)),
+                            torch.tensor([0.5, 0.0, 0.0]), 0.5)
+    assert unclipped == 1.0 and torch.equal(at, torch.tensor([0.5, 0.0, 0.0]))
+
+
+def test_local_mode_adds_no_noise_on_the_server():
+    stage = DifferentialPrivacy(DPParams(mode="local", clip=0.5, noise_multiplier=2.0))
+    stage.init_server(_plan())
+    acc = PartialSum(4, extras={"dp_unclipped": 1})
+    acc.add(torch.ones(4, dtype=torch.float64), 1.0)
+    stage.finish_sum(acc, 1)
+    assert torch.equal(acc.total, torch.ones(4, dtype=torch.float64)) and acc.weight == 10
+
+
+def test_dp_denominator_and_count_noise_with_dropout():
+    """E = k (1 - dropout): with 10 a round and dropout 0.2 the sum is divided by 8 whoever
+    survived, and the count's default sigma_b is E / 20 = 0.4."""
+    stage = DifferentialPrivacy(DPParams(clip=1.0, noise_multiplier=0.0))
+    stage.init_server(_plan(dropout=0.2))
+    assert stage.expected == pytest.approx(8.0) and stage.count_sigma == pytest.approx(0.4)
+    acc = PartialSum(4, extras={"dp_unclipped": 1})
+    for _ in range(3):
+        acc.add(torch.ones(4, dtype=torch.float64), 1.0)
+    acc.extras["dp_unclipped"][0] = 3
+    stage.finish_sum(acc, 1)
+    assert acc.weight == pytest.approx(8.0) and acc.log_scale == 0.0
+    assert torch.allclose(acc.mean(), torch.full((4,), 3 / 8, dtype=torch.float64))
+    assert stage.round_metrics()["dp_unclipped_share"] == pytest.approx(3 / 8)
+    assert stage.round_metrics()["dp_clip"] == 1.0
+    assert stage.summary()["expected_clients"] == pytest.approx(8.0)
+    assert stage.rounds == 1
+    adaptive = DifferentialPrivacy(DPParams(noise_multiplier=0.5, target_quantile=0.5))
+    adaptive.init_server(_plan(dropout=0.2))
+    assert adaptive.count_sigma == pytest.approx(0.4)  # the default: E / 20
+    assert adaptive.update_z == pytest.approx(update_noise_multiplier(0.5, 0.4))
+    assert adaptive.summary()["update_noise_multiplier"] == adaptive.update_z
+
+
+def test_adaptive_clipping_step_is_exactly_the_rule():
+    """C <- C exp(-eta (b - gamma)), b = (unclipped + N(0, sigma_b^2)) / E, the count's noise
+    from (seed, round)'s stream, child 1; the update's noise uses z_update, not z."""
+    from fedray.algorithms.privacy import gaussian
+    from fedray.core.seeding import TAG_DP_NOISE, derive_seed
+
+    p = DPParams(clip=0.8, noise_multiplier=0.6, target_quantile=0.3, clip_lr=0.7,
+                 count_noise_multiplier=2.0)
+    stage = DifferentialPrivacy(p)
+    stage.init_server(_plan(num_params=30_000))
+    zu = update_noise_multiplier(0.6, 2.0)
+    assert stage.update_z == pytest.approx(zu) and zu > 0.6
+    acc = PartialSum(30_000, extras={"dp_unclipped": 1})
+    acc.extras["dp_unclipped"][0] = 4
+    stage.finish_sum(acc, 3)
+    seed = derive_seed(5, TAG_DP_NOISE, 3)
+    b = (4 + float(gaussian(1, 2.0, derive_seed(seed, 1), dtype=torch.float64)[0])) / 10
+    assert float(stage.state["clip"][0]) == pytest.approx(0.8 * math.exp(-0.7 * (b - 0.3)))
+    assert stage.round_metrics()["dp_unclipped_share"] == pytest.approx(b)
+    assert stage.round_metrics()["dp_clip"] == 0.8  # the C this round's updates were clipped to
+    assert torch.equal(acc.total, gaussian(30_000, zu * 0.8, seed, dtype=torch.float64))
+    # the count's noise takes its share of z: 2 sigma_b must exceed z (equal is refused)
+    from fedray.errors import ConfigError
+
+    for sigma_b in (0.3, 0.29):
+        bad = DifferentialPrivacy(DPParams(noise_multiplier=0.6, target_quantile=0.5,
+                                           count_noise_multiplier=sigma_b))
+        with pytest.raises(ConfigError, match="count_noise_multiplier"):
+            bad.init_server(_plan())
+    fine = DifferentialPrivacy(DPParams(noise_multiplier=0.6, target_quantile=0.5,
+                                        count_noise_multiplier=0.31))
+    fine.init_server(_plan())
+    assert fine.update_z == pytest.approx(update_noise_multiplier(0.6, 0.31))
+    # z = 0: no noise anywhere, so no share for the count to take
+    free = DifferentialPrivacy(DPParams(noise_multiplier=0.0, target_quantile=0.5,
+                                        count_noise_multiplier=0.01))
+    free.init_server(_plan())
+    assert free.update_z == 0.0
+
+
+def test_softmax_weights_are_refused_and_the_budget_boundary():
+    stage = DifferentialPrivacy(DPParams(noise_multiplier=1.0))
+    stage.init_server(_plan())
+    acc = PartialSum(4, extras={"dp_unclipped": 1})
+    acc.add(torch.ones(4, dtype=torch.float64), 1.0, log_scale=0.5)
+    with pytest.raises(ValueError, match="softmax"):
+        stage.finish_sum(acc, 1)
+    assert stage.stop_reason(1) is None  # no budget: never stops
+    eps1 = stage.accountant.epsilon(1)
+    at = DifferentialPrivacy(DPParams(noise_multiplier=1.0, epsilon_budget=eps1))
+    at.init_server(_plan())
+    assert at.stop_reason(1) is None  # spending exactly the budget is allowed
+    over = DifferentialPrivacy(DPParams(noise_multiplier=1.0, epsilon_budget=eps1 * 0.999))
+    over.init_server(_plan())
+    assert "round 1 would spend epsilon" in over.stop_reason(1)
+    fine = PartialSum(4, extras={"dp_unclipped": 1})
+    at.finish_sum(fine, 1)
+    assert at.rounds == 1 and at.round_metrics()["dp_epsilon"] == eps1
+    assert at.stop_reason(2) is not None and at.summary()["epsilon"] == eps1
+    s = at.summary()
+    assert (s["rounds"], s["accountant"], s["mode"], s["sampling"], s["noise_multiplier"],
+            s["clip"], s["delta"]) == (1, "rdp", "central", "fixed", 1.0, 1.0, at.delta)
+    assert at.broadcast()["dp_clip"].dtype == torch.float32

@@ -109,3 +109,69 @@ def test_server_sgd():
 def test_log_scale_starts_empty():
     p = PartialSum(2)
     assert p.log_scale == -math.inf and p.weight == 0.0
+
+
+def test_an_empty_partial_into_an_empty_sum_stays_zero():
+    """Two workers whose clients all dropped: merging their empty partials must not turn
+    exp(-inf - -inf) into NaN, nor count anything."""
+    a = PartialSum(3, extras={"e": 2})
+    a.merge(PartialSum(3, extras={"e": 2}).to_message())
+    assert torch.equal(a.total, torch.zeros(3, dtype=torch.float64))
+    assert a.weight == 0.0 and a.log_scale == -math.inf
+
+
+def test_add_defaults_to_unit_scale():
+    """add(value, weight) is a plain weighted sum: log scale 0, so DP (which refuses any
+    other scale) and a merge with explicitly scaled partials agree."""
+    p = PartialSum(2)
+    p.add(torch.ones(2), 2.0)
+    assert p.log_scale == 0.0 and p.to_message().log_scale == 0.0
+    q = PartialSum(2)
+    q.add(torch.ones(2), 2.0, log_scale=0.0)
+    q.add(torch.full((2,), 4.0), 1.0, log_scale=math.log(3.0))
+    p.merge(PartialSum(2).to_message())
+    r = PartialSum(2)
+    r.add(torch.full((2,), 4.0), 1.0, log_scale=math.log(3.0))
+    p.merge(r.to_message())
+    torch.testing.assert_close(p.mean(), q.mean())
+    torch.testing.assert_close(p.mean(), torch.full((2,), (2 + 12) / 5, dtype=torch.float64))
+
+
+def test_fold_partials_is_merge_in_order_on_one_thread(monkeypatch):
+    """fold_partials: the messages merged into one, from zero, in order, each merge on one
+    torch thread (bit-identical wherever it runs) and the thread count restored after."""
+    import pytest
+
+    from fedray.algorithms.reduction import fold_partials
+
+    msgs = []
+    for i in range(3):
+        p = PartialSum(4, extras={"e": 2})
+        p.add(torch.arange(4, dtype=torch.float64) + i, 1.0 + i, log_scale=0.5 * i)
+        p.add_extra("e", torch.ones(2), float(i))
+        msgs.append(p.to_message())
+    want = PartialSum(4, extras={"e": 2})
+    for m in msgs:
+        want.merge(m)
+    threads = []
+    merge = PartialSum.merge
+
+    def spy(self, part):
+        threads.append(torch.get_num_threads())
+        merge(self, part)
+
+    monkeypatch.setattr(PartialSum, "merge", spy)
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        got = fold_partials(iter(msgs))
+        assert threads == [1, 1, 1] and torch.get_num_threads() == 2
+    finally:
+        torch.set_num_threads(before)
+    assert np.array_equal(got.sum, want.to_message().sum) and got.weight == want.weight
+    assert got.log_scale == want.log_scale == 1.0
+    assert np.array_equal(got.extras["e"], np.array([3.0, 3.0]))
+    one = fold_partials([msgs[0]])
+    assert np.array_equal(one.sum, msgs[0].sum) and one.weight == msgs[0].weight
+    with pytest.raises(ValueError, match="no partial sums"):
+        fold_partials([])

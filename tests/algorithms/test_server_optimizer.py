@@ -216,3 +216,89 @@ def test_factory_ignores_unused_values():
     assert isinstance(build_server_optimizer("sgd", 1.0, momentum=2.0, tau=-1.0), ServerSGD)
     nest = build_server_optimizer("nesterov", 1.0, momentum=0.5, beta1=7.0)
     assert isinstance(nest, ServerMomentum) and nest.nesterov and nest.momentum == 0.5
+
+
+def test_defaults_are_the_documented_ones():
+    """docs/config.md's server.* defaults: the config schema's, the factory's and each
+    optimizer's own keyword defaults are one set of numbers."""
+    import dataclasses
+    import re
+    from pathlib import Path
+
+    from fedray.config import ServerConfig
+
+    doc = Path(__file__).resolve().parents[2].joinpath("docs", "config.md").read_text()
+    documented = {k: float(v) for k, v in
+                  re.findall(r"^\| `server\.(\w+)` \| `([-0-9.e]+)` \|", doc, re.M)}
+    schema = {f.name: f.default for f in dataclasses.fields(ServerConfig)}
+    assert documented == schema == {"lr": 1.0, "momentum": 0.9, "dampening": 0.0,
+                                    "beta1": 0.9, "beta2": 0.99, "tau": 1e-3}
+    mom = build_server_optimizer("momentum", 1.0)
+    assert (mom.momentum, mom.dampening, mom.nesterov) == (0.9, 0.0, False)
+    nest = build_server_optimizer("nesterov", 1.0)
+    assert (nest.momentum, nest.dampening, nest.nesterov) == (0.9, 0.0, True)
+    for name in ("adam", "yogi"):
+        opt = build_server_optimizer(name, 1.0)
+        assert (opt.beta1, opt.beta2, opt.tau) == (0.9, 0.99, 1e-3)
+        own = type(opt)(1.0)  # the class's own keyword defaults agree
+        assert (own.beta1, own.beta2, own.tau) == (0.9, 0.99, 1e-3)
+    ada = build_server_optimizer("adagrad", 1.0)
+    assert (ada.beta1, ada.tau) == (0.9, 1e-3)  # the factory passes server.beta1
+    assert (ServerAdagrad(1.0).beta1, ServerAdagrad(1.0).tau) == (0.0, 1e-3)
+    plain = ServerMomentum(1.0, 0.5)
+    assert (plain.nesterov, plain.dampening, plain.name) == (False, 0.0, "momentum")
+
+
+def test_hyper_parameters_are_numbers_in_range():
+    for bad in (True, "0.5", None):
+        with pytest.raises(FedrayError, match="server.momentum"):
+            ServerMomentum(1.0, bad)
+        with pytest.raises(FedrayError, match="server.lr"):
+            ServerSGD(bad)
+    for bad in (float("inf"), 0.0):
+        with pytest.raises(FedrayError, match="server.tau"):
+            ServerAdam(1.0, tau=bad)
+    with pytest.raises(FedrayError, match="server.dampening"):
+        ServerMomentum(1.0, 0.5, dampening=1.0)
+    assert ServerMomentum(1.0, 0.0, dampening=0.0).momentum == 0.0  # 0 is in [0, 1)
+    assert ServerSGD(3).lr == 3.0 and isinstance(ServerSGD(3).lr, float)
+
+
+def test_damped_momentum_by_hand():
+    """m <- beta m + (1 - dampening) delta; x <- x + lr m (dampening = beta: an EMA)."""
+    opt = ServerMomentum(0.5, 0.5, dampening=0.25)
+    x = torch.zeros(2)
+    d = torch.tensor([4.0, -8.0], dtype=torch.float64)
+    x = opt.step(x, d)  # m = 0.75 d = [3, -6]; x = 0.5 m
+    assert x.tolist() == [1.5, -3.0]
+    x = opt.step(x, d)  # m = 0.5 [3, -6] + 0.75 d = [4.5, -9]; x += 0.5 m
+    assert x.tolist() == [3.75, -7.5]
+    nest = ServerMomentum(0.5, 0.5, nesterov=True, dampening=0.25)
+    y = nest.step(torch.zeros(2), d)  # m = [3, -6]; x = 0.5 (d + 0.5 m) = [2.75, -5.5]
+    assert y.tolist() == [2.75, -5.5] and nest.name == "nesterov"
+
+
+def test_load_state_dict_checks_what_it_restores():
+    opt = ServerAdam(0.1)
+    opt.step(torch.zeros(3), torch.ones(3, dtype=torch.float64))
+    saved = opt.state_dict()
+    assert saved["step"] == 1 and set(saved) == {"step", "m", "v"}
+    fresh = ServerAdam(0.1)
+    fresh.load_state_dict(saved)
+    assert fresh.steps == 1 and all(torch.equal(fresh.state[k], saved[k]) for k in ("m", "v"))
+    saved["m"].add_(1.0)  # a copy: changing the dict afterwards changes nothing
+    assert not torch.equal(fresh.state["m"], saved["m"])
+    fresh.load_state_dict({"step": 0})  # before the first step: no buffers yet
+    assert fresh.state == {} and fresh.steps == 0
+    for bad in ({"step": 1, "m": [0.0], "v": torch.zeros(3)},
+                {"step": 1, "m": torch.zeros(3)},
+                {"m": torch.zeros(3), "v": torch.zeros(3)},
+                {"step": 1, "m": torch.zeros(3), "v": torch.zeros(2)}):
+        with pytest.raises(FedrayError, match="algorithm.server_opt"):
+            ServerAdam(0.1).load_state_dict(bad)
+    with pytest.raises(FedrayError, match="state is for 3 parameters but the model has 2"):
+        fresh.load_state_dict(opt.state_dict())
+        fresh.step(torch.zeros(2), torch.ones(2, dtype=torch.float64))
+    with pytest.raises(ValueError, match="flat vectors of one size"):
+        ServerSGD(1.0).step(torch.zeros(2), torch.ones(3, dtype=torch.float64))
+    assert "lr=0.1" in repr(opt) and "steps" not in repr(opt)

@@ -24,8 +24,14 @@ def test_seeded_and_independent_across_rounds():
 
 
 def test_with_replacement_across_rounds():
-    seen = np.concatenate([sample_clients(0, r, 30, 10) for r in range(1, 40)])
-    assert len(seen) > len(set(seen.tolist()))  # clients come back across rounds
+    """Rounds are independent draws: two consecutive rounds of 10 of 30 share k^2 / N = 3.33
+    clients on average (hypergeometric, sd 1.2), not 0 as a sampler that avoided repeats
+    until everyone had a turn would give. (Counting any repeat over 390 draws of 30 ids, as
+    this test once did, passes for every sampler.)"""
+    rounds = [set(sample_clients(0, r, 30, 10).tolist()) for r in range(1, 2002)]
+    overlap = np.array([len(a & b) for a, b in zip(rounds[:-1], rounds[1:], strict=True)])
+    assert abs(overlap.mean() - 10 * 10 / 30) < 4 * 1.2 / math.sqrt(len(overlap))
+    assert (overlap == 0).any() and (overlap >= 6).any()
 
 
 def test_uniform():
@@ -44,6 +50,33 @@ def test_seeds_differ_per_client_round_and_fit_torch():
 def test_federated_eval_clients_fixed():
     assert np.array_equal(federated_eval_clients(0, 500, 30), federated_eval_clients(0, 500, 30))
     assert len(set(federated_eval_clients(0, 500, 30).tolist())) == 30
+    # its own stream (seed, TAG_FED_EVAL), drawn without replacement: all 50 of 50
+    from fedray.core.seeding import TAG_FED_EVAL, rng
+
+    want = np.sort(rng(4, TAG_FED_EVAL).choice(500, size=30, replace=False))
+    assert np.array_equal(federated_eval_clients(4, 500, 30), want)
+    assert federated_eval_clients(4, 50, 50).tolist() == list(range(50))
+    assert not np.array_equal(federated_eval_clients(4, 500, 30), sample_clients(4, 0, 500, 30))
+
+
+def test_poisson_sampling_is_its_round_stream_and_never_trimmed():
+    """Poisson rounds: the count ~ Binomial(N, k / N), then that many distinct ids, both
+    from (seed, TAG_SAMPLE, round); select_round keeps a round of more than k whole."""
+    from fedray.core.sampling import poisson_clients, select_round
+    from fedray.core.seeding import TAG_SAMPLE, rng
+
+    more = 0
+    for r in range(1, 40):
+        g = rng(9, TAG_SAMPLE, r)
+        count = int(g.binomial(200, 20 / 200))
+        want = np.sort(g.choice(200, size=count, replace=False))
+        got = poisson_clients(9, r, 200, 20)
+        assert np.array_equal(got, want) and got.dtype == np.int64
+        sel = select_round(9, r, 200, 20, mode="poisson")
+        assert np.array_equal(sel.participants, got) and sel.sampled == len(got)
+        assert sel.late == sel.dropped_out == 0
+        more += len(got) > 20
+    assert more > 5  # rounds of more than k did occur, and were kept whole
 
 
 def test_always_clients_join_every_round_and_the_rest_stay_uniform():

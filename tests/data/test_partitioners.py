@@ -501,3 +501,60 @@ def test_central_test_and_determinism(name, params):
     r = partition(rev, name, seed=8, **params)
     assert contents(rev.train, r.train, r.train_labels) == \
         contents(ds.train, a.train, a.train_labels)
+
+
+def test_dirichlet_documented_defaults():
+    """docs/partitions.md: `sigma` (0), `min_examples` (1). Seed 0 with 40 clients at alpha
+    0.1 is a case where each default matters: its first draws leave a client empty (so
+    min_examples 1 redraws, 0 would not) and a client of exactly 1 (so 2 would redraw on)."""
+    import inspect
+    import re
+    from pathlib import Path
+
+    from fedray.data.partitioners.dirichlet import dirichlet
+
+    doc = (Path(__file__).resolve().parents[2] / "docs" / "partitions.md").read_text()
+    row = re.search(r"^\| `dirichlet` \| (.*?) \|", doc, re.M).group(1)
+    assert "`sigma` (0)" in row and "`min_examples` (1)" in row
+    sig = inspect.signature(dirichlet).parameters
+    assert (sig["sigma"].default, sig["min_examples"].default) == (0.0, 1)
+    ds = labelled()
+    default = partition(ds, "dirichlet", seed=0, num_clients=40, alpha=0.1)
+    explicit = partition(ds, "dirichlet", seed=0, num_clients=40, alpha=0.1, sigma=0.0,
+                         min_examples=1)
+    assert default.info == explicit.info == {"attempts": 4, "topped_up_examples": 0,
+                                             "min_size": 1, "max_size": 106}
+    assert all(np.array_equal(a, b) for a, b in zip(default.train, explicit.train, strict=True))
+    for other in ({"min_examples": 0}, {"min_examples": 2}, {"sigma": 0.5}):
+        p = partition(ds, "dirichlet", seed=0, num_clients=40, alpha=0.1, **other)
+        assert p.info != default.info, other
+    assert partition(ds, "dirichlet", seed=0, num_clients=40, alpha=0.1,
+                     min_examples=0).info["attempts"] == 1  # 0: any draw will do
+
+
+def test_dirichlet_min_examples_boundary_and_equal_sizes_without_sigma():
+    ds = labelled()  # 1,000 examples
+    exact = partition(ds, "dirichlet", seed=3, num_clients=20, alpha=100.0, min_examples=50)
+    assert [len(t) for t in exact.train] == [50] * 20  # 20 x 50 = n: allowed, and forced
+    with pytest.raises(FedrayError, match="cannot give every client 51 examples: 20 clients"):
+        partition(ds, "dirichlet", seed=3, num_clients=20, alpha=100.0, min_examples=51)
+    # sigma 0: targets n / K each, so with a large alpha sizes stay near 50 (one cut per class
+    # rounds down: at most 10 classes off)
+    even = partition(ds, "dirichlet", seed=3, num_clients=20, alpha=1e4)
+    assert all(40 <= len(t) <= 60 for t in even.train)
+    assert sorted(np.concatenate(even.train).tolist()) == list(range(1000))
+
+
+def test_dirichlet_top_up_by_hand():
+    """Short clients in id order take the last examples (canonical order) of the largest
+    clients, largest first, ties by id, each donor keeping the minimum."""
+    from fedray.data.partitioners.dirichlet import _top_up
+
+    client = np.array([0, 0, 0, 0, 0, 1, 1, 1, 2])  # sizes 5, 3, 1, 0
+    assert _top_up(client, 4, 2) == 3
+    assert client.tolist() == [0, 0, 2, 3, 3, 1, 1, 1, 2]
+    client = np.array([1, 0, 1, 0, 1, 0])  # sizes 3, 3, 0: both give one, 0 first (tie)
+    assert _top_up(client, 3, 2) == 2
+    assert client.tolist() == [1, 0, 1, 0, 2, 2]  # each gave its last example
+    client = np.array([0, 1, 0, 1])
+    assert _top_up(client, 2, 2) == 0 and client.tolist() == [0, 1, 0, 1]

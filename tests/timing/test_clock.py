@@ -113,3 +113,83 @@ def test_round_is_independent_of_input_order():
 def test_bad_round_arguments(args, kwargs, message):
     with pytest.raises(FedrayError, match=message):
         synchronous_round(0.0, *args, **kwargs)
+
+
+def test_an_arrival_exactly_at_the_deadline_is_in_time():
+    """docs/time.md: late means arriving *after* start + deadline_s; at it is in time, and
+    the round then ends at the deadline, not before."""
+    r = synchronous_round(100.0, [1, 2, 3], [10.0, 12.0, 12.5], [INF, INF, INF], k=3,
+                          deadline_s=12.0)
+    assert r.kept.tolist() == [1, 2] and r.late.tolist() == [3] and r.dropped.size == 0
+    assert r.kept_finish_s.tolist() == [110.0, 112.0] and r.end_s == 112.0
+
+
+def test_an_arrival_exactly_when_going_offline_counts():
+    """A client drops only if its update would finish *after* it goes offline: finishing at
+    that very moment, the update arrives (and is kept)."""
+    r = synchronous_round(0.0, [4, 8, 9], [10.0, 20.0, 20.0], [10.0, 19.5, INF], k=3)
+    assert r.kept.tolist() == [4, 9] and r.dropped.tolist() == [8] and r.late.size == 0
+    assert r.end_s == 20.0  # 9 arrives last; 8 dropped at 19.5 before that
+    # the k-th arrival closes the round: a drop after it is late, one before it dropped
+    r = synchronous_round(0.0, [1, 2, 3], [10.0, 30.0, 30.0], [INF, 9.0, 11.0], k=1)
+    assert r.kept.tolist() == [1] and r.end_s == 10.0
+    assert r.dropped.tolist() == [2] and r.late.tolist() == [3]
+    # a drop exactly at the close is dropped, not late
+    r = synchronous_round(0.0, [1, 2], [10.0, 30.0], [INF, 10.0], k=1)
+    assert r.dropped.tolist() == [2] and r.late.size == 0
+
+
+def test_fewer_than_k_in_time_end_at_the_deadline_or_the_last_event():
+    # the last one still running would arrive after the deadline: the round ends at it
+    r = synchronous_round(10.0, [1, 2], [5.0, 50.0], [INF, INF], k=2, deadline_s=20.0)
+    assert r.end_s == 30.0 and r.kept.tolist() == [1] and r.late.tolist() == [2]
+    # nobody sampled: the round ends where it started
+    r = synchronous_round(10.0, [], [], [], k=2, deadline_s=20.0)
+    assert r.end_s == 10.0 and r.kept.size == r.dropped.size == r.late.size == 0
+    # every update in time but fewer than k: the last arrival
+    r = synchronous_round(10.0, [1, 2], [5.0, 7.0], [INF, INF], k=5, deadline_s=20.0)
+    assert r.end_s == 17.0 and r.kept.tolist() == [1, 2]
+    # an offline client drops when it goes offline, not when its update would have ended
+    r = synchronous_round(10.0, [1, 2], [5.0, 70.0], [INF, 40.0], k=5)
+    assert r.end_s == 40.0 and r.dropped.tolist() == [2]
+
+
+def test_bad_update_time_and_example_arguments():
+    profiles = DeviceProfiles(np.array([1.0]), np.array([1.0]), np.array([1.0]))
+    for kw in ({"down_bytes": -1.0, "up_bytes": 0.0}, {"down_bytes": INF, "up_bytes": 0.0},
+               {"down_bytes": 0.0, "up_bytes": np.nan}):
+        with pytest.raises(FedrayError, match="must be >= 0 and finite"):
+            update_times(profiles, [1], **kw)
+    assert update_times(profiles, [2], down_bytes=0.0, up_bytes=0.0).total_s.tolist() == [2.0]
+    with pytest.raises(FedrayError, match="examples must be >= 0, got -1"):
+        examples_processed([3, -1], batch_size=1)
+    for kw in ({"batch_size": 0}, {"batch_size": 1, "local_epochs": 0},
+               {"batch_size": 1, "local_steps": 0}):
+        with pytest.raises(FedrayError, match="must be >= 1"):
+            examples_processed([3], **kw)
+    # the defaults: one epoch, no step count, batches drawn by epoch
+    assert examples_processed([3, 0], batch_size=2).tolist() == [3, 0]
+    assert examples_processed([5], batch_size=2, local_steps=4).tolist() == [7]
+    assert examples_processed([], batch_size=2).tolist() == []
+
+
+@pytest.mark.parametrize("args, kwargs, message", [
+    (([1, 2], [1.0], [INF, INF], 1), {}, "1-d arrays of one length"),
+    (([1, 2], [1.0, 1.0], [INF], 1), {}, "1-d arrays of one length"),
+    (([[1, 2]], [[1.0, 1.0]], [[INF, INF]], 1), {}, "1-d arrays of one length"),
+    (([1], [INF], [INF], 1), {}, "finite"),
+    (([1], [1.0], [INF], 1), {"deadline_s": INF}, "deadline_s must be > 0"),
+    (([1], [1.0], [INF], 1), {"deadline_s": -1.0}, "deadline_s must be > 0"),
+])
+def test_more_bad_round_arguments(args, kwargs, message):
+    with pytest.raises(FedrayError, match=message):
+        synchronous_round(0.0, *args, **kwargs)
+
+
+def test_zero_durations_and_short_deadlines_are_valid():
+    """A zero-length update arrives at the start; a deadline under a second is a deadline."""
+    r = synchronous_round(5.0, [2, 1], [0.0, 0.25], [INF, INF], k=2, deadline_s=0.5)
+    assert r.kept.tolist() == [1, 2] and r.kept_finish_s.tolist() == [5.25, 5.0]
+    assert r.end_s == 5.25
+    r = synchronous_round(5.0, [2, 1], [0.0, 0.75], [INF, INF], k=2, deadline_s=0.5)
+    assert r.kept.tolist() == [2] and r.late.tolist() == [1] and r.end_s == 5.5
