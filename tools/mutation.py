@@ -44,6 +44,7 @@ import importlib.util
 import json
 import os
 import random
+import shlex
 import signal
 import sys
 import time
@@ -408,6 +409,8 @@ def main(argv: list[str] | None = None) -> int:
                          "(default: every mutant)")
     ap.add_argument("--json", help="write every mutant's outcome here (JSON)")
     ap.add_argument("--rerun", help="a --json report: run only its survivors again")
+    ap.add_argument("--tests", help="pytest arguments (one string) to use instead of TARGETS' "
+                                    "(one module only): e.g. older tests, to see what they miss")
     ap.add_argument("--min-score", type=float, default=0.9,
                     help="exit 1 if a module scores below this (default 0.9)")
     a = ap.parse_args(argv)
@@ -415,6 +418,10 @@ def main(argv: list[str] | None = None) -> int:
     unknown = [m for m in modules if m not in TARGETS]
     if unknown:
         ap.error(f"not in tools/mutation.py's TARGETS: {', '.join(unknown)}")
+    if a.tests:
+        if len(modules) != 1:
+            ap.error("--tests needs exactly one module")
+        TARGETS[modules[0]] = shlex.split(a.tests)
     if a.list:
         for module in modules:
             for n, m in enumerate(mutants((ROOT / module).read_text())):

@@ -118,3 +118,30 @@ def test_full_gradient_and_sensitivity_on_a_linear_model():
         terms = torch.maximum(terms, (2 * (xb @ wv)[:, None] * xb).abs().mean(0))
     # float32 against float64: batch means of 4 terms of this size, as above
     torch.testing.assert_close(om.double(), ref, rtol=0, atol=f32_atol(terms, ulps=8))
+
+
+def test_full_gradient_by_hand_in_train_mode_from_its_seed():
+    """full_gradient: the size-weighted mean of its batches' gradients, in train mode (the
+    dropout masks of ``seed``, whatever the global RNG and the module's mode were), written
+    over ``out`` whatever it held, each batch's gradient on its own."""
+    import copy
+
+    import torch.nn.functional as F
+
+    from fedray.kernels.sequential import full_gradient
+
+    m, w, x, y = _setup(n=13)
+    ref = copy.deepcopy(m.module)
+    torch.manual_seed(3)
+    want = torch.zeros(m.num_params)
+    for lo in range(0, 13, 5):
+        ref.zero_grad()
+        F.cross_entropy(ref(x[lo:lo + 5]), y[lo:lo + 5]).backward()
+        want += torch.cat([p.grad.flatten() for p in ref.parameters()]) * (
+            min(13, lo + 5) - lo) / 13
+    m.module.eval()
+    torch.manual_seed(99)
+    got = full_gradient(m, w, x, y, batch_size=5, seed=3, out=torch.full((m.num_params,), 7.0))
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
+    other = full_gradient(m, w, x, y, batch_size=5, seed=4, out=torch.zeros(m.num_params))
+    assert not torch.allclose(other, want)  # another seed: other dropout masks
