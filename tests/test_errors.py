@@ -18,6 +18,7 @@ import sys
 import numpy as np
 import psutil
 import pyarrow as pa
+import pyarrow.parquet  # noqa: F401  (pa.parquet: the empty parquet file of a data row)
 import pytest
 
 from fedray.config import load_config, to_yaml
@@ -44,6 +45,22 @@ def _catalogue() -> tuple[dict[str, tuple[str, str, int]], dict[str, tuple[str, 
 
 
 CATALOGUE, CALLS = _catalogue()
+
+
+def _sweep_dirs(runs: pathlib.Path) -> None:
+    """Sweep directories of jobs/sweeps/participation.yaml whose trials.json is not what
+    its sweep.yaml gives: another trial (runs/sweep-edited), or not JSON (sweep-badrecord)."""
+    from omegaconf import OmegaConf
+
+    from fedray.cluster.sweep import load_sweep
+
+    sweep, _ = load_sweep(str(ROOT / "jobs" / "sweeps" / "participation.yaml"))
+    for name, record in (("sweep-edited", '{"trials": [{"trial": "seed=7", "params": '
+                                          '{"seed": 7}, "status": "finished"}]}\n'),
+                         ("sweep-badrecord", "{not json\n")):
+        (runs / name).mkdir(parents=True)
+        (runs / name / "sweep.yaml").write_text(OmegaConf.to_yaml(sweep))
+        (runs / name / "trials.json").write_text(record)
 
 
 def _template(base: pathlib.Path) -> None:
@@ -83,13 +100,22 @@ def _template(base: pathlib.Path) -> None:
     (base / "sweeps").mkdir()
     (base / "sweeps" / "typo.yaml").write_text(
         "job: ../jobs/quickstart.yaml\nparameters:\n  sampling.clients_per_rnd: [10, 20]\n")
+    _sweep_dirs(base / "runs")
     _bad_stores(stores)
+    _bad_data(base, stores)
     busy = base / "runs" / "busy"  # a run another process is writing: pid 1 holds its lock
     busy.mkdir()
     (busy / "config.yaml").write_text(to_yaml(cfg))
     (busy / LOCK_FILE).write_text(json.dumps({
         "host": socket.gethostname(), "pid": 1, "pid_started": psutil.Process(1).create_time(),
         "started": 0.0, "token": "another run"}))
+    for target, command in ((stores / "busy", "fedray partition"),
+                            (base / "runs" / "sweeping", "fedray sweep")):
+        target.mkdir()  # what process 1 holds: a store it builds, a sweep it runs
+        (target / LOCK_FILE).write_text(json.dumps({
+            "host": socket.gethostname(), "pid": 1,
+            "pid_started": psutil.Process(1).create_time(), "started": 0.0,
+            "token": "another command", "command": command}))
     (base / "runs" / "badyaml").mkdir()
     (base / "runs" / "badyaml" / "config.yaml").write_text("name: x\nrounds: [1\n")
     for method in ("fedavg", "fedprox"):  # two methods that share a name
@@ -181,6 +207,57 @@ def _bad_stores(stores: pathlib.Path) -> None:
         y = pa.ipc.open_file(source).get_batch(0).column(1).to_numpy().copy()
     y[[0, 1]] = (100, -5)
     _rewrite_shard(stores / "badlabels", "train-00000.arrow", y)
+
+
+def _bad_data(base: pathlib.Path, stores: pathlib.Path) -> None:
+    """Stores whose manifest or shards are wrong in one field (written by something other
+    than fedray, checksums made to match), and raw files that hold nothing or hold what no
+    store should: docs/errors.md's data rows (issue 39, items 3, 6 and 7)."""
+    def manifest(name: str, change) -> None:
+        shutil.copytree(stores / "tiny", stores / name)
+        path = stores / name / "manifest.json"
+        m = json.loads(path.read_text())
+        change(m)
+        path.write_text(json.dumps(m))
+
+    def shard(name: str, x: pa.Array) -> None:
+        shutil.copytree(stores / "tiny", stores / name)
+        path = stores / name / "train-00000.arrow"
+        with pa.memory_map(str(path)) as source:
+            y = pa.ipc.open_file(source).get_batch(0).column(1)
+        batch = pa.RecordBatch.from_arrays([x, y], names=["x", "y"])
+        sink = pa.BufferOutputStream()
+        with pa.ipc.new_file(sink, batch.schema) as writer:
+            writer.write_batch(batch)
+        data = sink.getvalue().to_pybytes()
+        path.write_bytes(data)
+        m = json.loads((stores / name / "manifest.json").read_text())
+        m["shards"][0].update(bytes=len(data), sha256=hashlib.sha256(data).hexdigest())
+        (stores / name / "manifest.json").write_text(json.dumps(m))
+
+    with pa.memory_map(str(stores / "tiny" / "train-00000.arrow")) as source:
+        x = pa.ipc.open_file(source).get_batch(0).column(0)
+    flat = x.values.to_numpy().copy()
+    flat[784 * 40 + 100] = np.nan  # row 40: client 2's
+    shard("nan", pa.FixedSizeListArray.from_arrays(pa.array(flat), 784))
+    shard("strings", pa.array([f"{i}" for i in range(len(x))]))
+    manifest("nanscale", lambda m: m.__setitem__("scale", float("nan")))
+    manifest("escape", lambda m: m["shards"][0].__setitem__("file", "../tiny/train-00000.arrow"))
+    manifest("manyclasses", lambda m: m.__setitem__("num_classes", 10**9))
+    raw = base / "raw"
+    raw.mkdir(exist_ok=True)
+    header = "f0,f1,f2,label,user,split\n"
+    rows = "".join(f"0.{i},0.5,1.5,{i % 4},u{i % 3},train\n" for i in range(12))
+    (raw / "header.csv").write_text(header)
+    (raw / "far.csv").write_text(header + rows + "0.7,0.5,1.5,500,u1,train\n")
+    (raw / "stray.csv").write_text(header + rows + "0.7,0.5,1.5,1e9,u1,train\n")
+    (raw / "huge.csv").write_text(header + rows + "0.7,1e300,1.5,1,u1,train\n")
+    (raw / "fake.parquet").write_text(header + rows)  # a CSV file under a parquet name
+    empty = {**{f"f{j}": pa.array([], pa.float32()) for j in range(3)},
+             "label": pa.array([], pa.int64()), "user": pa.array([], pa.string()),
+             "split": pa.array([], pa.string())}
+    pa.parquet.write_table(pa.table(empty), raw / "empty.parquet")
+    np.savez(raw / "empty.npz", x=np.zeros((0, 3), np.float32), y=np.zeros(0, np.int64))
 
 
 def _snapshot(base: pathlib.Path) -> dict[str, tuple[int, str] | None]:

@@ -52,7 +52,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from fedray.errors import ConfigError, FedrayError
 from fedray.state.redact import mask
-from fedray.state.storage import LOCK_FILE, absolute_url, check_writable, filesystem
+from fedray.state.storage import LOCK_FILE, RunClaim, absolute_url, filesystem
 
 SWEEP_FILE = "sweep.yaml"
 TUNE_DIR = "tune"
@@ -599,7 +599,22 @@ def run_sweep(source: Any = None, overrides: list[str] | tuple = (), *,
               ) -> SweepResult:
     """Run a sweep (``source``: a SWEEP.yaml path or its keys) or resume one (``resume``: its
     directory) to the end, and write results.csv and the report. Failed trials do not raise:
-    they are rows with an ``error: ...`` status (``SweepResult.failed``)."""
+    they are rows with an ``error: ...`` status (``SweepResult.failed``).
+
+    The sweep holds its directory from before Ray starts to the end (the lock ``fedray run``
+    puts on its output.dir, fedray.state.storage.RunClaim): a second sweep, or resume, to
+    the same ``output`` is refused in one line naming the one that holds it. A new sweep
+    that fails before writing anything leaves no directory behind."""
+    claims: list[RunClaim] = []
+    try:
+        return _run_sweep(source, overrides, resume, log, claims)
+    finally:
+        for claim in claims:
+            claim.vacate()
+
+
+def _run_sweep(source: Any, overrides: list[str] | tuple, resume: str | None,
+               log: Callable[[str], None] | None, claims: list[RunClaim]) -> SweepResult:
     from fedray.runtime.session import ray_session
 
     log = log or (lambda s: print(mask(s), file=sys.stderr, flush=True))
@@ -631,10 +646,11 @@ def run_sweep(source: Any = None, overrides: list[str] | tuple = (), *,
             raise FedrayError("fedray sweep needs SWEEP.yaml (or --resume SWEEP_DIR)")
         sweep, job = load_sweep(source, overrides)
         fs, path = filesystem(sweep.output, "output", durable=True, what="sweep")
-        check_writable(fs, path, sweep.output, "output", what="sweep")
-        if fs.exists(path) and fs.ls(path):
-            raise FedrayError(f"sweep output {sweep.output} already holds files; choose a new "
-                              f"output or continue it with --resume {sweep.output}")
+    claims.append(RunClaim(sweep.output, "output", what="sweep", command="fedray sweep",
+                           occupied=FedrayError(
+                               f"sweep output {sweep.output} already holds files; choose a new "
+                               f"output or continue it with --resume {sweep.output}")))
+    claims[-1].acquire(new=resume is None)  # before Ray starts: no other sweep writes here
     trials = check_trials(sweep, job)
     start = time.perf_counter()
     with ray_session(job):

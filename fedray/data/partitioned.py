@@ -21,7 +21,7 @@ from fedray.data.dataset import Dataset, Split
 from fedray.data.partition import Partition
 from fedray.errors import FedrayError, key_error
 from fedray.state.redact import mask_tree
-from fedray.state.storage import absolute_url, check_writable, filesystem, storage_failure
+from fedray.state.storage import RunClaim, absolute_url, filesystem, storage_failure
 
 
 class WrittenStore(NamedTuple):
@@ -78,12 +78,14 @@ def _storage_errors(url: str) -> Iterator[None]:
 
 
 def write(url: str, dataset: Dataset, part: Partition, recipe: dict, shard_mb: float,
-          log: Callable[[str], None]) -> dict:
-    """Write the store (``fedray.data.store.write_store``); returns the manifest."""
+          log: Callable[[str], None], claim: RunClaim | None = None) -> dict:
+    """Write the store (``fedray.data.store.write_store``); returns the manifest.
+    claim: the caller's hold on ``url`` (fedray.data.store.claim_store)."""
     from fedray.data.store import write_store
 
     with _storage_errors(url):
-        return write_store(url, dataset, part, recipe=recipe, shard_mb=shard_mb, log=log)
+        return write_store(url, dataset, part, recipe=recipe, shard_mb=shard_mb, log=log,
+                           claim=claim)
 
 
 # below this many clients, spawning generator processes costs more than it saves
@@ -94,14 +96,15 @@ def write_natural(url: str, source: Any, min_examples: int, recipe: dict, shard_
                   log: Callable[[str], None], *,
                   transform: Callable[[np.ndarray], np.ndarray] | None = None,
                   scale: float = 1.0, central_test: tuple[np.ndarray, np.ndarray] | None = None,
-                  processes: int | None = None) -> dict:
+                  processes: int | None = None, claim: RunClaim | None = None) -> dict:
     """Write ``natural`` over the lazy client source ``source`` (a generated population)
     as a store, streamed: clients are generated block by block (in ``processes`` processes;
     None: every core for a large population) and each shard is written when full, so
     memory stays flat however many clients there are. The same store as ``write`` of
     ``natural`` on the whole population gathered into memory, with ``transform`` applied
     to every input array; ``central_test`` (already transformed) is kept beside the
-    clients' own test data. Returns the manifest."""
+    clients' own test data; ``claim``: the caller's hold on ``url`` (None: the writer's
+    own). Returns the manifest."""
     import os
     import time
 
@@ -127,7 +130,7 @@ def write_natural(url: str, source: Any, min_examples: int, recipe: dict, shard_
                         url, num_classes=source.num_classes, input_shape=source.input_shape,
                         dtype=block.train.x.dtype, label_shape=block.train.y.shape[1:],
                         scale=scale, client_test=block.test is not None, shard_mb=shard_mb,
-                        log=log)
+                        log=log, claim=claim)
                 writer.add(block.names, block.train, block.train_counts, block.test,
                            block.test_counts)
                 done += len(block.names) + block.dropped[0]
@@ -168,7 +171,7 @@ class PartitionedDataset:
         """Write the store at ``url`` (a new local path or fsspec URL) in shards of about
         ``shard_mb`` MB; returns its absolute URL and manifest. An existing store is never
         overwritten, and a failed write leaves nothing behind."""
-        from fedray.data.store import check_new_store
+        from fedray.data.store import claim_store
 
         if isinstance(shard_mb, bool) or not isinstance(shard_mb, (int, float)) \
                 or not shard_mb > 0:
@@ -176,8 +179,12 @@ class PartitionedDataset:
         if not isinstance(url, str) or not url:
             raise FedrayError(f"write_store needs the store's path or URL, got {url!r}")
         out = absolute_url(url)
-        fs, path = filesystem(out, "out", durable=True, what="recipe")
-        check_new_store(out)
-        check_writable(fs, path, out, "out", what="recipe")
-        doc = recipe_doc(self.dataset, self.partitioner, self.seed, self.params, out, shard_mb)
-        return WrittenStore(out, write(out, self.dataset, self.partition, doc, shard_mb, log))
+        filesystem(out, "out", durable=True, what="recipe")
+        claim = claim_store(out)  # as fedray partition: out is this call's until it returns
+        try:
+            doc = recipe_doc(self.dataset, self.partitioner, self.seed, self.params, out,
+                             shard_mb)
+            return WrittenStore(out, write(out, self.dataset, self.partition, doc, shard_mb,
+                                           log, claim))
+        finally:
+            claim.vacate()

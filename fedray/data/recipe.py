@@ -3,8 +3,9 @@
 A recipe names a raw data set in its official format (``source``), how to split it into
 clients (``partitioner`` and its parameters), a seed and where the store goes (``out``).
 It is validated completely -- unknown keys, wrong types, parameters the partitioner does not
-take, impossible values -- before any data is read, and the store is written to a temporary
-location first, so a failed build leaves nothing behind.
+take, impossible values -- before any data is read, ``out`` is claimed (no other build writes
+there while this one does), and the store is written to a temporary location first, so a
+failed build leaves nothing behind.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from fedray.core.seeding import TAG_TEST_HOLDOUT, rng
 from fedray.data.dataset import Dataset
 from fedray.errors import ConfigError, key_error
 from fedray.state.redact import mask_tree
-from fedray.state.storage import absolute_url, check_writable, filesystem
+from fedray.state.storage import RunClaim, absolute_url, filesystem
 
 
 @dataclass
@@ -204,18 +205,28 @@ def hold_out_test(dataset: Dataset, fraction: float, seed: int) -> Dataset:
 def build(recipe: Any, overrides: list[str] | tuple = (),
           log: Callable[[str], None] = lambda s: None) -> tuple[str, dict]:
     """Run a recipe end to end; returns the store's URL and manifest."""
-    from fedray.data.partitioned import write
-    from fedray.data.partitioners import partition
-    from fedray.data.store import check_new_store
+    from fedray.data.store import claim_store
 
     cfg = load_recipe(recipe, overrides)
     out = absolute_url(cfg.out)
-    fs, path = filesystem(out, "out", durable=True, what="recipe")
-    check_new_store(out)  # before reading any data
-    check_writable(fs, path, out, "out", what="recipe")
+    filesystem(out, "out", durable=True, what="recipe")
+    # out is ours from now to the end, before any data is read: another build to it is
+    # refused, and nothing it holds is removed (fedray.data.store.claim_store)
+    claim = claim_store(out)
+    try:
+        return out, _build_claimed(cfg, out, claim, log)
+    finally:
+        claim.vacate()
+
+
+def _build_claimed(cfg: DictConfig, out: str, claim: RunClaim,
+                   log: Callable[[str], None]) -> dict:
+    from fedray.data.partitioned import write
+    from fedray.data.partitioners import partition
+
     t0 = time.perf_counter()
     if cfg.source.name == "synthetic" and cfg.partitioner.name == "natural":
-        return out, _build_streamed(cfg, out, log, t0)
+        return _build_streamed(cfg, out, claim, log, t0)
     log(f"reading {cfg.source.name} from {cfg.source.path or '(generated)'}")
     dataset = load_dataset(cfg.source)
     if cfg.test_fraction > 0:
@@ -229,13 +240,14 @@ def build(recipe: Any, overrides: list[str] | tuple = (),
         f"({time.perf_counter() - t1:.1f}s)")
     t2 = time.perf_counter()
     recipe_doc = mask_tree(OmegaConf.to_container(cfg, resolve=True))
-    manifest = write(out, dataset, part, recipe_doc, cfg.shard_mb, log)
+    manifest = write(out, dataset, part, recipe_doc, cfg.shard_mb, log, claim=claim)
     log(f"wrote {len(manifest['shards'])} shards to {out} ({time.perf_counter() - t2:.1f}s; "
         f"{time.perf_counter() - t0:.1f}s in all)")
-    return out, manifest
+    return manifest
 
 
-def _build_streamed(cfg: DictConfig, out: str, log: Callable[[str], None], t0: float) -> dict:
+def _build_streamed(cfg: DictConfig, out: str, claim: RunClaim, log: Callable[[str], None],
+                    t0: float) -> dict:
     """Generated writers, one client each (``natural``): streamed writer by writer into the
     store, never gathered, so a million writers build in bounded memory. The store is the
     one the gathered data set would give, plus the generator's own central test set (the
@@ -254,7 +266,7 @@ def _build_streamed(cfg: DictConfig, out: str, log: Callable[[str], None], t0: f
     manifest = write_natural(out, source, _partitioner_params(cfg).get("min_examples", 0),
                              mask_tree(OmegaConf.to_container(cfg, resolve=True)), cfg.shard_mb,
                              log, transform=to_uint8 if uint8 else None,
-                             scale=1 / 255 if uint8 else 1.0, central_test=central)
+                             scale=1 / 255 if uint8 else 1.0, central_test=central, claim=claim)
     log(f"wrote {len(manifest['shards'])} shards to {out} ({time.perf_counter() - t0:.1f}s "
         "in all)")
     return manifest

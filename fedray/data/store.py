@@ -26,14 +26,23 @@ as soon as it is full, and what the writer keeps per client is a few numbers in 
 store of any size is built in bounded memory. It writes to a temporary sibling directory
 that is renamed into place at the end, so an interrupted or failed build never leaves a
 half-written store at the target URL.
+
+The target is claimed first (``claim_store``: the lock ``fedray run`` puts on its output
+directory, fedray.state.storage.RunClaim), so two builds to one place cannot both write it,
+and the writer never deletes anything at the target: a store goes only to a new or empty
+location, and the final move refuses rather than replace a file it did not write
+(``StoreWriter._place``).
 """
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import math
+import os
 import posixpath
+import shutil
 import uuid
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
@@ -57,7 +66,7 @@ from fedray.data.client_index import (
 from fedray.data.dataset import Dataset, Split
 from fedray.data.partition import Partition
 from fedray.errors import FedrayError, key_error
-from fedray.state.storage import filesystem
+from fedray.state.storage import LOCK_FILE, RunClaim, filesystem, is_local
 
 MANIFEST = "manifest.json"
 FORMAT = "fedray-partition-store"
@@ -185,8 +194,13 @@ class StoreWriter:
     def __init__(self, url: str, *, num_classes: int, input_shape: Sequence[int],
                  dtype: np.dtype | str, label_shape: Sequence[int] = (), coarse: bool = False,
                  num_coarse: int | None = None, scale: float = 1.0, client_test: bool = False,
-                 shard_mb: float = 64.0, log: Callable[[str], None] = lambda s: None):
-        check_new_store(url)
+                 shard_mb: float = 64.0, log: Callable[[str], None] = lambda s: None,
+                 claim: RunClaim | None = None):
+        # the caller's claim on ``url`` (fedray partition claims before it reads any data),
+        # or one of the writer's own, dropped when it finishes or aborts
+        self._own_claim = claim is None
+        self.claim = claim_store(url) if claim is None else claim
+        self._placed: list[str] = []  # files moved into ``url`` one by one (_place_files)
         self.url, self.log = url, log
         self.num_classes, self.num_coarse, self.scale = int(num_classes), num_coarse, scale
         self.input_shape = tuple(int(d) for d in input_shape)
@@ -209,7 +223,11 @@ class StoreWriter:
         self._like: Split | None = None
         self.shards: list[dict] = []
         self.num_clients = 0
-        self.fs.makedirs(self.tmp, exist_ok=True)
+        try:
+            self.fs.makedirs(self.tmp, exist_ok=True)
+        except BaseException:
+            self.abort()
+            raise
 
     def __enter__(self) -> StoreWriter:
         return self
@@ -219,8 +237,18 @@ class StoreWriter:
             self.abort()
 
     def abort(self) -> None:
-        if self.fs.exists(self.tmp):
-            self.fs.rm(self.tmp, recursive=True)
+        """Remove what this writer wrote (its temporary directory, the files it had moved
+        into the target), and drop its own claim; nothing else is touched."""
+        try:
+            if self.fs.exists(self.tmp):
+                self.fs.rm(self.tmp, recursive=True)
+            for placed in reversed(self._placed):
+                if self.fs.exists(placed):
+                    self.fs.rm(placed)
+            self._placed = []
+        finally:
+            if self._own_claim:
+                self.claim.vacate()
 
     def add(self, names: Sequence[str], train: Split, train_counts: np.ndarray,
             test: Split | None = None, test_counts: np.ndarray | None = None) -> None:
@@ -307,10 +335,124 @@ class StoreWriter:
             manifest["label_shape"] = list(self.label_shape)
         with self.fs.open(_join(self.tmp, MANIFEST), "w") as f:
             json.dump(manifest, f)
-        if self.fs.exists(self.path):
-            self.fs.rm(self.path, recursive=True)  # an empty directory left by the caller
-        self.fs.mv(self.tmp, self.path, recursive=True)
+        self._place()
+        if self._own_claim:
+            self.claim.vacate()
         return manifest
+
+    def _error(self, problem: str) -> FedrayError:
+        return key_error("out", f"{self.url} {problem}", what="recipe")
+
+    def _place(self) -> None:
+        """Put the finished store (``self.tmp``) at the target, which this command has
+        claimed: there is nothing there but the claim's lock, unless someone put files
+        there meanwhile, and those are never deleted.
+
+        A local directory is renamed aside (atomic), and what it held is checked: our lock
+        alone, and the store is renamed into its place (atomic; a rename onto a directory
+        that is not empty fails, so nothing made there in between is replaced), then the
+        lock and the empty directory aside are removed; anything else, and it is renamed
+        back and the build refused, the store with it. Elsewhere (object stores, where a
+        directory is a prefix and nothing renames atomically; a local mount point or a
+        symlink, which must stay what they are), ``_place_files``."""
+        fs, path = self.fs, self.path.rstrip("/")
+        if is_local(fs) and not os.path.islink(path):
+            aside = _join(posixpath.dirname(path) or ".",
+                          f".{posixpath.basename(path)}.old-{uuid.uuid4().hex[:8]}")
+            try:
+                os.rename(path, aside)
+            except OSError as exc:
+                if exc.errno == errno.ENOENT:
+                    raise self._lost() from None
+                return self._place_files()  # a mount point, say: file by file
+            found = sorted(os.listdir(aside))
+            foreign = [n for n in found if n != LOCK_FILE]
+            if foreign or not self._ours(_join(aside, LOCK_FILE)):
+                where = "left as they were"
+                try:
+                    os.rename(aside, path)  # back, as it was (onto an empty directory too)
+                except OSError:
+                    where = f"moved aside to {aside}, as {path} was made again meanwhile"
+                raise (self._gained(foreign, where) if foreign else self._lost())
+            try:
+                os.rename(self.tmp, path)
+            except OSError as exc:  # made again, and filled, in between: theirs now
+                raise self._error(f"was made again while the store was moved into place "
+                                  f"({exc.strerror}); it was left as it was and the store "
+                                  "was not written") from None
+            finally:
+                self._drop_aside(aside)
+            self.claim.held = False  # the lock went aside with the empty directory
+            return None
+        return self._place_files()
+
+    def _drop_aside(self, aside: str) -> None:
+        """The directory renamed aside held our lock alone: remove the lock, then the
+        directory only if it is empty (rmdir refuses otherwise, and it stays)."""
+        try:
+            os.unlink(_join(aside, LOCK_FILE))
+            os.rmdir(aside)
+        except OSError:
+            self.log(f"  kept {aside}: it holds files fedray did not write")
+
+    def _place_files(self) -> None:
+        """The store's files moved into the claimed directory one by one, the manifest
+        last (a reader sees no store until it is whole), never over a file that is there:
+        local files are hard-linked (or copied) with exclusive creation; on an object
+        store each name is checked just before its file is moved, the best it offers (a
+        file written under the same name in that instant would be replaced). A directory
+        that holds anything but our lock is refused before anything is moved."""
+        fs, path = self.fs, self.path.rstrip("/")
+        if not fs.exists(path) or not self._ours(_join(path, LOCK_FILE)):
+            raise self._lost()
+        foreign = sorted(e.rstrip("/").rsplit("/", 1)[-1] for e in fs.ls(path, detail=False))
+        foreign = [n for n in foreign if n != LOCK_FILE]
+        if foreign:
+            raise self._gained(foreign, "left as they were")
+        files = sorted(fs.find(self.tmp), key=lambda f: f.rsplit("/", 1)[-1] == MANIFEST)
+        for src in files:
+            dst = _join(path, src.rstrip("/").rsplit("/", 1)[-1])
+            try:
+                if is_local(fs):
+                    _put_local(src, dst)
+                elif fs.exists(dst):
+                    raise FileExistsError(errno.EEXIST, "exists", dst)
+                else:
+                    fs.mv(src, dst)
+            except FileExistsError:
+                raise self._gained([posixpath.basename(dst)], "left as they were") from None
+            self._placed.append(dst)
+        self._placed = []  # the store is whole: its files are no longer undone
+        if fs.exists(self.tmp):
+            fs.rm(self.tmp, recursive=True)
+        self.claim.release()  # the lock, out of the finished store
+
+    def _ours(self, lock: str) -> bool:
+        try:
+            return json.loads(self.fs.cat_file(lock)).get("token") == self.claim.token
+        except (OSError, ValueError, AttributeError):
+            return False
+
+    def _lost(self) -> FedrayError:
+        return self._error(f"lost its lock ({LOCK_FILE}) while the store was built: removed "
+                           "or replaced by someone else; the store was not moved into place")
+
+    def _gained(self, names: list[str], where: str) -> FedrayError:
+        shown = ", ".join(names[:3]) + (f" and {len(names) - 3} more" if len(names) > 3 else "")
+        return self._error(f"received files while the store was built ({shown}); they were "
+                           f"{where}, and the store was not written")
+
+
+def _put_local(src: str, dst: str) -> None:
+    """Move the file ``src`` to ``dst``, which must not exist (FileExistsError)."""
+    try:
+        os.link(src, dst)
+    except OSError as exc:
+        if exc.errno not in (errno.EXDEV, errno.EPERM, errno.EOPNOTSUPP):
+            raise  # EEXIST: someone's file is there
+        with open(src, "rb") as r, open(dst, "xb") as w:  # another file system: a copy
+            shutil.copyfileobj(r, w)
+    os.unlink(src)
 
 
 def _ipc_bytes(batch: pa.RecordBatch) -> bytes:
@@ -320,22 +462,50 @@ def _ipc_bytes(batch: pa.RecordBatch) -> bytes:
     return sink.getvalue().to_pybytes()
 
 
-def check_new_store(url: str) -> None:
-    """Stores are immutable: refuse a target that already holds anything."""
+def claim_store(url: str) -> RunClaim:
+    """Claim ``url`` for a new store, before any data is read: the lock ``fedray run`` puts
+    on its output directory (fedray.state.storage.RunClaim), created in ``url``. Stores are
+    immutable, so the target must be absent or an empty directory: an existing store, a
+    file, or a directory of someone's files is refused (never removed), and one that
+    another build holds is refused naming it. The caller ``vacate``s the claim when done:
+    on success the lock is already gone with the move (``StoreWriter._place``); on failure
+    the lock goes, and the directories the claim made while they are empty."""
     fs, path = filesystem(url, "out", what="recipe")
-    if fs.exists(path) and (not fs.isdir(path) or fs.ls(path)):
-        raise key_error("out", f"{url} already exists; choose a new location or remove it",
-                        what="recipe")
+    # the words for an occupied target: a store (or a file) "already exists"; a directory
+    # of other files is not a store, and is said to be kept; a lock alone is a killed
+    # build's (a live build's is refused as in use, naming it)
+    names = [e.rstrip("/").rsplit("/", 1)[-1] for e in fs.ls(path, detail=False)] \
+        if fs.isdir(path) else []
+    if names == [LOCK_FILE]:
+        problem = (f"holds only the lock of a build that ended without removing it; if no "
+                   f"fedray partition is writing there, delete {url.rstrip('/')}/{LOCK_FILE}")
+    elif names and MANIFEST not in names:
+        problem = ("already holds files that are not a partition store; choose a new or "
+                   "empty location (fedray partition never removes files it did not write)")
+    else:
+        problem = "already exists; choose a new location or remove it"
+    occupied = key_error("out", f"{url} {problem}", what="recipe")
+    claim = RunClaim(url, "out", what="recipe", command="fedray partition", durable=False,
+                     occupied=occupied)
+    claim.acquire(new=True)
+    return claim
 
 
 def write_store(url: str, dataset: Dataset, partition: Partition, *, recipe: dict,
                 shard_mb: float = 64.0, log: Callable[[str], None] = lambda s: None,
-                central_test: Split | None = None) -> dict:
+                central_test: Split | None = None, claim: RunClaim | None = None) -> dict:
     """Write ``partition`` of ``dataset`` as a store at ``url``; returns the manifest.
 
     Clients without test data of their own share ``dataset.test`` as the central test set;
-    clients with their own keep ``central_test`` (if given) beside it."""
-    check_new_store(url)
+    clients with their own keep ``central_test`` (if given) beside it. claim: the caller's
+    hold on ``url`` (``claim_store``); None: claimed here, and dropped at the end."""
+    if claim is None:
+        claim = claim_store(url)
+        try:
+            return write_store(url, dataset, partition, recipe=recipe, shard_mb=shard_mb,
+                               log=log, central_test=central_test, claim=claim)
+        finally:
+            claim.vacate()
     train, test = dataset.train, dataset.test
     if test is not None and _label_size(test.y) != _label_size(train.y):
         raise FedrayError(f"the source's train labels have shape {train.y.shape[1:]} but its "
@@ -347,7 +517,7 @@ def write_store(url: str, dataset: Dataset, partition: Partition, *, recipe: dic
                      dtype=train.x.dtype, label_shape=train.y.shape[1:],
                      coarse=train.coarse is not None, num_coarse=dataset.num_coarse,
                      scale=dataset.scale, client_test=partition.test is not None,
-                     shard_mb=shard_mb, log=log) as writer:
+                     shard_mb=shard_mb, log=log, claim=claim) as writer:
         names = partition.client_names
         counts = np.asarray([len(a) for a in partition.train], dtype=np.int64)
         for a, b in _blocks(counts, writer.row_bytes, writer.shard_bytes):

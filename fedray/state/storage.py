@@ -8,8 +8,10 @@ the process (``memory://`` lives in one process, and a run writes from its drive
 different one), or when the target cannot be written (a real test write, before Ray starts
 or any data is read).
 
-It also holds the claim on a run directory (``RunClaim``): the exclusive creation of a lock
-file, so that two runs given the same ``output.dir`` cannot both write into it.
+It also holds the claim on a directory (``RunClaim``): the exclusive creation of a lock
+file, so that two commands given the same target cannot both write into it. ``fedray run``
+claims its ``output.dir``, ``fedray sweep`` its ``output``, ``fedray partition`` its ``out``:
+one lock, one message naming who holds it.
 """
 
 from __future__ import annotations
@@ -124,17 +126,29 @@ def check_writable(fs: Any, path: str, url: str, key: str, *, what: str | None =
 
 
 class RunClaim:
-    """A run's exclusive hold on its directory: ``LOCK_FILE``, created with exclusive-create
-    semantics (``O_EXCL`` on local and POSIX filesystems; fsspec's mode "xb" elsewhere, which
-    is atomic where the backend supports conditional writes, such as s3fs and gcsfs, and a
-    check-then-write otherwise: two runs started within the same moment on such a store
-    are not told apart). It names the host and process that hold it, so a lock left by a
-    killed run on this host is recognised as stale and taken over by ``--resume``."""
+    """A command's exclusive hold on its directory: ``LOCK_FILE``, created with
+    exclusive-create semantics (``O_EXCL`` on local and POSIX filesystems; fsspec's mode "xb"
+    elsewhere, which is atomic where the backend supports conditional writes, such as s3fs
+    and gcsfs, and a check-then-write otherwise: two commands started within the same moment
+    on such a store are not told apart). It names the command, host and process that hold
+    it, so the next one says who holds it, and a lock left by a killed run on this host is
+    recognised as stale and taken over by ``--resume``.
 
-    def __init__(self, url: str, key: str = "output.dir"):
+    key, what: the key the directory was given as, in messages (``config key 'output.dir'``,
+    ``recipe key 'out'``, ``sweep key 'output'``); command: what the lock says holds it;
+    durable: refuse an in-memory filesystem (the Python store writer may write there);
+    occupied: the error for a new claim on a directory that already holds something (or is
+    a file), when the command has its own words for it."""
+
+    def __init__(self, url: str, key: str = "output.dir", *, what: str = "config",
+                 command: str = "fedray run", durable: bool = True,
+                 occupied: FedrayError | None = None):
         self.url = url
         self.key = key
-        self.fs, self.path = filesystem(url, key, durable=True)
+        self.what = what
+        self.command = command
+        self.occupied = occupied
+        self.fs, self.path = filesystem(url, key, durable=durable, what=what)
         self.lock = f"{self.path.rstrip('/')}/{LOCK_FILE}"
         self.created: str | None = None  # the topmost directory this claim created
         self.held = False
@@ -148,9 +162,15 @@ class RunClaim:
 
     def _describe(self, owner: dict) -> str:
         when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(owner.get("started", 0)))
-        return (f"{self.url} is in use by another run (pid {owner.get('pid', '?')} on "
-                f"{owner.get('host', '?')}, since {when}); if that run is gone, delete "
+        # what holds it: "run" (fedray run's locks, and those written before locks named
+        # their command), "partition", "sweep"
+        noun = str(owner.get("command", "fedray run")).removeprefix("fedray ")
+        return (f"{self.url} is in use by another {noun} (pid {owner.get('pid', '?')} on "
+                f"{owner.get('host', '?')}, since {when}); if that {noun} is gone, delete "
                 f"{self.url.rstrip('/')}/{LOCK_FILE}")
+
+    def _error(self, text: str) -> FedrayError:
+        return key_error(self.key, text, what=self.what)
 
     def _stale(self, owner: dict) -> bool:
         """A lock of this host whose process is gone (or is another process by now)."""
@@ -169,28 +189,28 @@ class RunClaim:
 
         record = {"host": socket.gethostname(), "pid": os.getpid(),
                   "pid_started": psutil.Process().create_time(), "started": time.time(),
-                  "token": self.token}
+                  "token": self.token, "command": self.command}
         with self.fs.open(self.lock, "xb") as f:
             f.write(json.dumps(record).encode())
         self.held = True
 
     def acquire(self, new: bool) -> None:
-        """Claim the directory: a new run's must be empty or absent (it is created), a
+        """Claim the directory: a new command's must be empty or absent (it is created), a
         resumed run's must not be held by a live run."""
         fs, path = self.fs, self.path
         if fs.exists(path):
             if not fs.isdir(path):
-                raise key_error(self.key, f"{self.url} exists and is not a directory")
+                raise self.occupied or self._error(f"{self.url} exists and is not a directory")
             entries = fs.ls(path, detail=False)
             if new and entries:
                 if any(e.rstrip("/").rsplit("/", 1)[-1] == LOCK_FILE for e in entries):
                     owner = self._owner()
                     if not self._stale(owner):
-                        raise key_error(self.key, self._describe(owner))
-                raise key_error(self.key, f"{self.url} already holds files; choose a new "
-                                "output.dir or remove it")
+                        raise self._error(self._describe(owner))
+                raise self.occupied or self._error(f"{self.url} already holds files; choose "
+                                                   "a new output.dir or remove it")
         else:
-            check_writable(fs, path, self.url, self.key)
+            check_writable(fs, path, self.url, self.key, what=self.what)
             top = path.rstrip("/")
             if is_local(fs):  # parents it makes are its own too
                 existing = _first_existing(fs, top)
@@ -199,24 +219,24 @@ class RunClaim:
             try:
                 fs.makedirs(path, exist_ok=True)
             except OSError as exc:
-                raise key_error(self.key, f"{self.url} cannot be created: "
-                                f"{exc.strerror or one_line(exc)}") from None
+                raise self._error(f"{self.url} cannot be created: "
+                                  f"{exc.strerror or one_line(exc)}") from None
             self.created = top
         for attempt in (1, 2):
             try:
                 self._create_lock()
                 return
-            except FileExistsError:
+            except FileExistsError:  # another command claimed it first
                 owner = self._owner()
                 if attempt == 1 and not new and self._stale(owner):
                     fs.rm(self.lock)  # a killed run's lock: ours now
                     continue
-                raise key_error(self.key, self._describe(owner)) from None
+                raise self._error(self._describe(owner)) from None
             except OSError as exc:
-                if new:
-                    self.discard()
-                raise key_error(self.key, f"{self.url} is not writable: "
-                                f"{exc.strerror or one_line(exc)}") from None
+                if new:  # nothing of ours is there: the directories it made, if still empty
+                    self.vacate()
+                raise self._error(f"{self.url} is not writable: "
+                                  f"{exc.strerror or one_line(exc)}") from None
 
     def release(self) -> None:
         """Drop the lock, if it is still ours."""
@@ -226,6 +246,26 @@ class RunClaim:
             except OSError:
                 pass  # the run's own error says what went wrong with the storage
         self.held = False
+
+    def vacate(self) -> None:
+        """Drop the lock, and the directories this claim created while they are empty:
+        a command that failed leaves the place as it found it, and never removes a file it
+        did not write (one a user put there meanwhile keeps its directory). Object stores
+        have no empty directories: the lock was all there was."""
+        self.release()
+        if self.created is None or not (is_local(self.fs) or "memory" in _protocols(self.fs)):
+            return
+        folder = self.path.rstrip("/")
+        while True:
+            try:
+                if not self.fs.exists(folder) or self.fs.ls(folder, detail=False):
+                    return
+                self.fs.rmdir(folder)  # refuses a directory that is not empty
+            except OSError:
+                return
+            if folder == self.created or posixpath.dirname(folder) == folder:
+                return
+            folder = posixpath.dirname(folder)
 
     def discard(self) -> None:
         """Undo a new run that failed before its first round: remove what it wrote, and the
@@ -240,3 +280,41 @@ class RunClaim:
         except OSError:
             pass
         self.held = False
+
+
+def write_atomic(fs: Any, files: list[tuple[str, bytes]]) -> None:
+    """Write every ``(path, data)`` of ``files`` whole, or none of them: each goes to a
+    temporary file beside its target first, and only when all are written are they renamed
+    into place, in order (so a reader that takes the last file as the mark of a complete
+    set, a report's report.md, never sees a partial one). A write that fails -- a full
+    disk, a read-only mount, a lost connection -- removes every temporary file and raises
+    its OSError, leaving the targets as they were: never a truncated PNG or checkpoint.
+
+    The one way fedray writes a finished file (run directories' files through
+    fedray.state.run_dir, reports, plots). A target that exists and is not a regular file
+    (a directory, /dev/null, a FIFO) is refused with an OSError: the rename would replace
+    it (checked on local filesystems; an object store has neither)."""
+    local = is_local(fs)
+    temps: list[tuple[str, str]] = []
+    try:
+        for path, data in files:
+            if local and fs.exists(path) and not fs.isfile(path):
+                raise OSError(errno.EISDIR if fs.isdir(path) else errno.EINVAL,
+                              "is a directory" if fs.isdir(path) else "not a regular file",
+                              path)
+            folder, _, base = path.rstrip("/").rpartition("/")
+            tmp = f"{folder}/.{base[:100]}.{uuid.uuid4().hex}.tmp" if folder else \
+                f".{base[:100]}.{uuid.uuid4().hex}.tmp"
+            temps.append((tmp, path))
+            with fs.open(tmp, "wb") as f:
+                f.write(data)
+        for tmp, path in temps:
+            fs.mv(tmp, path)
+    except BaseException:  # an interrupt too: no temporary file stays behind
+        for tmp, _ in temps:
+            try:
+                if fs.exists(tmp):
+                    fs.rm(tmp)
+            except OSError:
+                pass
+        raise
