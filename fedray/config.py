@@ -468,7 +468,7 @@ def load_structured(schema: type, source: Any, overrides: list[str] | tuple = ()
             _check_sections(schema, user, what)
             cfg = OmegaConf.merge(cfg, user)
         if overrides:
-            dotlist = OmegaConf.from_dotlist(list(overrides))
+            dotlist = _dotlist(overrides)
             check_interpolations(dotlist, what)
             _check_sections(schema, dotlist, what)
             cfg = OmegaConf.merge(cfg, dotlist)
@@ -480,6 +480,24 @@ def load_structured(schema: type, source: Any, overrides: list[str] | tuple = ()
     _no_literal_interpolation(OmegaConf.to_container(cfg, resolve=False), what)
     check_finite(cfg, what)
     return cfg
+
+
+def _dotlist(overrides: list[str] | tuple) -> DictConfig:
+    """``key=value`` overrides as a config. omegaconf reads each value as YAML and lets
+    PyYAML's error through (``sampling.always=[1, [2``, ``name=[${seed}]``): the override
+    that YAML cannot read is named in one line, with where in its value."""
+    import yaml
+
+    try:
+        return OmegaConf.from_dotlist(list(overrides))
+    except yaml.YAMLError:
+        for item in overrides:
+            try:
+                OmegaConf.from_dotlist([item])
+            except yaml.YAMLError as exc:
+                raise ConfigError(f"override '{item}': its value is not valid YAML: "
+                                  f"{yaml_problem(exc)}") from None
+        raise
 
 
 def _no_literal_interpolation(tree: Any, what: str, prefix: str = "") -> None:

@@ -259,3 +259,53 @@ def test_a_resolver_never_reaches_the_run_directory_or_the_output(tmp_path):
     assert "eval:\n  every: 0\n  central: true\n  federated_clients: 0\n  batch_size: 20" in (
         run / "config.yaml").read_text()
     assert str(run) in ok.stdout and SECRET not in ok.stdout + ok.stderr
+
+
+_PIECES = ["${", "}", "oc.env", "oc.decode", ":", ",", ".", "\\", "name", "seed", "client.",
+           "batch_size", "FEDRAY_TEST_SECRET", "'", '"', "[", "]", "{", " ", "$", "a", "=",
+           "${oc.env:FEDRAY_TEST_SECRET}", "${name}", "${seed}", "${.seed}", "\\${"]
+
+
+@pytest.mark.slow
+def test_any_interpolation_text_is_a_value_or_one_line(tmp_path_factory, monkeypatch):
+    """The ``${...}`` class of hostile input (tests/test_hostile_inputs.py leaves it here):
+    text built from interpolation's pieces, as an override of a job, a recipe and a sweep
+    and as a value in a job file, is loaded or refused in one ConfigError line; the
+    environment's secret never shows, in a message or a loaded config."""
+    from hypothesis import HealthCheck, given, settings
+    from hypothesis import strategies as st
+
+    from fedray.cluster.sweep import load_sweep
+    from fedray.config import to_yaml
+    from fedray.data.recipe import load_recipe
+
+    monkeypatch.setenv("FEDRAY_TEST_SECRET", SECRET)
+    job = tmp_path_factory.mktemp("interp") / "job.yaml"
+    # scalar keys: a value that YAML reads as a mapping, merged into a list key, is the
+    # override-shape class of tests/test_hostile_inputs.py, with or without ${
+    keys = st.sampled_from(["name", "seed", "client.batch_size", "eval.batch_size",
+                            "output.dir", "client.lr"])
+    text = st.lists(st.sampled_from(_PIECES), min_size=1, max_size=8).map("".join).filter(
+        lambda v: "${" in v)
+
+    def outcome(load) -> None:
+        try:
+            loaded = load()
+        except ConfigError as exc:
+            assert "\n" not in str(exc) and SECRET not in str(exc), str(exc)
+            return
+        shown = to_yaml(loaded) if hasattr(loaded, "keys") else str(loaded)
+        assert SECRET not in shown and "${" not in shown
+
+    @settings(max_examples=120, deadline=None, derandomize=True,
+              suppress_health_check=[HealthCheck.function_scoped_fixture])
+    @given(keys, text)
+    def check(key, value):
+        override = f"{key}={value}"
+        outcome(lambda: load_config("jobs/quickstart.yaml", [override]))
+        outcome(lambda: load_recipe("partitions/synthetic_dirichlet.yaml", [f"out={value}"]))
+        outcome(lambda: load_sweep("jobs/sweeps/participation.yaml", [f"name={value}"])[0])
+        job.write_text(f"rounds: 2\n{key.split('.')[0]}: {value!r}\n")
+        outcome(lambda: load_config(job))
+
+    check()
