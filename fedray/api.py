@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 from omegaconf import DictConfig, OmegaConf
 
 from fedray.config import ConfigSource, load_config, validate, with_algorithm
-from fedray.errors import FedrayError, key_error
+from fedray.errors import DivergedError, FedrayError, key_error
 from fedray.state.redact import mask
 from fedray.state.storage import RunClaim, absolute_url, filesystem, storage_failure
 from fedray.tracking.callbacks import (
@@ -206,6 +206,8 @@ def _unwrap_remote_error(exc: BaseException) -> BaseException:
     """The user-facing cause behind a Ray task/actor error, if there is one."""
     cause = getattr(exc, "cause", None)
     while cause is not None:
+        if isinstance(cause, DivergedError):  # its own type: a caller may catch it alone
+            return DivergedError(str(cause), cause.round, cause.checkpoint)
         if isinstance(cause, FedrayError):
             return FedrayError(str(cause.args[0]) if cause.args else str(cause))
         cause = getattr(cause, "cause", None) or cause.__cause__
@@ -332,6 +334,9 @@ def _drive(call: Callable[..., Any], cfg: DictConfig, url: str, callbacks: Callb
         for r in range(start["start_round"], cfg.rounds + 1 if stopped is None else 0):
             m, weights = call("run_round", r, callbacks.needs_weights)
             metrics.append(m)
+            if m.get("diverged"):  # guard.non_finite=warn: said once, the run goes on
+                _note(f"{m['diverged']}; guard.non_finite=warn: the run goes on, and "
+                      "nothing non-finite is written to its directory")
             # a callback, or an update stage (a privacy budget spent: m["stopped_by"])
             if (callbacks.round_end(r, m, weights) or m.get("stopped_by")) and r < cfg.rounds:
                 stopped = r  # the last round needs no stopping: the run ends normally

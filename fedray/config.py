@@ -142,6 +142,10 @@ class GuardConfig:
     # a client update whose L2 norm exceeds this is dropped from its round (null: no bound);
     # updates with NaN or Inf are always dropped
     max_update_norm: float | None = None
+    # a global model that turns non-finite, or a round whose every update was non-finite:
+    # stop (one line, the last finite checkpoint kept) or warn (the run goes on, writing
+    # nothing non-finite)
+    non_finite: str = "stop"
 
 
 @dataclass
@@ -660,6 +664,8 @@ def validate(cfg: DictConfig, population: int, *, custom_model: bool = False) ->
               key != "sampling.always" else list(sm.always))
     bound = cfg.guard.max_update_norm
     r(bound is None or bound > 0, "guard.max_update_norm", "must be > 0 or null", bound)
+    r(cfg.guard.non_finite in ("stop", "warn"), "guard.non_finite", "must be stop or warn",
+      cfg.guard.non_finite)
     always = list(cfg.sampling.always)
     r(len(set(always)) == len(always), "sampling.always", "must not repeat a client", always)
     r(all(0 <= a < population for a in always), "sampling.always",

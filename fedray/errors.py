@@ -29,6 +29,21 @@ class ConfigError(FedrayError):
     """An invalid configuration, detected before Ray starts."""
 
 
+class DivergedError(FedrayError):
+    """The global model became non-finite (or every client update of a round was), under
+    ``guard.non_finite: stop``. Its own type so that a caller of fedray.run -- a sweep, a
+    notebook -- can tell a diverged run (a result about the learning rate) from a broken
+    one; ``round`` is the round that diverged, ``checkpoint`` the round of the last
+    checkpoint, which holds finite values and is intact (0: none)."""
+
+    def __init__(self, message: str, round: int = 0, checkpoint: int = 0):
+        super().__init__(message)
+        self.round, self.checkpoint = round, checkpoint
+
+    def __reduce__(self) -> tuple:  # pickled through Ray with its fields, not just args
+        return (type(self), (str(self), self.round, self.checkpoint))
+
+
 def key_error(key: str, problem: str, value: Any = _UNSET, *,
               what: str = "config") -> ConfigError:
     """``{what} key 'KEY': PROBLEM[, got VALUE]``: what is wrong with one key's value.

@@ -31,6 +31,7 @@ from __future__ import annotations
 import copy
 import functools
 import json
+import math
 import time
 from collections.abc import Callable
 from typing import Any
@@ -60,7 +61,7 @@ from fedray.core.sampling import federated_eval_clients, select_round
 from fedray.core.seeding import TAG_INIT, derive_seed
 from fedray.data.per_round import parse_per_round
 from fedray.data.source import ClientSource, sizes_of
-from fedray.errors import FedrayError, key_error
+from fedray.errors import DivergedError, FedrayError, key_error
 from fedray.kernels.vectorized import batch_failure, vectorize_plan
 from fedray.runtime.inline import InlinePool, frozen, frozen_tree
 from fedray.runtime.messages import Broadcast, RoundResult, RoundTask
@@ -87,6 +88,16 @@ def _data_name(cfg: Any) -> str:
     if cfg.data.partition == "synthetic":
         return "the synthetic population"
     return f"the store {cfg.data.partition}"
+
+
+def _finite(t: torch.Tensor) -> bool:
+    """No NaN or Inf in ``t``: one float64 reduction, without a mask the size of ``t`` (a
+    float32 sum cannot overflow float64, and NaN and Inf carry through it)."""
+    if not t.is_floating_point():
+        return True
+    if t.dtype == torch.float64:  # server state, checked only when written: a sum could overflow
+        return bool(torch.isfinite(t).all())
+    return math.isfinite(float(t.sum(dtype=torch.float64)))
 
 
 def is_eval_round(r: int, every: int, rounds: int) -> bool:
@@ -153,6 +164,8 @@ class Driver:
         self.merger = next((s for s in self.stages if type(s).merge is not UpdateStage.merge),
                            None)
         self.stopped_by: str | None = None
+        self.diverged_at: int | None = None  # guard.non_finite=warn: the first such round
+        self._nonfinite = 0  # the last round's updates the guard dropped as NaN or Inf
         payload = Payload(self.weights.numel(), dense=self.weights.numel())
         for stage in self.stages:
             payload = stage.payload(payload)
@@ -315,11 +328,60 @@ class Driver:
         return {k: m[k] for k in (*_HISTORY_KEYS, "round") if k in m} | {
             k: v for k, v in m.items() if k.startswith(("test_", "fed_test_", "clients_"))}
 
+    def _check_finite(self, r: int, m: dict[str, Any]) -> None:
+        """After round ``r``'s server update: a global model with NaN or Inf, or a round
+        whose every update the guard dropped as non-finite, has diverged. Checked here, on
+        the driver, because every path (inline and Ray, synchronous and buffered) passes
+        through it after its server step and before the round is evaluated, logged or
+        checkpointed. ``guard.non_finite: stop`` raises DivergedError (the last checkpoint,
+        written while the model was finite, stays as it is); ``warn`` marks the first such
+        round in its metrics (``diverged``, which fedray.run says once) and goes on."""
+        if _finite(self.weights):
+            n = self._nonfinite
+            if not n or m["examples"] > 0:
+                return
+            what = (f"every client update was non-finite ({n} of {m['clients']} clients, "
+                    "all dropped by the guard)" if n == m["dropped_updates"] else
+                    f"every client update was dropped by the guard, {n} of "
+                    f"{m['clients']} as non-finite")
+        else:
+            what = "the global model has non-finite weights (NaN or Inf) after the server update"
+        c = self.cfg
+        why = (f"round {r}: {what}; likely cause: a learning rate too large (client.lr "
+               f"{c.client.lr:g}, server.lr {c.server.lr:g}) or non-finite data")
+        if c.guard.non_finite == "warn":
+            if self.diverged_at is None:
+                self.diverged_at = r
+                m["diverged"] = why
+            return
+        kept = (f"; the checkpoint after round {self.last_checkpoint} is intact"
+                if self.last_checkpoint else "")
+        raise DivergedError(why + kept, round=r, checkpoint=self.last_checkpoint)
+
+    def _non_finite_state(self, state: dict[str, torch.Tensor]) -> str | None:
+        """The first tensor of ``state`` with NaN or Inf, or None: a file that holds one is
+        never written (guard.non_finite=warn skips it; stop has stopped before)."""
+        return next((k for k, t in state.items() if not _finite(t)), None)
+
     def _checkpoint(self, r: int) -> None:
         """Write the checkpoint after round ``r``; then the client state versions only the
-        previous checkpoint needed can go."""
+        previous checkpoint needed can go. Never one with non-finite values: the last
+        finite checkpoint stays the one a --resume continues from."""
+        server = self.server_state()
+        if not _finite(self.weights) or self._non_finite_state(server) is not None:
+            if self.cfg.guard.non_finite == "stop":  # a server state gone non-finite alone
+                key = self._non_finite_state(server)
+                what = f"the server state {key}" if key else "the global model"
+                kept = (f"; the checkpoint after round {self.last_checkpoint} is intact"
+                        if self.last_checkpoint else "")
+                raise DivergedError(f"round {r}: {what} has non-finite "
+                                    f"values (NaN or Inf); likely cause: a learning rate too "
+                                    f"large (client.lr {self.cfg.client.lr:g}, server.lr "
+                                    f"{self.cfg.server.lr:g}) or non-finite data{kept}",
+                                    round=r, checkpoint=self.last_checkpoint)
+            return
         self.run_dir.write_bytes(CHECKPOINT_FILE, encode(Checkpoint(
-            round=r, weights=self.weights, server_state=self.server_state(),
+            round=r, weights=self.weights, server_state=server,
             client_versions=self.versions, metrics_lines=self.run_dir.metrics_lines)))
         self.last_checkpoint = r
         if self._superseded:
@@ -451,11 +513,14 @@ class Driver:
             part_metrics |= stage.round_metrics()
         if self.schedule is not None:
             self._keep_version(r)
+        self._nonfinite = int(stats["nonfinite"])
         return {"clients": len(ids), "dropped_out": dropped_out, "late": late,
                 "examples": int(stats["examples"]), "updates": int(stats["updates"]),
                 "dropped_updates": int(stats["dropped"]),
                 "worker_failures": self.pool.round_failures,
-                "train_loss": stats["loss_sum"] / max(1, stats["examples_seen"]),
+                # a round that kept no update has no train_loss (absent, never a 0.0)
+                **({"train_loss": stats["loss_sum"] / stats["examples_seen"]}
+                   if stats["examples_seen"] > 0 else {}),
                 "worker_busy_s": stats["busy_s"], "worker_mem_mb": worker_mem, "merge_s": merge_s,
                 "upload_bytes": int(stats["updates"]) * self.update_bytes,
                 **clocked, **part_metrics}
@@ -546,6 +611,7 @@ class Driver:
         self.pool.begin_round()
         m: dict[str, Any] = {"round": r}
         m.update(self._train_round(r))
+        self._check_finite(r, m)  # before anything of the round is evaluated or written
         train_s = time.perf_counter() - t0
         m["train_s"] = train_s
         m["updates_per_s"] = m["clients"] / train_s
@@ -574,9 +640,12 @@ class Driver:
         if stopped_after is not None and self.last_checkpoint != stopped_after:
             self._checkpoint(stopped_after)
         summary = self._summary(time.perf_counter() - self._run_start, stopped_after)
-        if c.output.save_weights:
+        finite = _finite(self.weights)  # guard.non_finite=warn: nothing non-finite is written
+        if c.output.save_weights and finite:
             self.run_dir.save_weights(self.state_dict())
-        self.run_dir.save_tensors(SERVER_STATE_FILE, self.server_state())
+        server = self.server_state()
+        if finite and self._non_finite_state(server) is None:
+            self.run_dir.save_tensors(SERVER_STATE_FILE, server)
         self.run_dir.write_json("summary.json", summary)
         return summary
 
@@ -596,6 +665,7 @@ class Driver:
             "dropped_updates": sum(h.get("dropped_updates", 0) for h in history),
             "worker_failures": sum(h.get("worker_failures", 0) for h in history),
             "resumed_from_round": self.resumed_from,
+            "diverged_at_round": self.diverged_at,
             "stopped_early_after_round": stopped_after,
             "stopped_by": self.stopped_by if stopped_after is not None else None,
             **({"stages": {s.name: s.summary() for s in self.stages}} if self.stages else {}),
@@ -603,7 +673,8 @@ class Driver:
             "vectorized": self.vectorized,
             "median_updates_per_s": float(np.median(ups)) if ups else None,
             "driver_mem_mb": private_mb(),
-            "weights_file": WEIGHTS_FILE if c.output.save_weights else None,
+            "weights_file": WEIGHTS_FILE if c.output.save_weights and _finite(self.weights)
+            else None,
             "fedray_version": __version__,
         }
 

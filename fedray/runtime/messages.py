@@ -49,8 +49,10 @@ class RoundResult:
     stored: list[int]  # clients whose state was stored as version ``round``
     busy_s: float
     mem_mb: float
+    nonfinite: int = 0  # of ``dropped``, those dropped for NaN or Inf (the driver checks it)
 
-    STATS = ("examples", "loss_sum", "examples_seen", "dropped", "updates", "busy_s")
+    STATS = ("examples", "loss_sum", "examples_seen", "dropped", "updates", "nonfinite",
+             "busy_s")
 
 
 @dataclass

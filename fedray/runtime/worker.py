@@ -155,6 +155,7 @@ class ClientWorker:
                       if keeps_client_state(self.client, self.stages) else None)
         self._stored: list[int] = []  # clients whose state this round's train() wrote
         self._staleness = 0  # the current task's (buffered asynchronous training)
+        self._nonfinite = 0  # this round's updates the guard dropped for NaN or Inf
         own_training = self.client.train is not None
         self.group = (group_size(self.model.num_params, self.device.type == "cuda")
                       if res.vectorize and not own_training else 0)
@@ -208,7 +209,10 @@ class ClientWorker:
         reach the global model (nor a client's stored state)."""
         norm = float(torch.linalg.vector_norm(delta))  # NaN or Inf if any entry is
         bound = self.spec.training.max_update_norm
-        return math.isfinite(norm) and (bound is None or norm <= bound)
+        if not math.isfinite(norm):  # counted apart: a round of only these has diverged
+            self._nonfinite += 1
+            return False
+        return bound is None or norm <= bound
 
     def _prepare(self, round_idx: int, cid: int, version: int) -> ClientContext:
         """A client's round before its local update: its seed, data and batch size, and
@@ -344,6 +348,7 @@ class ClientWorker:
         acc = PartialSum(self.model.size, self.device, self.extras)
         loss_sum, seen, examples, dropped = 0.0, 0, 0, 0
         self._stored = []
+        self._nonfinite = 0
         ids = task.client_ids
         self._staleness = task.staleness
         jobs = self._jobs(task.round, ids, task.versions)
@@ -361,7 +366,8 @@ class ClientWorker:
             examples += res.num_examples
         return RoundResult(partial=acc.to_message(), clients=len(ids), examples=examples,
                            loss_sum=loss_sum, examples_seen=seen, dropped=dropped,
-                           updates=len(ids) - dropped, stored=self._stored,
+                           updates=len(ids) - dropped, nonfinite=self._nonfinite,
+                           stored=self._stored,
                            busy_s=time.perf_counter() - start, mem_mb=private_mb())
 
     def reduce(self, *results: RoundResult) -> GroupResult:

@@ -25,8 +25,10 @@ class Progress(Callback):
         done = round(self.width * r / self.total)
         bar = "#" * done + "." * (self.width - done)
         acc = "  -  " if self.accuracy is None else f"{self.accuracy:.3f}"
+        # a round that kept no client update has no train_loss
+        loss = f"{m['train_loss']:.3f}" if m.get("train_loss") is not None else "  -  "
         return (f"round {r:>{len(str(self.total))}}/{self.total} [{bar}] acc {acc} | "
-                f"{m['updates_per_s']:7.1f} client updates/s | loss {m['train_loss']:.3f} | "
+                f"{m['updates_per_s']:7.1f} client updates/s | loss {loss} | "
                 f"{m['elapsed_s']:6.1f}s")
 
     def __call__(self, m: dict) -> None:
