@@ -558,3 +558,42 @@ def test_dirichlet_top_up_by_hand():
     assert client.tolist() == [1, 0, 1, 0, 2, 2]  # each gave its last example
     client = np.array([0, 1, 0, 1])
     assert _top_up(client, 2, 2) == 0 and client.tolist() == [0, 1, 0, 1]
+
+
+@pytest.mark.parametrize("sigma", [0.0, 0.7])
+def test_dirichlet_is_its_documented_procedure(sigma):
+    """Steps 1-2 of the docstring, written out: per client and class, the number of examples
+    is the difference of floor(cumsum(w) * n_c) over clients, w the class's Dirichlet draw
+    times the targets (tiny alpha: many clients get none of a class)."""
+    from fedray.core.seeding import rng
+    from fedray.data.partitioners.common import TAG_DIRICHLET
+
+    ds, k, alpha = labelled(), 12, 0.05
+    y = np.asarray(ds.train.y)
+    g = rng(5, TAG_DIRICHLET)
+    if sigma > 0:
+        target = g.lognormal(0.0, sigma, size=k)
+        target = target * (len(y) / target.sum())
+    else:
+        target = np.full(k, len(y) / k)
+    want = np.zeros((k, 10), dtype=np.int64)
+    for c in range(10):
+        n_c = int((y == c).sum())
+        w = g.dirichlet(np.full(k, alpha)) * target
+        if not (np.isfinite(w).all() and w.sum() > 0):
+            w = target.copy()
+        cuts = np.floor(np.cumsum(w / w.sum())[:-1] * n_c).astype(np.int64)
+        want[:, c] = np.diff(np.concatenate([[0], cuts, [n_c]]))
+        g.permutation(n_c)  # the class's shuffle, drawn next from the same stream
+    p = partition(ds, "dirichlet", seed=5, num_clients=k, alpha=alpha, sigma=sigma,
+                  min_examples=0)
+    got = np.array([np.bincount(y[t], minlength=10) for t in p.train])
+    assert np.array_equal(got, want)
+    assert (want == 0).any() and p.info["attempts"] == 1
+
+
+def test_dirichlet_tries_ten_draws_before_topping_up():
+    """Seed 64 (40 clients, alpha 0.3, at least 7 each) succeeds on exactly the 10th draw:
+    no example is moved by the top-up."""
+    p = partition(labelled(), "dirichlet", seed=64, num_clients=40, alpha=0.3, min_examples=7)
+    assert p.info == {"attempts": 10, "topped_up_examples": 0, "min_size": 7, "max_size": 48}
