@@ -436,11 +436,13 @@ def _main(argv: list[str] | None) -> int:
             raise
         print(f"fedray: error: {mask(str(exc))}", file=sys.stderr)
         return 2
-    except Terminated:
-        print("fedray: terminated", file=sys.stderr)
+    except Terminated as exc:  # its text, if any: how to continue (fedray sweep)
+        print("fedray: terminated" + (f"; {mask(str(exc))}" if str(exc) else ""),
+              file=sys.stderr)
         return 128 + signal.SIGTERM
-    except KeyboardInterrupt:
-        print("fedray: interrupted", file=sys.stderr)
+    except KeyboardInterrupt as exc:
+        print("fedray: interrupted" + (f"; {mask(str(exc))}" if str(exc) else ""),
+              file=sys.stderr)
         return 130
 
 

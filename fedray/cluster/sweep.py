@@ -13,9 +13,14 @@ TensorBoard events, checkpoints), named by its swept values (``trial_name``: e.g
 a report (``report/``: a curve per setting with a band over seeds, fedray.tracking.report)
 are written.
 
-A sweep killed halfway continues with ``fedray sweep --resume SWEEP_DIR``: Tune restores which
-trials finished, and each unfinished trial resumes its run directory from its last fedray
-checkpoint rather than from round 1.
+fedray, not Tune, decides the trials (``plan_trials``: their names and values, from the sweep
+alone) and records each one's status in ``trials.json`` as it starts and ends. A sweep killed
+halfway continues with ``fedray sweep --resume SWEEP_DIR``, which reads only fedray's own
+files (``sweep.yaml``, ``trials.json``, the trials' run directories: YAML, JSON, safetensors),
+never Tune's pickled state (``tune/``: unpickling a file can run any code in it, and a sweep
+directory may sit on shared storage): trials that finished or that the scheduler stopped stay
+as they are, and each other trial resumes its run directory from its last fedray checkpoint
+rather than from round 1.
 
 A job may name the user's own algorithm parts by import path (``examples.qffl:QFedAvg``).
 Tune starts each trial in a process of its own, in a directory of its own, maybe on another
@@ -25,8 +30,9 @@ trial puts them on its import path before its run imports the job's parts.
 
 Layout of SWEEP_DIR (any fsspec URL Tune and fedray can both write: a local path, s3://, gs://):
 ``sweep.yaml`` (the sweep with its job inlined, so a resume needs no other file),
-``tune/`` (Tune's experiment state), ``trials/<trial name>/`` (fedray run directories),
-``results.csv`` and ``report/``.
+``trials.json`` (the planned trials and their status), ``tune/`` (Tune's logs and state,
+written, never read), ``trials/<trial name>/`` (fedray run directories), ``results.csv`` and
+``report/``.
 """
 
 from __future__ import annotations
@@ -36,6 +42,7 @@ import csv
 import importlib
 import io
 import itertools
+import json
 import os
 import re
 import shutil
@@ -45,9 +52,11 @@ import time
 import zipfile
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from types import SimpleNamespace
 from typing import Any
 
 import fsspec
+import numpy as np
 from omegaconf import DictConfig, OmegaConf
 
 from fedray.errors import ConfigError, FedrayError
@@ -58,6 +67,12 @@ SWEEP_FILE = "sweep.yaml"
 TUNE_DIR = "tune"
 TRIALS_DIR = "trials"
 RESULTS_FILE = "results.csv"
+PLAN_FILE = "trials.json"  # the planned trials and each one's status (fedray's own record)
+SUMMARY_FILE = "summary.json"  # what a fedray run writes when it has run all its rounds
+# a trial's status (results.csv, trials.json); only FINISHED trials are averaged in report/
+FINISHED, STOPPED, INTERRUPTED, NOT_STARTED, RUNNING = (
+    "finished", "stopped early", "interrupted", "not started", "running")
+ERROR = "error: "  # followed by the error's last line
 REPORT_DIR = "report"
 DISTRIBUTIONS = ("uniform", "loguniform", "randint")
 MAX_MODULES_MB = 64  # the user's modules shipped with every trial
@@ -242,37 +257,27 @@ def check_trials(sweep: DictConfig, job: DictConfig) -> int:
     return sweep.num_samples * len(candidates)
 
 
-def _search_space(sweep: DictConfig) -> dict[str, Any]:
-    from ray import tune
-
-    space: dict[str, Any] = {}
-    for key, spec in sweep.parameters.items():
-        if isinstance(spec, DictConfig):
-            kind, (lo, hi) = next(iter(spec.items()))
-            space[key] = getattr(tune, kind)(lo, hi)
-        else:
-            values = list(spec)
-            space[key] = (tune.grid_search(values) if sweep.search == "grid"
-                          else tune.choice(values))
-    return space
-
-
 def _url(root: str, *parts: str) -> str:
     return "/".join([root.rstrip("/"), *parts])
 
 
-def _trial(params: dict, *, job: dict, sweep_dir: str, workers: int,
+def _trial(config: dict, *, plan: dict[str, dict], job: dict, sweep_dir: str, workers: int,
            modules: bytes | None = None) -> None:
-    """A Tune function trainable: run (or resume) one fedray run, reporting every round.
-    ``modules``: the user's modules the job names (``pack_modules``)."""
+    """A Tune function trainable: run (or resume) the planned trial ``config["trial"]`` (its
+    values: ``plan``), reporting every round. ``modules``: the user's modules the job names
+    (``pack_modules``).
+
+    A resumed run first reports the rounds of its checkpoint again, so that Tune's scheduler
+    (ASHA) judges it on its whole curve. The last round is reported only once the run has
+    returned: ASHA stops a trial at its last round (``max_t``), and a stop there would
+    otherwise kill the run while it writes its final checkpoint and summary."""
     from ray import tune
 
     import fedray
+    from fedray.state.run_dir import read_metrics
 
-    # the run directory is named as Tune's directory of the trial (TrialNamer; a sweep
-    # started before trials were named: its id), which is how _rows finds it again
-    name = os.path.basename(tune.get_context().get_trial_dir().rstrip("/"))
-    run_dir = _url(sweep_dir, TRIALS_DIR, name)
+    name = config["trial"]
+    run_dir = _url(sweep_dir, TRIALS_DIR, name)  # how _rows finds it again
     fs, path = fsspec.core.url_to_fs(run_dir)
     resume = None
     if fs.exists(f"{path}/config.yaml"):
@@ -281,9 +286,24 @@ def _trial(params: dict, *, job: dict, sweep_dir: str, workers: int,
             fs.rm(f"{path}/{LOCK_FILE}")  # is its killed run's, maybe from another node
     elif fs.exists(path):
         fs.rm(path, recursive=True)  # killed before the run wrote anything to resume from
-    cfg = trial_config(job, params, run_dir, workers)
+    cfg = trial_config(job, plan[name], run_dir, workers)
+    first, last = [True], []
+
+    def report(m: dict) -> None:
+        if first and resume is not None and m.get("round", 1) > 1:
+            for past in read_metrics(run_dir):  # the checkpoint's rounds, rewritten by now
+                if past.get("round", 0) < m["round"]:
+                    tune.report(dict(past))
+        first.clear()
+        if m.get("round", 0) >= cfg["rounds"]:
+            last.append(dict(m))  # after the run has returned
+        else:
+            tune.report(dict(m))
+
     with _modules_on_path(modules):
-        fedray.run(cfg, resume=resume, progress=lambda m: tune.report(dict(m)))
+        fedray.run(cfg, resume=resume, progress=report)
+    for m in last:
+        tune.report(m)
 
 
 def _module_refs(sweep: DictConfig, job: DictConfig) -> list[tuple[str, str]]:
@@ -378,8 +398,12 @@ def _check_fits(job: DictConfig, workers: int, resources: dict[str, float]) -> N
         raise FedrayError(f"workers_per_trial={workers}: {exc}") from None
 
 
-def _progress_callback(sweep: DictConfig, total: int, log: Callable[[str], None]):
-    """One line per trial start and end, instead of Tune's tables."""
+def _progress_callback(sweep: DictConfig, total: int, log: Callable[[str], None],
+                       record: TrialRecord):
+    """One line per trial start and end, instead of Tune's tables; and each trial's status
+    in ``record`` (trials.json) as it starts and ends: FINISHED when its run wrote its summary
+    (it ran every round), STOPPED when Tune ended it before (the scheduler), ``error: ...``
+    when it failed -- its process died, or the run raised."""
     from ray.tune import Callback
 
     metric = sweep.metric
@@ -390,16 +414,18 @@ def _progress_callback(sweep: DictConfig, total: int, log: Callable[[str], None]
             self.last: dict[str, dict] = {}
 
         def _what(self, trial) -> str:
-            return f"trial {trial}"  # its name (TrialNamer)
+            return f"trial {trial}"  # its name (plan_trials)
 
         def on_trial_start(self, iteration, trials, trial, **info):
+            record.set(trial.config["trial"], status=RUNNING, started=time.time(), ended=None)
             log(f"{self._what(trial)} started")
 
         def on_trial_result(self, iteration, trials, trial, result, **info):
             if result.get(metric) is not None:
                 self.last[trial.trial_id] = result
 
-        def _end(self, trial, how: str) -> None:
+        def _end(self, trial, how: str, status: str) -> None:
+            record.set(trial.config["trial"], status=status, ended=time.time())
             self.ended += 1
             last = self.last.get(trial.trial_id, {})
             value = (f", {metric} {last[metric]:.4f} at round {last.get('round')}"
@@ -407,22 +433,26 @@ def _progress_callback(sweep: DictConfig, total: int, log: Callable[[str], None]
             log(f"{self._what(trial)} {how}{value} [{self.ended}/{total} ended]")
 
         def on_trial_complete(self, iteration, trials, trial, **info):
-            self._end(trial, "ended")
+            run_dir = _url(sweep.output, TRIALS_DIR, trial.config["trial"])
+            fs, path = fsspec.core.url_to_fs(run_dir)
+            if fs.exists(f"{path}/{SUMMARY_FILE}"):
+                self._end(trial, "ended", FINISHED)
+            else:
+                self._end(trial, "stopped early by the scheduler", STOPPED)
 
         def on_trial_error(self, iteration, trials, trial, **info):
-            self._end(trial, "FAILED (see results.csv)")
+            text = trial.get_error() or "the trial failed"  # Tune's error.txt, plain text
+            lines = [line for line in str(text).strip().splitlines() if line.strip()]
+            self._end(trial, "FAILED (see results.csv)",
+                      ERROR + mask(lines[-1] if lines else "the trial failed")[:200])
 
     return Progress()
 
 
-def _trial_dirname(trial) -> str:
-    """How trials were named before TrialNamer: by id. Kept because a sweep started then
-    restores its Tune state, which refers to this function, on ``--resume``."""
-    return trial.trial_id
-
-
 def _value_text(value: Any) -> str:
-    """A swept value in a trial's name: floats to 6 significant digits (0.1, 1e-05)."""
+    """A swept value in a trial's name: floats to 6 significant digits (0.1, 1e-05); a
+    credential in it masked (a swept ``s3://KEY:SECRET@...``), since the name is a directory
+    name, a log line and a row of results.csv."""
     if isinstance(value, float):
         return f"{value:.6g}"
     return mask(str(value))
@@ -448,8 +478,8 @@ class TrialNamer:
     """Tune's trial name and directory name: the swept values (``trial_name``), and where
     those may repeat -- random search, ``num_samples`` > 1, or values that read alike
     once made safe or cut -- followed by the trial's number (``lr=0.1,seed=0,trial=3``),
-    so that every trial's name is unique. A class, not a closure: Tune saves it with its
-    state, and a resumed sweep names its remaining trials with it."""
+    so that every trial's name is unique (``plan_trials`` gives each planned trial an id
+    ending in its number)."""
 
     def __init__(self, keys: list[str], unique: bool):
         self.keys = list(keys)
@@ -474,7 +504,106 @@ def namer(sweep: DictConfig) -> TrialNamer:
     return TrialNamer(keys, unique)
 
 
-def _tuner(sweep: DictConfig, job: DictConfig, restore: bool, progress):
+def _planned_name(trial) -> str:
+    """Tune's name and directory name of a trial: fedray's planned name (``plan_trials``)."""
+    return trial.config["trial"]
+
+
+def plan_trials(sweep: DictConfig) -> list[tuple[str, dict[str, Any]]]:
+    """Every trial of the sweep, in order, as (name, values): the grid's settings
+    ``num_samples`` times, or ``num_samples`` draws of random search from numpy's generator
+    seeded with the sweep's ``seed``. fedray decides this from the sweep alone, not Tune, so a
+    resume recomputes the same trials from ``sweep.yaml`` without any of Tune's state."""
+    settings: list[dict[str, Any]] = []
+    if sweep.search == "grid":
+        settings = [dict(p) for _ in range(sweep.num_samples) for p in _candidates(sweep)]
+    else:
+        rng = np.random.default_rng(sweep.seed)
+        for _ in range(sweep.num_samples):
+            params: dict[str, Any] = {}
+            for key, spec in sweep.parameters.items():
+                if isinstance(spec, DictConfig):
+                    kind, (lo, hi) = next(iter(spec.items()))
+                    if kind == "randint":
+                        params[key] = int(rng.integers(lo, hi))
+                    elif kind == "uniform":
+                        params[key] = float(rng.uniform(lo, hi))
+                    else:  # loguniform
+                        params[key] = float(np.exp(rng.uniform(np.log(lo), np.log(hi))))
+                else:
+                    values = OmegaConf.to_container(spec)
+                    params[key] = values[int(rng.integers(len(values)))]
+            settings.append(params)
+    names = namer(sweep)
+    return [(names(SimpleNamespace(config=p, trial_id=f"plan_{i:05d}")), p)
+            for i, p in enumerate(settings)]
+
+
+class TrialRecord:
+    """``trials.json``: every planned trial with its values, status (FINISHED, STOPPED,
+    ``error: ...``, INTERRUPTED, RUNNING, NOT_STARTED) and start/end times (Unix seconds), kept
+    by the sweep's process as trials start and end. With the run directories it is all that
+    ``--resume`` reads of a sweep's progress: JSON, which holds data and never code. Written
+    to a temporary name and renamed, so a killed sweep leaves the previous version whole."""
+
+    def __init__(self, sweep_dir: str, plan: list[tuple[str, dict[str, Any]]],
+                 saved: dict[str, dict] | None = None):
+        self.url = _url(sweep_dir, PLAN_FILE)
+        self.sweep_dir = sweep_dir
+        self.entries = {name: {"trial": name, "params": params, "status": NOT_STARTED,
+                               "started": None, "ended": None}
+                        for name, params in plan}
+        for name, entry in (saved or {}).items():
+            self.entries[name].update({k: entry.get(k) for k in ("status", "started", "ended")})
+
+    @staticmethod
+    def read(sweep_dir: str, plan: list[tuple[str, dict[str, Any]]]) -> dict[str, dict] | None:
+        """The saved entries by trial name, checked against ``plan`` (the trials that
+        sweep.yaml gives now); None when the sweep has no trials.json."""
+        url = _url(sweep_dir, PLAN_FILE)
+        fs, path = fsspec.core.url_to_fs(url)
+        if not fs.exists(path):
+            return None
+        try:
+            doc = json.loads(fs.cat_file(path).decode())
+            entries = {e["trial"]: e for e in doc["trials"]}
+            saved = [[e["trial"], e["params"]] for e in doc["trials"]]
+            ok = all(isinstance(e.get("status"), str) for e in doc["trials"])
+        except (ValueError, KeyError, TypeError, AttributeError) as exc:
+            raise FedrayError(f"--resume {mask(sweep_dir)}: {PLAN_FILE} is not fedray's record "
+                              f"of the sweep's trials ({type(exc).__name__}: {exc})") from None
+        if not ok:
+            raise FedrayError(f"--resume {mask(sweep_dir)}: {PLAN_FILE} is not fedray's record "
+                              "of the sweep's trials (a trial without a status)")
+        if saved != json.loads(json.dumps([[n, p] for n, p in plan])):
+            raise FedrayError(f"--resume {mask(sweep_dir)}: its {SWEEP_FILE} no longer gives the "
+                              f"trials listed in {PLAN_FILE} (was it edited?); a sweep resumes "
+                              "as it started")
+        return entries
+
+    def set(self, name: str, **fields: Any) -> None:
+        self.entries[name].update(fields)
+        self.write()
+
+    def write(self) -> None:
+        fs, path = fsspec.core.url_to_fs(self.url)
+        tmp = f"{path}.tmp-{os.getpid()}"
+        with fs.open(tmp, "w") as f:
+            f.write(json.dumps({"trials": list(self.entries.values())}, indent=1) + "\n")
+        fs.mv(tmp, path)
+
+
+def _run_tune(sweep: DictConfig, job: DictConfig, plan: dict[str, dict], names: list[str],
+              progress) -> None:
+    """Run the planned trials ``names`` on Tune, ``sweep.max_concurrent_trials`` at a time.
+
+    ``tune.run`` with a fresh state every time, never a restore: Tune's restore unpickles its
+    files in the sweep directory (Tuner.restore), and so does its ResultGrid (each failed
+    trial's pickled error), so fedray reads neither; the trials' outcomes come from the
+    ``progress`` callback and the run directories. The search is a grid over the trials'
+    names, each trial's values looked up in ``plan``; the generator is given
+    ``max_concurrent``, because Tune ignores ``max_concurrent_trials`` (with only a log
+    warning) when its search algorithm is a generator rather than a Searcher."""
     from ray import tune
     from ray.tune.schedulers import ASHAScheduler
     from ray.tune.search import BasicVariantGenerator
@@ -482,30 +611,21 @@ def _tuner(sweep: DictConfig, job: DictConfig, restore: bool, progress):
     os.environ["TUNE_DISABLE_STRICT_METRIC_CHECKING"] = "1"  # evaluation rounds carry the
     # metric; the other rounds are reported too, and ASHA skips them
     trainable = tune.with_resources(
-        tune.with_parameters(_trial, job=OmegaConf.to_container(job, resolve=True),
+        tune.with_parameters(_trial, plan=plan, job=OmegaConf.to_container(job, resolve=True),
                              sweep_dir=sweep.output, workers=sweep.workers_per_trial,
                              modules=pack_modules(_module_refs(sweep, job))),
         _placement(job, sweep.workers_per_trial))
-    tune_dir = _url(sweep.output, TUNE_DIR)
-    if restore:
-        return tune.Tuner.restore(tune_dir, trainable, resume_unfinished=True,
-                                  resume_errored=True)
     scheduler = None
     if sweep.scheduler.name == "asha":
         scheduler = ASHAScheduler(time_attr="round", metric=sweep.metric, mode=sweep.mode,
                                   max_t=job.rounds, grace_period=sweep.scheduler.grace_period,
                                   reduction_factor=sweep.scheduler.reduction_factor)
-    names = namer(sweep)
-    tune_config = tune.TuneConfig(
-        num_samples=sweep.num_samples, scheduler=scheduler,
-        search_alg=BasicVariantGenerator(random_state=sweep.seed),
-        max_concurrent_trials=sweep.max_concurrent_trials or None,
-        trial_dirname_creator=names, trial_name_creator=names)
-    run_config = tune.RunConfig(name=TUNE_DIR, storage_path=sweep.output, verbose=0,
-                                failure_config=tune.FailureConfig(max_failures=0),
-                                callbacks=[progress])
-    return tune.Tuner(trainable, param_space=_search_space(sweep), tune_config=tune_config,
-                      run_config=run_config)
+    tune.run(trainable, name=TUNE_DIR, storage_path=sweep.output,
+             config={"trial": tune.grid_search(list(names))},
+             search_alg=BasicVariantGenerator(max_concurrent=sweep.max_concurrent_trials),
+             scheduler=scheduler, trial_name_creator=_planned_name,
+             trial_dirname_creator=_planned_name, callbacks=[progress], verbose=0,
+             max_failures=0, raise_on_failed_trial=False, resume=False)
 
 
 @dataclass
@@ -521,13 +641,14 @@ class SweepResult:
         return [row["trial"] for row in self.rows if row["status"].startswith("error")]
 
 
-def _rows(sweep: DictConfig, job: DictConfig, grid) -> list[dict[str, Any]]:
+def _rows(sweep: DictConfig, record: TrialRecord) -> list[dict[str, Any]]:
+    """One row per planned trial: its values, status (trials.json's), rounds run, final and
+    best metric, time and run directory."""
     from fedray.state.run_dir import read_metrics
 
     keys = list(sweep.parameters)
     rows = []
-    for result in grid:
-        name = os.path.basename(result.path.rstrip("/"))  # as _trial named the run directory
+    for name, entry in record.entries.items():
         run_dir = _url(sweep.output, TRIALS_DIR, name)
         try:
             metrics = read_metrics(run_dir)
@@ -535,19 +656,14 @@ def _rows(sweep: DictConfig, job: DictConfig, grid) -> list[dict[str, Any]]:
             metrics = []
         values = [m[sweep.metric] for m in metrics if m.get(sweep.metric) is not None]
         best = (max if sweep.mode == "max" else min)(values) if values else None
-        rounds = metrics[-1]["round"] if metrics else 0
-        if result.error is not None:
-            status = "error: " + str(result.error).strip().splitlines()[-1][:200]
-        elif rounds < job.rounds:
-            status = "stopped early"
-        else:
-            status = "finished"
-        rows.append({"trial": name, **{k: result.config.get(k) for k in keys},
-                     "status": status, "rounds": rounds,
+        rows.append({"trial": name, **{k: entry["params"].get(k) for k in keys},
+                     "status": entry["status"],
+                     "rounds": metrics[-1]["round"] if metrics else 0,
                      f"final_{sweep.metric}": values[-1] if values else None,
                      f"best_{sweep.metric}": best,
                      "elapsed_s": round(metrics[-1]["elapsed_s"], 1) if metrics else None,
                      "run_dir": run_dir})
+
     def order(row: dict) -> tuple:  # by the swept values, numbers as numbers (10 < 100)
         return tuple((0, v, "") if isinstance(v, int | float) and not isinstance(v, bool)
                      else (1, 0, str(v)) for v in (row[k] for k in keys)) + (row["trial"],)
@@ -579,19 +695,30 @@ def format_rows(rows: list[dict[str, Any]]) -> str:
 
 
 def _report(sweep: DictConfig, rows: list[dict[str, Any]]) -> str | None:
-    """The comparison: a curve per setting of the non-seed keys, a band over seeds."""
+    """The comparison: a curve per setting of the non-seed keys, a band over seeds -- over
+    the trials that ran every round (FINISHED) only: a trial stopped early, failed or
+    interrupted would pull a setting's mean toward wherever it was cut, so it is left out,
+    and report.md names it and why."""
     from fedray.tracking.report import build_report
 
-    done = [row["run_dir"] for row in rows if row[f"final_{sweep.metric}"] is not None]
-    if not done:
-        return None
-    group_by = [k for k in sweep.parameters if k != "seed"] or None
     out = _url(sweep.output, REPORT_DIR)
     fs, path = fsspec.core.url_to_fs(out)
     if fs.exists(path):
         fs.rm(path, recursive=True)  # a resumed sweep's report covers every trial again
+    done = [row["run_dir"] for row in rows
+            if row["status"] == FINISHED and row[f"final_{sweep.metric}"] is not None]
+    if not done:
+        return None
+    left_out = [row for row in rows if row["status"] != FINISHED]
+    notes = []
+    if left_out:
+        notes = [f"left out of the means: {len(left_out)} of {len(rows)} trials did not run "
+                 "every round (results.csv has their rows):", ""]
+        notes += [f"- `{row['trial']}`: {row['status']} after round {row['rounds']}"
+                  for row in left_out]
+    group_by = [k for k in sweep.parameters if k != "seed"] or None
     return build_report(done, out, metric=sweep.metric, group_by=group_by,
-                        title=f"{sweep.name}: {sweep.metric}").table
+                        title=f"{sweep.name}: {sweep.metric}", notes=notes).table
 
 
 def run_sweep(source: Any = None, overrides: list[str] | tuple = (), *,
@@ -652,6 +779,11 @@ def _run_sweep(source: Any, overrides: list[str] | tuple, resume: str | None,
                                f"output or continue it with --resume {sweep.output}")))
     claims[-1].acquire(new=resume is None)  # before Ray starts: no other sweep writes here
     trials = check_trials(sweep, job)
+    plan = plan_trials(sweep)
+    record = TrialRecord(sweep.output, plan,
+                         TrialRecord.read(sweep.output, plan) if resume is not None else None)
+    todo = _to_run(sweep, record)
+    again = f"fedray sweep --resume {mask(sweep.output)}"
     start = time.perf_counter()
     with ray_session(job):
         import ray
@@ -662,14 +794,67 @@ def _run_sweep(source: Any, overrides: list[str] | tuple, resume: str | None,
             fs.makedirs(path, exist_ok=True)
             with fs.open(f"{path}/{SWEEP_FILE}", "w") as f:
                 f.write(mask(OmegaConf.to_yaml(sweep)))
+        record.write()
         log(f"sweep {sweep.name}: {trials} trials of {job.rounds} rounds, "
-            f"{sweep.workers_per_trial} worker(s) each; Tune's state in "
-            f"{mask(_url(sweep.output, TUNE_DIR))}")
-        progress = _progress_callback(sweep, trials, log)
-        grid = _tuner(sweep, job, resume is not None, progress).fit()
-    rows = _rows(sweep, job, grid)
+            f"{sweep.workers_per_trial} worker(s) each"
+            + (f", {len(todo)} left to run" if resume is not None else "")
+            + f"; Tune's logs in {mask(_url(sweep.output, TUNE_DIR))}")
+        if todo:
+            progress = _progress_callback(sweep, len(todo), log, record)
+            try:
+                with _tune_signals():
+                    _run_tune(sweep, job, dict(plan), todo, progress)
+            except KeyboardInterrupt as exc:  # a second Ctrl-C, or SIGTERM: no results.csv
+                _mark_interrupted(record)
+                raise type(exc)(f"continue with: {again}") from None
+    cut = _mark_interrupted(record)  # Tune ends early only when interrupted (Ctrl-C)
+    rows = _rows(sweep, record)
     with fs.open(f"{path}/{RESULTS_FILE}", "w") as f:
         f.write(mask(_csv(rows)))
     table = _report(sweep, rows)
+    if cut:
+        raise KeyboardInterrupt(f"{len(cut)} of {len(plan)} trials did not end (results.csv "
+                                f"lists them, report/ leaves them out); continue with: {again}")
     return SweepResult(rows=rows, sweep_dir=sweep.output,
                        wall_s=time.perf_counter() - start, report_table=table)
+
+
+def _to_run(sweep: DictConfig, record: TrialRecord) -> list[str]:
+    """The planned trials a (resumed) sweep still runs: all but those whose run wrote its
+    summary (FINISHED) and those the scheduler stopped (STOPPED, in trials.json)."""
+    todo = []
+    for name, entry in record.entries.items():
+        fs, path = fsspec.core.url_to_fs(_url(sweep.output, TRIALS_DIR, name))
+        if fs.exists(f"{path}/{SUMMARY_FILE}"):
+            entry["status"] = FINISHED
+        elif entry["status"] != STOPPED:
+            todo.append(name)
+    return todo
+
+
+def _mark_interrupted(record: TrialRecord) -> list[str]:
+    """Trials that started and did not end become INTERRUPTED (in trials.json too); returns
+    every trial that did not end, those never started included."""
+    cut = [n for n, e in record.entries.items() if e["status"] in (RUNNING, INTERRUPTED)]
+    for name in cut:
+        record.entries[name]["status"] = INTERRUPTED
+    record.write()
+    return cut + [n for n, e in record.entries.items() if e["status"] == NOT_STARTED]
+
+
+@contextlib.contextmanager
+def _tune_signals():
+    """Tune replaces the Ctrl-C handler with its own (a first Ctrl-C ends its loop in order,
+    trials stopped, and returns) and leaves it there; the caller's handler (the CLI's) is
+    put back afterwards, so that a later Ctrl-C is not swallowed."""
+    import signal
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    old = signal.getsignal(signal.SIGINT)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, old)

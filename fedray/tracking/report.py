@@ -813,7 +813,8 @@ def build_report(run_urls: Sequence[str], out: str, *, metric: str = "test_accur
                  group_by: str | Sequence[str] | None = None, target: float | None = None,
                  title: str | None = None, allow_differing: str | Sequence[str] | None = None,
                  client_metric: str = "accuracy", client_round: int | None = None,
-                 x: str = "round", until: float | None = None) -> Report:
+                 x: str = "round", until: float | None = None,
+                 notes: Sequence[str] = ()) -> Report:
     """Write report.md, report.csv, report.json and ``<metric>.png`` into the directory ``out``
     (a local path or fsspec URL) -- and, when runs have per-client tables, the
     distribution of ``client_metric`` over clients at the final round (or ``client_round``):
@@ -827,7 +828,8 @@ def build_report(run_urls: Sequence[str], out: str, *, metric: str = "test_accur
     ``x``: the plot's x axis, ``round``, ``sim_time`` (``sim_time_s``) or ``wall_time``
     (``elapsed_s``); a time axis also adds the time to target and the final value's time to
     the table. ``until``: an x value (a round, or seconds) at which every run is cut, to
-    compare methods at equal (simulated) time.
+    compare methods at equal (simulated) time. ``notes``: Markdown lines report.md shows
+    before the table (``fedray sweep``: the trials it left out, and why).
     """
     if not run_urls:
         raise FedrayError("no run directories given")
@@ -871,7 +873,10 @@ def build_report(run_urls: Sequence[str], out: str, *, metric: str = "test_accur
         md.append(f"target: {metric} {'≤' if lower else '≥'} {target:g}; rounds to target = "
                   "first round that reaches it, mean ± std over the runs that reach it")
     md += _x_lines(groups, x, until, unit)
-    md += ["", grouping, "", f"run directories ({len(runs)}):", ""]
+    md += ["", grouping, ""]
+    if notes:
+        md += [*notes, ""]
+    md += [f"run directories ({len(runs)}):", ""]
     md += [f"- `{r.run.url}` ({_md_cell(g.label)}, seed {_fmt_seed(r.seed)})"
            for g in groups for r in g.results]
     md += ["", table, "", f"![{metric}]({plot_file_name(metric)})", ""]

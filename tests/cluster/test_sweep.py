@@ -2,6 +2,8 @@
 
 import csv
 import glob
+import itertools
+import json
 import os
 import pathlib
 import signal
@@ -107,7 +109,11 @@ def test_asha_stops_poor_trials_and_the_results_cover_every_trial(ray_cluster, t
     assert {t["client.lr"] for t in table} == {"0.001", "0.3"}
     assert (tmp_path / "sweep" / "report" / "train_loss.png").stat().st_size > 10_000
     report = (tmp_path / "sweep" / "report" / "report.md").read_text()
-    assert "client.lr=0.001" in report and "client.lr=0.3" in report
+    for row in rows:  # the means are over finished trials; a stopped one is named
+        if row["status"] == "finished":
+            assert f"client.lr={row['client.lr']}" in report
+        else:
+            assert f"`{row['trial']}`: stopped early after round {row['rounds']}" in report
     with pytest.raises(Exception, match="already holds files"):
         run_sweep(sweep, log=lambda s: None)
 
@@ -212,3 +218,150 @@ def test_resume_takes_neither_a_sweep_file_nor_overrides(tmp_path, capsys):
         "fedray: error: --resume takes no key=value overrides: a sweep resumes as it started")
     assert main(["sweep", "--resume", str(tmp_path), "s.yaml"]) == 2
     assert "not both" in capsys.readouterr().err
+
+
+def _times(run_dir: str) -> tuple[float, float]:
+    """When a trial's run started (its config.yaml, written as it claims the directory) and
+    ended (its summary.json, written after its last round)."""
+    return (os.stat(os.path.join(run_dir, "config.yaml")).st_mtime,
+            os.stat(os.path.join(run_dir, "summary.json")).st_mtime)
+
+
+def test_max_concurrent_trials_one_runs_one_trial_at_a_time(ray_cluster, tmp_path):
+    """The session's Ray fits two 1-worker trials at once; max_concurrent_trials=1 must still
+    run them one after another (Tune ignored it, with only a log warning, when the search
+    algorithm was a generator: three trials ran two at a time). Each trial's start and end
+    are read from its run directory, and agree with trials.json's record."""
+    spec = _sweep(tmp_path, parameters={"seed": [0, 1, 2]}, max_concurrent_trials=1)
+    spec["job"]["rounds"] = 2
+    result = run_sweep(spec, log=lambda s: None)
+    assert [r["status"] for r in result.rows] == ["finished"] * 3
+    spans = sorted(_times(r["run_dir"]) for r in result.rows)
+    for (_, end), (begin, _) in itertools.pairwise(spans):
+        assert end <= begin, spans
+    record = json.loads((tmp_path / "sweep" / "trials.json").read_text())["trials"]
+    assert [t["status"] for t in record] == ["finished"] * 3
+    spans = sorted((t["started"], t["ended"]) for t in record)
+    assert all(end <= begin for (_, end), (begin, _) in itertools.pairwise(spans)), spans
+
+
+KILLER = """
+import os
+from fedray.tracking.callbacks import Callback
+
+class KillSeedOne(Callback):
+    def on_run_start(self, run):
+        self.seed = run.config.seed
+
+    def on_round_end(self, round, metrics, weights):
+        if self.seed == 1 and round == 2:
+            os._exit(1)  # the trial's process dies, as an OOM kill or a lost node would
+"""
+
+
+def test_a_killed_trial_is_labelled_and_left_out_of_the_report(ray_cluster, tmp_path):
+    """A trial whose process dies after round 2 of 3 has metrics, but it is not a result:
+    results.csv labels it (error), and the report averages only the finished trials and
+    names the one it left out (it was averaged with them as if complete)."""
+    (tmp_path / "killer.py").write_text(KILLER)
+    spec = _sweep(tmp_path, parameters={"seed": [0, 1]}, metric="train_loss", mode="min")
+    spec["job"].update(rounds=3, output={"callbacks": [f"{tmp_path / 'killer.py'}:KillSeedOne"]})
+    result = run_sweep(spec, log=lambda s: None)
+    by_seed = {r["seed"]: r for r in result.rows}
+    assert by_seed[0]["status"] == "finished"
+    assert by_seed[1]["status"].startswith("error: ") and by_seed[1]["rounds"] == 2
+    assert by_seed[1]["final_train_loss"] is not None
+    assert result.failed == [by_seed[1]["trial"]]
+    report = json.loads((tmp_path / "sweep" / "report" / "report.json").read_text())
+    assert [r["run_dir"] for r in report["runs"]] == [by_seed[0]["run_dir"]]
+    md = (tmp_path / "sweep" / "report" / "report.md").read_text()
+    assert "left out of the means: 1 of 2 trials" in md
+    assert f"`{by_seed[1]['trial']}`: error: " in md
+
+
+def _pickle_bomb(marker) -> bytes:
+    """A pickle that, when loaded, creates ``marker`` (as a crafted one would run anything)."""
+    import pickle
+
+    class Bomb:
+        def __reduce__(self):
+            return (open, (str(marker), "w"))
+
+    return pickle.dumps(Bomb())
+
+
+def test_resume_reads_no_pickle_from_the_sweep_directory(ray_cluster, tmp_path):
+    """A sweep directory on shared storage can be written by others: every pickle Tune would
+    load on a restore (tuner.pkl, trainable.pkl, its experiment state's pickled objects, a
+    trial's params.pkl and error.pkl) is replaced by one that would create a marker file;
+    `fedray sweep --resume` finishes the sweep from fedray's own files and the marker is
+    never created (Tuner.restore unpickled tuner.pkl)."""
+    spec = _sweep(tmp_path, parameters={"seed": [0, 1]})
+    spec["job"]["rounds"] = 2
+    first = run_sweep(spec, log=lambda s: None)
+    done = _summary(first.rows[0]["run_dir"])
+    os.remove(os.path.join(first.rows[1]["run_dir"], "summary.json"))  # as if cut at the end
+    marker = tmp_path / "PWNED"
+    bomb = _pickle_bomb(marker)
+    tune_dir = tmp_path / "sweep" / "tune"
+    for name in ("tuner.pkl", "trainable.pkl"):
+        (tune_dir / name).write_bytes(bomb)
+    for state in tune_dir.glob("experiment_state-*.json"):
+        state.write_text(json.dumps({"_type": "CLOUDPICKLE_FALLBACK", "value": bomb.hex()}))
+    for trial in tune_dir.iterdir():
+        if trial.is_dir():
+            (trial / "params.pkl").write_bytes(bomb)
+            (trial / "error.pkl").write_bytes(bomb)
+    result = run_sweep(resume=str(tmp_path / "sweep"), log=lambda s: None)
+    assert not marker.exists()
+    assert [r["status"] for r in result.rows] == ["finished"] * 2
+    assert _summary(result.rows[0]["run_dir"]) == done  # a finished trial is not run again
+
+
+def test_resume_refuses_a_plan_its_sweep_file_no_longer_gives(tmp_path):
+    spec = _sweep(tmp_path, parameters={"seed": [0, 1]})
+    (tmp_path / "sweep").mkdir()
+    (tmp_path / "sweep" / "sweep.yaml").write_text(yaml.safe_dump(spec))
+    (tmp_path / "sweep" / "trials.json").write_text(json.dumps({"trials": [
+        {"trial": "seed=7", "params": {"seed": 7}, "status": "finished"}]}))
+    with pytest.raises(FedrayError, match=r"its sweep.yaml no longer gives the trials listed "
+                                          r"in trials.json"):
+        run_sweep(resume=str(tmp_path / "sweep"))
+    (tmp_path / "sweep" / "trials.json").write_text("[1, 2")
+    with pytest.raises(FedrayError, match=r"trials.json is not fedray's record of the sweep's "
+                                          r"trials \(JSONDecodeError"):
+        run_sweep(resume=str(tmp_path / "sweep"))
+
+
+def test_ctrl_c_ends_a_sweep_in_one_line_and_it_resumes(tmp_path):
+    """Ctrl-C (SIGINT to the terminal's process group) during a trial: `fedray sweep` stops
+    in order and says in one line how to continue -- no traceback, exit 130; results.csv
+    labels the cut trial interrupted and the other not started; `--resume` finishes both."""
+    spec = _sweep(tmp_path, parameters={"seed": [0, 1]}, max_concurrent_trials=1)
+    spec["job"].update(rounds=40, checkpoint={"every": 2})
+    (tmp_path / "s.yaml").write_text(yaml.safe_dump(spec))
+    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+    cli = [sys.executable, "-m", "fedray.cli", "sweep"]
+    proc = subprocess.Popen(cli + [str(tmp_path / "s.yaml")], env=env, start_new_session=True,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline and not any(
+            len(_lines(os.path.join(d, "metrics.jsonl"))) >= 3
+            for d in glob.glob(str(tmp_path / "sweep" / "trials" / "*"))):
+        time.sleep(0.2)
+    os.killpg(proc.pid, signal.SIGINT)
+    err = proc.communicate(timeout=120)[1]
+    where = str(tmp_path / "sweep")
+    assert proc.returncode == 130, err[-3000:]
+    assert "Traceback" not in err, err[-3000:]
+    assert err.strip().splitlines()[-1] == (
+        "fedray: interrupted; 2 of 2 trials did not end (results.csv lists them, report/ "
+        f"leaves them out); continue with: fedray sweep --resume {where}")
+    rows = list(csv.DictReader(open(tmp_path / "sweep" / "results.csv")))
+    assert sorted(r["status"] for r in rows) == ["interrupted", "not started"]
+    out = subprocess.run(cli + ["--resume", where], env=env, capture_output=True, text=True,
+                         timeout=600)
+    assert out.returncode == 0, out.stderr[-3000:]
+    rows = list(csv.DictReader(open(tmp_path / "sweep" / "results.csv")))
+    assert [r["status"] for r in rows] == ["finished"] * 2
+    assert any(_summary(r["run_dir"])["resumed_from_round"] for r in rows)
