@@ -365,3 +365,29 @@ def test_ctrl_c_ends_a_sweep_in_one_line_and_it_resumes(tmp_path):
     rows = list(csv.DictReader(open(tmp_path / "sweep" / "results.csv")))
     assert [r["status"] for r in rows] == ["finished"] * 2
     assert any(_summary(r["run_dir"])["resumed_from_round"] for r in rows)
+
+
+def test_the_trials_are_planned_from_the_sweep_alone(tmp_path):
+    """A resume recomputes the trials from sweep.yaml: the same names and values every time
+    (random search draws from the sweep's seed), each name unique, each value in its range."""
+    from fedray.cluster.sweep import plan_trials
+
+    grid, _ = load_sweep(_sweep(tmp_path, parameters={"client.lr": [0.1, 0.05], "seed": [0, 1]}))
+    assert plan_trials(grid) == [("lr=0.1,seed=0", {"client.lr": 0.1, "seed": 0}),
+                                 ("lr=0.1,seed=1", {"client.lr": 0.1, "seed": 1}),
+                                 ("lr=0.05,seed=0", {"client.lr": 0.05, "seed": 0}),
+                                 ("lr=0.05,seed=1", {"client.lr": 0.05, "seed": 1})]
+    twice, _ = load_sweep(_sweep(tmp_path, num_samples=2))
+    assert [n for n, _ in plan_trials(twice)] == ["seed=0,trial=0", "seed=1,trial=1",
+                                                   "seed=0,trial=2", "seed=1,trial=3"]
+    spec = _sweep(tmp_path, search="random", num_samples=20, seed=5, parameters={
+        "client.lr": {"loguniform": [0.01, 0.1]}, "seed": {"randint": [0, 3]},
+        "client.batch_size": [4, 8]})
+    drawn = plan_trials(load_sweep(spec)[0])
+    assert drawn == plan_trials(load_sweep(spec)[0])
+    assert drawn != plan_trials(load_sweep({**spec, "seed": 6})[0])
+    assert len({n for n, _ in drawn}) == 20
+    for _, p in drawn:
+        assert 0.01 <= p["client.lr"] < 0.1 and p["seed"] in (0, 1, 2)
+        assert p["client.batch_size"] in (4, 8)
+    assert {p["seed"] for _, p in drawn} == {0, 1, 2}
