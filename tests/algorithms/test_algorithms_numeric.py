@@ -386,3 +386,49 @@ def test_dropout_and_over_selection_through_the_runtime(tmp_path):
     assert all(m["clients"] + m["dropped_out"] + m["late"] == 6 for m in metrics)
     assert all(m["clients"] <= 4 for m in metrics)
     assert sum(m["dropped_out"] for m in metrics) > 0 and sum(m["late"] for m in metrics) > 0
+
+
+@pytest.mark.parametrize("option", [1, 2])
+def test_scaffold_client_control_variate_by_hand(option):
+    """ScaffoldClient.finish on its own: option I measures c_i+ as the full gradient at the
+    global model with dropout masks from (client seed, TAG_CONTROL) -- a model with dropout,
+    so the stream matters; option II is c_i - c + (x - y_i) / (K lr). dc = c_i+ - c_i."""
+    import torch
+    from torch import nn
+
+    from fedray.algorithms.base import ClientContext, LocalUpdate, WorkerEnv
+    from fedray.algorithms.reduction import PartialSum
+    from fedray.algorithms.scaffold import ScaffoldClient, ScaffoldParams
+    from fedray.core.flat_model import FlatModel
+    from fedray.core.seeding import TAG_CONTROL, derive_seed
+    from fedray.kernels.sequential import full_gradient
+
+    torch.manual_seed(0)
+    model = FlatModel(nn.Sequential(nn.Linear(4, 6), nn.Dropout(0.5), nn.Linear(6, 3)))
+    n, w = model.num_params, model.flat.clone()
+    x, y = torch.randn(9, 4), torch.randint(0, 3, (9,))
+    c, ci = torch.randn(n), torch.randn(n)
+    env = WorkerEnv(model=model, device=torch.device("cpu"), lr=0.25, loss="cross_entropy",
+                    eval_batch_size=9, batch_size_for=lambda m: 4, global_weights=w,
+                    broadcast={"c": c})
+    part = ScaffoldClient(ScaffoldParams(option=option))
+    part.setup(env)
+    ctx = ClientContext(cid=2, round=3, seed=12345, x=x, y=y, batch_size=4,
+                        state={"c": ci.clone()})
+    assert torch.equal(part.terms(env, ctx).linear, c - ci)
+    delta = torch.randn(n)
+    update = LocalUpdate(delta=delta, num_examples=9, loss_sum=0.0, examples_seen=12, steps=3)
+    acc = PartialSum(n, extras={"dc": n})
+    new = part.finish(env, ctx, update, acc)["c"].clone()
+    if option == 1:
+        want = full_gradient(model, w, x, y, batch_size=4, out=torch.empty(n),
+                             seed=derive_seed(12345, TAG_CONTROL), loss="cross_entropy")
+        other = full_gradient(model, w, x, y, batch_size=4, out=torch.empty(n),
+                              seed=derive_seed(TAG_CONTROL, 12345), loss="cross_entropy")
+        assert not torch.allclose(want, other)  # the seed reaches the dropout masks
+    else:
+        want = ci - c - delta / (3 * 0.25)
+    torch.testing.assert_close(new, want)
+    torch.testing.assert_close(acc.extras["dc"].float(), new - ci)
+    assert torch.equal(part.terms(env, ClientContext(cid=5, round=3, seed=1, x=x, y=y,
+                                                     batch_size=4)).linear, c)  # c_i = 0
