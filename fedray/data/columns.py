@@ -226,7 +226,10 @@ def labels(col: Column, values: Any) -> np.ndarray:
 
 
 def _huge_label(value: Any) -> str:
-    return (f"label {_short(value)} is beyond the largest class fedray takes "
+    v = value.item() if isinstance(value, np.generic) else value
+    text = str(int(v)) if isinstance(v, float) and v.is_integer() and abs(v) < 1e15 else \
+        f"{v:g}" if isinstance(v, float) else _short(v)
+    return (f"label {text} is beyond the largest class fedray takes "
             f"({MAX_CLASSES - 1:,}: at most {MAX_CLASSES:,} classes)")
 
 

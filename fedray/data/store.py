@@ -42,10 +42,12 @@ import json
 import math
 import os
 import posixpath
+import re
 import shutil
 import uuid
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import fsspec
@@ -63,7 +65,7 @@ from fedray.data.client_index import (
     row_problem,
     sparse_histograms,
 )
-from fedray.data.dataset import Dataset, Split
+from fedray.data.dataset import MAX_CLASSES, Dataset, Split, first_nonfinite
 from fedray.data.partition import Partition
 from fedray.errors import FedrayError, key_error
 from fedray.state.storage import LOCK_FILE, RunClaim, filesystem, is_local
@@ -134,6 +136,13 @@ class _SplitStream:
             raise ValueError(f"{self.split}: a block of {len(part)} rows {part.x.shape[1:]} "
                              f"{part.x.dtype} does not match its {int(counts.sum())} counted "
                              f"rows or the store's {w.input_shape} {w.dtype}")
+        bad_input = first_nonfinite(part.x, w.scale)  # min and max: cheap next to writing
+        if bad_input is not None:
+            row, why = bad_input
+            c = int(np.searchsorted(np.cumsum(counts), row, side="right"))
+            own = row - int(counts[:c].sum())
+            raise FedrayError(f"client {names[c]!r} has {self.split} example {own} with {why}: "
+                              f"not a finite model input (x * scale {w.scale:g})")
         y = np.asarray(part.y)
         if len(y) and (int(y.min()) < 0 or int(y.max()) >= w.num_classes):
             row = int(np.flatnonzero(((y < 0) | (y >= w.num_classes))
@@ -286,6 +295,11 @@ class StoreWriter:
 
     def _write_whole(self, part: Split) -> int:
         """A split as it is, in shards (the central test set)."""
+        bad_input = first_nonfinite(part.x, self.scale)
+        if bad_input is not None:
+            raise FedrayError(f"the central test set's example {bad_input[0]} has "
+                              f"{bad_input[1]}: not a finite model input (x * scale "
+                              f"{self.scale:g})")
         rows_per = max(1, self.shard_bytes // (part.x[0].nbytes + part.y[0].nbytes + 8))
         n_shards = max(1, math.ceil(len(part) / rows_per))
         for i in range(n_shards):
@@ -491,6 +505,17 @@ def claim_store(url: str) -> RunClaim:
     return claim
 
 
+def _check_dataset_facts(dataset: Dataset) -> None:
+    """What the manifest's schema will require of a data set given from Python (a recipe's
+    sources check it as they read): a store that could not be opened is not written."""
+    facts = {"num_classes": dataset.num_classes, "scale": dataset.scale,
+             "dtype": str(dataset.train.x.dtype)}
+    for key, value in facts.items():
+        if not MANIFEST_SCHEMA[key].ok(value):
+            raise FedrayError(f"the data set's {key} must be {MANIFEST_SCHEMA[key].need}, got "
+                              f"{_short_repr(value)}")
+
+
 def write_store(url: str, dataset: Dataset, partition: Partition, *, recipe: dict,
                 shard_mb: float = 64.0, log: Callable[[str], None] = lambda s: None,
                 central_test: Split | None = None, claim: RunClaim | None = None) -> dict:
@@ -513,6 +538,7 @@ def write_store(url: str, dataset: Dataset, partition: Partition, *, recipe: dic
     if partition.test is not None and test is None:
         raise FedrayError("the partition gives clients test data but the source has no test "
                           "split")
+    _check_dataset_facts(dataset)
     with StoreWriter(url, num_classes=dataset.num_classes, input_shape=dataset.input_shape,
                      dtype=train.x.dtype, label_shape=train.y.shape[1:],
                      coarse=train.coarse is not None, num_coarse=dataset.num_coarse,
@@ -576,42 +602,154 @@ def read_manifest(url: str) -> dict:
     return manifest
 
 
+# --- the manifest's schema ---------------------------------------------------------------
+# One table per object of manifest.json: every field a reader relies on, what a good value
+# is, and whether it may be absent. ``check_manifest`` checks a manifest against them when a
+# store is opened (a few dozen values, whatever the population); what needs the shards
+# (their Arrow schema, rows, labels, finite inputs) is checked as a shard is opened and by
+# ``verify_store``. A store is read on workers anywhere, so a manifest is as untrusted as
+# any input: a shard path must not leave the store's directory, and no number may make a
+# reader allocate without bound.
+
+# the numeric dtypes a store's inputs may have (what numpy and Arrow share, byte order native)
+STORE_DTYPES = ("uint8", "int8", "uint16", "int16", "uint32", "int32", "uint64", "int64",
+                "float16", "float32", "float64")
+_MAX_DIMS = 8
+_FILE_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,254}")  # no '/', '\\', ':', '..'
+_SHA256 = re.compile(r"[0-9a-f]{64}")
+
+
+@dataclass(frozen=True)
+class Field:
+    """One manifest field: ``ok(value)`` says whether a value is good, ``need`` what one
+    is (for the message), ``required`` whether the field must be present."""
+
+    ok: Callable[[Any], bool]
+    need: str
+    required: bool = True
+
+
+def _whole(lo: int, hi: int | None = None) -> Callable[[Any], bool]:
+    return lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= lo \
+        and (hi is None or v <= hi)
+
+
+def _dims(lo_len: int) -> Callable[[Any], bool]:
+    return lambda v: isinstance(v, list) and lo_len <= len(v) <= _MAX_DIMS \
+        and all(_whole(1, 2**31)(d) for d in v) and math.prod(v) <= 2**31
+
+
+def _file_name(v: Any) -> bool:
+    """A file directly in the store's directory: not a path (``../x``, ``/etc/x``,
+    ``sub/x``), not a URL (``s3://...``, ``file:...``), not hidden."""
+    return isinstance(v, str) and _FILE_NAME.fullmatch(v) is not None
+
+
+def _object_or_null(v: Any) -> bool:
+    return v is None or isinstance(v, dict)
+
+
+_FILE = Field(_file_name, "a file name in the store's directory (letters, digits, '_', '-', "
+                          "'.'; no '/', '..' or ':')")
+_BYTES = Field(_whole(0), "a whole number >= 0")
+_HASH = Field(lambda v: isinstance(v, str) and _SHA256.fullmatch(v) is not None,
+              "64 lowercase hex digits")
+
+MANIFEST_SCHEMA: dict[str, Field] = {
+    "num_clients": Field(_whole(1), "a whole number >= 1"),
+    "num_classes": Field(_whole(1, MAX_CLASSES), f"a whole number from 1 to {MAX_CLASSES:,}"),
+    "num_coarse": Field(lambda v: v is None or _whole(1, MAX_CLASSES)(v),
+                        f"null or a whole number from 1 to {MAX_CLASSES:,}", required=False),
+    "input_shape": Field(_dims(1), f"a list of 1 to {_MAX_DIMS} whole numbers >= 1 (at most "
+                                   f"2**31 values per example)"),
+    "label_shape": Field(_dims(0), f"a list of up to {_MAX_DIMS} whole numbers >= 1",
+                         required=False),
+    "dtype": Field(lambda v: v in STORE_DTYPES, f"one of {', '.join(STORE_DTYPES)}"),
+    "scale": Field(lambda v: isinstance(v, (int, float)) and not isinstance(v, bool)
+                   and math.isfinite(v) and v > 0, "a finite number > 0 (model input = x * "
+                   "scale)"),
+    "shards": Field(lambda v: isinstance(v, list), "a list of shards"),
+    "central_test": Field(lambda v: v is None or (isinstance(v, dict)
+                                                  and _whole(0)(v.get("rows"))),
+                          'null or {"rows": a whole number >= 0}', required=False),
+    "source": Field(_object_or_null, "an object", required=False),
+    "partitioner": Field(_object_or_null, "an object", required=False),
+    "info": Field(_object_or_null, "an object", required=False),
+}
+SHARD_SCHEMA: dict[str, Field] = {
+    "file": _FILE,
+    "split": Field(lambda v: v in SPLITS, f"one of {', '.join(SPLITS)}"),
+    "rows": Field(_whole(0), "a whole number >= 0"),
+    "bytes": _BYTES,
+    "sha256": _HASH,
+}
+INDEX_SCHEMA: dict[str, Field] = {  # format 2: manifest["client_index"]
+    "file": _FILE,
+    "bytes": _BYTES,
+    "sha256": _HASH,
+    "splits": Field(lambda v: v in (["train"], ["train", "test"]),
+                    "['train'] or ['train', 'test']"),
+}
+V1_CLIENTS_SCHEMA: dict[str, Field] = {  # format 1: manifest["clients"] (the lists: from_v1)
+    "names": Field(lambda v: isinstance(v, list), "a list of client names"),
+    "train": Field(lambda v: isinstance(v, dict), "an object of per-client lists"),
+}
+
+
+def _short_repr(value: Any, limit: int = 60) -> str:
+    text = repr(value)
+    return text if len(text) <= limit else text[:limit - 3] + "..."
+
+
+def _check_fields(where: str, prefix: str, obj: Any, schema: dict[str, Field]) -> None:
+    if not isinstance(obj, dict):
+        raise FedrayError(f"{where}: {prefix.rstrip('.') or 'the manifest'} must be an object, "
+                          f"got {_short_repr(obj)}")
+    for key, field in schema.items():
+        if key not in obj:
+            if field.required:
+                raise FedrayError(f"{where}: {prefix}{key} is missing (it must be "
+                                  f"{field.need})")
+            continue
+        if not field.ok(obj[key]):
+            raise FedrayError(f"{where}: {prefix}{key} must be {field.need}, got "
+                              f"{_short_repr(obj[key])}")
+
+
 def check_manifest(url: str, m: dict) -> None:
-    """The manifest's own structure: numbers of clients and classes, the label shape, the
-    shard list and where the client index is (a few dozen values, whatever the population)."""
-    def bad(what: str) -> FedrayError:
-        return FedrayError(f"{url}/{MANIFEST}: {what}")
-
-    def whole(v: Any) -> bool:
-        return isinstance(v, int) and not isinstance(v, bool)
-
-    n, classes = m.get("num_clients"), m.get("num_classes")
-    if not whole(n) or n < 1:
-        raise bad(f"num_clients must be a whole number >= 1, got {n!r}")
-    if not whole(classes) or classes < 1:
-        raise bad(f"num_classes must be a whole number >= 1, got {classes!r}")
-    label_shape = m.get("label_shape", [])
-    if not isinstance(label_shape, list) or not all(whole(d) and d >= 1 for d in label_shape):
-        raise bad(f"label_shape must list whole numbers >= 1, got {label_shape!r}")
-    shards = m.get("shards")
-    if not isinstance(shards, list) or not all(
-            isinstance(sh, dict) and whole(sh.get("rows")) and sh.get("split") in
-            SPLITS and isinstance(sh.get("file"), str) for sh in shards):
-        raise bad("shards must list objects with file, split and rows")
+    """The manifest against its schema (MANIFEST_SCHEMA, SHARD_SCHEMA for every shard,
+    INDEX_SCHEMA or, in format 1, V1_CLIENTS_SCHEMA), then what ties its fields together:
+    every file named once. One line names the file and the field."""
+    where = f"{url.rstrip('/')}/{MANIFEST}"
+    _check_fields(where, "", m, MANIFEST_SCHEMA)
+    for i, shard in enumerate(m["shards"]):
+        _check_fields(where, f"shards[{i}].", shard, SHARD_SCHEMA)
     if m["format_version"] == 1:
-        clients = m.get("clients")
-        if not isinstance(clients, dict) or not isinstance(clients.get("names"), list) \
-                or len(clients["names"]) != n or "train" not in clients:
-            raise bad(f"clients must hold {n} names and the train split")
-        return
-    entry = m.get("client_index")
-    splits = entry.get("splits") if isinstance(entry, dict) else None
-    if not isinstance(entry, dict) or not isinstance(entry.get("file"), str) \
-            or "/" in entry["file"] or not whole(entry.get("bytes")) \
-            or not isinstance(entry.get("sha256"), str) or not isinstance(splits, list) \
-            or splits not in (["train"], ["train", "test"]):
-        raise bad("client_index must name its file, bytes, sha256 and splits "
-                  "(['train'] or ['train', 'test'])")
+        _check_fields(where, "clients.", m.get("clients"), V1_CLIENTS_SCHEMA)
+        if len(m["clients"]["names"]) != m["num_clients"]:
+            raise FedrayError(f"{where}: clients.names must list {m['num_clients']} names "
+                              f"(num_clients), got {len(m['clients']['names'])}")
+        files = []
+    else:
+        _check_fields(where, "client_index.", m.get("client_index"), INDEX_SCHEMA)
+        files = [("client_index.file", m["client_index"]["file"])]
+    files += [(f"shards[{i}].file", sh["file"]) for i, sh in enumerate(m["shards"])]
+    seen = {MANIFEST}
+    for key, name in files:
+        if name in seen:
+            raise FedrayError(f"{where}: {key} {name!r} is named twice (every file of a "
+                              f"store is named once)")
+        seen.add(name)
+
+
+def shard_schema(m: dict) -> pa.Schema:
+    """The Arrow schema the manifest's shards must have (the writer's ``_schema``): x a
+    fixed-size list of ``dtype`` per example, y int64 labels (or a fixed-size list of them),
+    and a coarse int64 label where the store has coarse labels."""
+    label_shape = m.get("label_shape") or []
+    return _schema(np.dtype(m["dtype"]), math.prod(m["input_shape"]),
+                   m.get("num_coarse") is not None,
+                   math.prod(label_shape) if label_shape else None)
 
 
 def client_index(url: str, manifest: dict) -> ClientIndex:
@@ -632,9 +770,10 @@ def _digest(fs: Any, p: str) -> tuple[int, str]:
 def verify_store(url: str, manifest: dict | None = None) -> None:
     """Check the whole store: the client index file's size and sha256, then every client
     against the shards (``ClientIndex.check``), then every shard's size and sha256, then its
-    contents -- the rows it really holds, the example width, and every label within
-    ``num_classes`` and in its client's label histogram. Reads every shard twice: to hash
-    it, then its labels (from the page cache, on a local disk)."""
+    contents -- its columns (``shard_schema``), the rows it really holds, every input finite
+    as a model input (``float32(x) * scale``), and every label within ``num_classes`` and in
+    its client's label histogram. Reads every shard twice: to hash it, then its inputs and
+    labels (from the page cache, on a local disk)."""
     m = manifest or read_manifest(url)
     fs, path = filesystem(url, "data.partition")
     source = StoreSource(url, m, max_open_shards=1)
@@ -656,21 +795,33 @@ def verify_store(url: str, manifest: dict | None = None) -> None:
     _verify_contents(url, m, source)
 
 
+def _shard_owner(source: StoreSource, split: str, shard: int, row: int) -> str:
+    """Who holds a shard's row, for a message: a client, or the central test set."""
+    if split == "central_test":
+        return "the central test set"
+    ix = source.index
+    shards, offsets, counts = ix.shards(split), ix.offsets(split), ix.counts(split)
+    held = np.flatnonzero((shards == shard) & (offsets <= row) & (row < offsets + counts))
+    return f"client {int(held[0])} ({ix.name(int(held[0]))!r})" if len(held) else "no client"
+
+
 def _verify_contents(url: str, m: dict, source: StoreSource) -> None:
     classes = int(m["num_classes"])
-    width = int(np.prod(m["input_shape"]))
     labels: dict[str, list[np.ndarray]] = {}
     for split, files in source._files.items():
         for i, shard in enumerate(files):
-            batch = source._batch(split, i)
+            batch = source._batch(split, i)  # its columns checked against shard_schema
             if batch.num_rows != shard["rows"]:
                 raise FedrayError(f"{url}: shard {shard['file']} holds {batch.num_rows} rows, "
                                   f"the manifest says {shard['rows']}")
-            x_type = batch.schema.field(0).type
-            if getattr(x_type, "list_size", width) != width:
-                raise FedrayError(f"{url}: shard {shard['file']} has examples of "
-                                  f"{x_type.list_size} values; input_shape "
-                                  f"{tuple(m['input_shape'])} needs {width}")
+            x = numpy_view(batch.column(0).flatten()).reshape(batch.num_rows,
+                                                                math.prod(m["input_shape"]))
+            bad_input = first_nonfinite(x, source.scale)  # as a worker will read it
+            if bad_input is not None:
+                row, why = bad_input
+                raise FedrayError(f"{url}: shard {shard['file']} row {row} "
+                                  f"({_shard_owner(source, split, i, row)}) has {why}: not a "
+                                  f"finite model input")
             y = source._labels(batch)
             if y is None:
                 raise FedrayError(f"{url}: shard {shard['file']} has labels of type "
@@ -726,6 +877,8 @@ class StoreSource:
         self.input_shape = tuple(m["input_shape"])
         self.label_shape = tuple(m.get("label_shape") or ())  # () one label, (L,) sequences
         self.scale = float(m["scale"])
+        self.dtype = str(m["dtype"])
+        self.schema = shard_schema(m)  # what every shard must hold (checked as it is opened)
         self.index = client_index(url, m)
         self.has_client_test = "test" in self.index.splits
         self._files = {s: [sh for sh in m["shards"] if sh["split"] == s] for s in SPLITS}
@@ -772,14 +925,42 @@ class StoreSource:
             else:
                 source = pa.BufferReader(fs.cat_file(p))
             batch = pa.ipc.open_file(source).get_batch(0)
+            batch.validate()  # buffer sizes (cheap): a short buffer is not read past its end
         except FileNotFoundError:
             raise FedrayError(f"{self.url}: shard {shard['file']} is missing") from None
-        except pa.ArrowInvalid as exc:
-            raise FedrayError(f"{self.url}: shard {shard['file']} is corrupt: {exc}") from None
+        except (pa.ArrowInvalid, OSError) as exc:
+            raise FedrayError(f"{self.url}: shard {shard['file']} is corrupt: "
+                              f"{str(exc).splitlines()[0]}") from None
+        problem = self._schema_problem(batch)
+        if problem is not None:
+            raise FedrayError(f"{self.url}: shard {shard['file']} {problem}")
         self._open[key] = batch
         while len(self._open) > self.max_open_shards:
             self._open.popitem(last=False)
         return batch
+
+    def _schema_problem(self, batch: pa.RecordBatch) -> str | None:
+        """What is wrong with a shard's columns (``shard_schema``), or None: checked every
+        time a shard is opened -- its schema and null counts are metadata, so the cost is
+        the same for ten rows or a million -- so a foreign or hand-edited shard (strings
+        for x, int32 labels, float64 where the manifest says uint8, a missing column) is one
+        line naming it, not a reshape error or a misread buffer in a worker."""
+        want = [f.type for f in self.schema][:2] + [pa.int64()]  # x, y, coarse
+        names = batch.schema.names
+        if not len(self.schema) <= batch.num_columns <= 3:  # coarse: where num_coarse is set
+            return (f"has columns {names}; the manifest needs "
+                    f"{', '.join(f'{f.name}: {f.type}' for f in self.schema)}")
+        for i, got in enumerate(batch.schema):
+            if not got.type.equals(want[i]):
+                need = (f"dtype {self.dtype}, input_shape {list(self.input_shape)}" if i == 0
+                        else f"label_shape {list(self.label_shape)}" if i == 1 else "coarse")
+                return (f"column {i} ({got.name}) is {got.type}; the manifest ({need}) "
+                        f"needs {want[i]}")
+            column = batch.column(i)
+            if column.null_count or (isinstance(column, pa.FixedSizeListArray)
+                                     and column.values.null_count):
+                return f"column {i} ({got.name}) has missing values (nulls)"
+        return None
 
     def _label_type(self) -> pa.DataType:
         return pa.int64() if not self.label_shape else \
@@ -796,16 +977,30 @@ class StoreSource:
         flat = numpy_view(column.flatten())
         return flat.reshape((batch.num_rows, *self.label_shape))
 
-    def _rows(self, split: str, shard: int, lo: int, n: int) -> tuple[np.ndarray, np.ndarray]:
+    def _rows(self, split: str, shard: int, lo: int, n: int, cid: int | None = None
+              ) -> tuple[np.ndarray, np.ndarray]:
+        """Rows lo..lo+n-1 of a shard as model inputs (float32, scaled) and labels; client
+        ``cid`` is named, with the shard and row, if an input is not finite."""
         batch = self._batch(split, shard).slice(lo, n)
-        x = numpy_view(batch.column(0).flatten())
-        x = x.reshape((n, *self.input_shape))
+        raw = numpy_view(batch.column(0).flatten())
+        raw = raw.reshape((n, *self.input_shape))
         y = self._labels(batch)
         if y is None:
             raise FedrayError(f"{self.url}: {split} shard {shard} has labels of type "
                               f"{batch.column(1).type}, not {self._label_type()}")
-        if self.scale != 1.0 or x.dtype != np.float32:
-            x = x.astype(np.float32) * np.float32(self.scale)
+        x = raw
+        with np.errstate(over="ignore", invalid="ignore"):  # an overflow is reported below
+            if self.scale != 1.0 or x.dtype != np.float32:
+                x = x.astype(np.float32) * np.float32(self.scale)
+            finite = bool(np.isfinite(x).all())  # one pass over the rows just read
+        if not finite:
+            # data.verify finds these before a run; with it off, a worker says it here,
+            # rather than train on it and drop every update it touches as non-finite
+            row, why = first_nonfinite(raw, self.scale) or (0, "a non-finite value")
+            who = "" if cid is None else f"client {cid} ({self.index.name(cid)!r}): "
+            raise FedrayError(f"{self.url}: {who}{split} shard "
+                              f"{self._files[split][shard]['file']} row {lo + row} has {why}: "
+                              f"not a finite model input")
         return x, y
 
     def client(self, cid: int, split: str = "train") -> tuple[np.ndarray, np.ndarray]:
@@ -819,7 +1014,7 @@ class StoreSource:
         problem = row_problem(split, shard, lo, n, self._files[split])
         if problem is not None:  # a foreign or edited index: say so, not a reshape error
             raise FedrayError(f"{ix.where}: client {cid} ({ix.name(cid)!r}) {problem}")
-        x, y = self._rows(split, shard, lo, n)
+        x, y = self._rows(split, shard, lo, n, cid)
         if len(y) and not 0 <= int(y.min()) <= int(y.max()) < self.num_classes:
             # verify_store finds these before a run; with data.verify off, say it here
             bad = int(y.min()) if y.min() < 0 else int(y.max())

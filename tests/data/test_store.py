@@ -250,21 +250,243 @@ def test_index_file_missing_truncated_or_changed(tmp_path):
         verify_store(url)
 
 
+def _pop(key):
+    return lambda m: m.pop(key)
+
+
+def _put(key, value):
+    return lambda m: m.__setitem__(key, value)
+
+
+def _shard0(key, value):
+    return lambda m: m["shards"][0].__setitem__(key, value)
+
+
 @pytest.mark.parametrize("change, message", [
-    (lambda m: m.__setitem__("num_clients", 0), r"num_clients must be a whole number >= 1"),
+    (_put("num_clients", 0), r"num_clients must be a whole number >= 1, got 0$"),
     (lambda m: m["client_index"].__setitem__("splits", ["test"]),
-     r"client_index must name its file, bytes, sha256 and splits"),
+     r"client_index\.splits must be \['train'\] or \['train', 'test'\], got \['test'\]$"),
     (lambda m: m["client_index"].pop("sha256"),
-     r"client_index must name its file, bytes, sha256 and splits"),
+     r"client_index\.sha256 is missing \(it must be 64 lowercase hex digits\)$"),
+    # every field a reader relies on, missing or malformed: one line naming it
+    (_pop("num_classes"), r"num_classes is missing \(it must be a whole number from 1 to "
+     r"1,000,000\)$"),
+    (_put("num_classes", 10**9), r"num_classes must be a whole number from 1 to 1,000,000, "
+     r"got 1000000000$"),
+    (_put("num_classes", "5"), r"num_classes must be .*, got '5'$"),
+    (_put("num_classes", 5.0), r"num_classes must be .*, got 5\.0$"),
+    (_pop("input_shape"), r"input_shape is missing"),
+    (_put("input_shape", []), r"input_shape must be a list of 1 to 8 whole numbers >= 1"),
+    (_put("input_shape", [1, 0, 4]), r"input_shape must be .*, got \[1, 0, 4\]$"),
+    (_put("input_shape", "1x4x4"), r"input_shape must be .*, got '1x4x4'$"),
+    (_put("input_shape", [2**20, 2**20]), r"input_shape must be .*at most 2\*\*31 values"),
+    (_put("label_shape", [0]), r"label_shape must be a list of up to 8 whole numbers >= 1"),
+    (_pop("scale"), r"scale is missing \(it must be a finite number > 0"),
+    (_put("scale", float("nan")), r"scale must be a finite number > 0 .*, got nan$"),
+    (_put("scale", float("inf")), r"scale must be a finite number > 0 .*, got inf$"),
+    (_put("scale", -1.0), r"scale must be a finite number > 0 .*, got -1\.0$"),
+    (_put("scale", "0.5"), r"scale must be .*, got '0\.5'$"),
+    (_put("dtype", "object"), r"dtype must be one of uint8, .*float64, got 'object'$"),
+    (_pop("dtype"), r"dtype is missing"),
+    (_put("num_coarse", 0), r"num_coarse must be null or a whole number"),
+    (_put("central_test", {"rows": -1}), r"central_test must be null or"),
+    (_put("shards", {}), r"shards must be a list of shards, got \{\}$"),
+    (lambda m: m["shards"].__setitem__(0, "train-00000.arrow"),
+     r"shards\[0\]\. must be an object|shards\[0\] must be an object"),
+    (_shard0("rows", -3), r"shards\[0\]\.rows must be a whole number >= 0, got -3$"),
+    (_shard0("split", "valid"), r"shards\[0\]\.split must be one of train, test, central_test"),
+    (lambda m: m["shards"][0].pop("bytes"), r"shards\[0\]\.bytes is missing"),
+    (_shard0("sha256", "abc"), r"shards\[0\]\.sha256 must be 64 lowercase hex digits"),
+    # shard and index paths that would leave the store's directory: refused on open
+    (_shard0("file", "../other/train-00000.arrow"), r"shards\[0\]\.file must be a file name "
+     r"in the store's directory .*, got '\.\./other/train-00000\.arrow'$"),
+    (_shard0("file", "/etc/passwd"), r"shards\[0\]\.file must be a file name"),
+    (_shard0("file", "s3://bucket/train-00000.arrow"), r"shards\[0\]\.file must be a file name"),
+    (_shard0("file", "file:train-00000.arrow"), r"shards\[0\]\.file must be a file name"),
+    (_shard0("file", ".."), r"shards\[0\]\.file must be a file name"),
+    (_shard0("file", "sub/train-00000.arrow"), r"shards\[0\]\.file must be a file name"),
+    (_shard0("file", "..\\train-00000.arrow"), r"shards\[0\]\.file must be a file name"),
+    (lambda m: m["client_index"].__setitem__("file", "../s2/clients.arrow"),
+     r"client_index\.file must be a file name"),
+    (lambda m: m["shards"].append(dict(m["shards"][0])),
+     r"shards\[\d+\]\.file 'train-00000\.arrow' is named twice"),
+    (_shard0("file", "clients.arrow"), r"shards\[0\]\.file 'clients\.arrow' is named twice"),
+    (_shard0("file", "manifest.json"), r"shards\[0\]\.file 'manifest\.json' is named twice"),
+    (_put("source", "toy"), r"source must be an object, got 'toy'$"),
 ])
 def test_manifest_structure_is_checked_on_open(tmp_path, change, message):
+    """One schema (fedray.data.store.MANIFEST_SCHEMA and its shard and index tables) is
+    checked when a store is opened, and a bad field is one line naming manifest.json and
+    the field. Checked by reverting to the scattered checks: a NaN or negative scale, a
+    missing dtype, input_shape or num_classes, a billion classes and every path case
+    opened (the paths were read from outside the store), and the missing ones ended in
+    KeyError tracebacks."""
     url = _write(tmp_path)
     mpath = tmp_path / "s" / "manifest.json"
     m = json.loads(mpath.read_text())
     change(m)
     mpath.write_text(json.dumps(m))
-    with pytest.raises(FedrayError, match=message):
+    with pytest.raises(FedrayError, match=r"s/manifest\.json: " + message) as info:
         read_manifest(url)
+    assert "\n" not in str(info.value)
+
+
+def _rewrite_shard(store, cols, name="train-00000.arrow", fields=None) -> None:
+    """Replace a shard with ``cols`` (Arrow arrays; ``fields`` their names), its size and
+    sha256 made to match in the manifest: a shard written wrong by something else."""
+    batch = pa.RecordBatch.from_arrays(cols, names=fields or ["x", "y", "coarse"][:len(cols)])
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_file(sink, batch.schema) as writer:
+        writer.write_batch(batch)
+    data = sink.getvalue().to_pybytes()
+    (store / name).write_bytes(data)
+    mpath = store / "manifest.json"
+    m = json.loads(mpath.read_text())
+    for sh in m["shards"]:
+        if sh["file"] == name:
+            sh.update(bytes=len(data), sha256=hashlib.sha256(data).hexdigest())
+    mpath.write_text(json.dumps(m))
+
+
+def _shard_columns(store, name="train-00000.arrow"):
+    with pa.memory_map(str(store / name)) as source:
+        batch = pa.ipc.open_file(source).get_batch(0)
+    return batch.column(0), batch.column(1)
+
+
+def _fixed(values, width):
+    return pa.FixedSizeListArray.from_arrays(values, width)
+
+
+@pytest.mark.parametrize("make, message", [
+    (lambda x, y: [pa.array([str(v) for v in range(len(y))]), y],
+     r"column 0 \(x\) is string; the manifest \(dtype uint8, input_shape \[1, 4, 4\]\) "
+     r"needs fixed_size_list<item: uint8>\[16\]$"),
+    (lambda x, y: [_fixed(pa.array(x.values.to_numpy().astype(np.float64)), 16), y],
+     r"column 0 \(x\) is fixed_size_list<item: double>\[16\]; the manifest \(dtype uint8, "),
+    (lambda x, y: [_fixed(x.values.slice(0, 8 * len(y)), 8), y],
+     r"column 0 \(x\) is fixed_size_list<item: uint8>\[8\]; the manifest \(dtype uint8, "
+     r"input_shape \[1, 4, 4\]\)"),
+    (lambda x, y: [x, pa.array(y.to_numpy().astype(np.int32))],
+     r"column 1 \(y\) is int32; the manifest \(label_shape \[\]\) needs int64$"),
+    (lambda x, y: [x], r"has columns \['x'\]; the manifest needs x: fixed_size_list"),
+    (lambda x, y: [x, y, y, y], r"has columns \['x', 'y', 'coarse', 'extra'\]"),
+    (lambda x, y: [x, pa.array([None] + y.to_pylist()[1:], pa.int64())],
+     r"column 1 \(y\) has missing values \(nulls\)$"),
+])
+def test_shard_columns_are_checked(tmp_path, make, message):
+    """A shard whose columns are not what the manifest says (strings for x, another dtype
+    or width, int32 labels, a missing or extra column, nulls), its checksum made to match:
+    refused in one line naming the shard by data.verify and, as it is opened, by a worker
+    reading a client. Checked by reverting: verify_store passed the wrong dtype and width
+    wrongly or with a reshape error, and the worker read strings as a reshape ValueError."""
+    url = _write(tmp_path)
+    x, y = _shard_columns(tmp_path / "s")
+    cols = make(x, y)
+    _rewrite_shard(tmp_path / "s", cols,
+                   fields=["x", "y", "coarse", "extra"][:len(cols)])
+    pattern = r"s: shard train-00000\.arrow " + message
+    with pytest.raises(FedrayError, match=pattern):
+        verify_store(url)
+    with pytest.raises(FedrayError, match=pattern):
+        StoreSource(url).client(0)
+
+
+def _float_store(tmp_path, name="f"):
+    return _write(tmp_path, _dataset(dtype=np.float32), name=name)
+
+
+@pytest.mark.parametrize("value, why", [
+    (np.nan, "NaN"), (np.inf, r"an infinite value \(inf\)"),
+    (-np.inf, r"an infinite value \(-inf\)")])
+def test_nonfinite_features_are_found_naming_client_and_shard(tmp_path, value, why):
+    """A NaN or infinite feature in a shard (checksums made to match) made every update of
+    its client non-finite, each dropped by the guard: a useless run that exited 0. Now
+    data.verify names the shard, row and client, and with it off the worker reading the
+    client does. Checked by reverting both checks: verify_store passed and client() returned
+    the NaN."""
+    url = _float_store(tmp_path)
+    store = tmp_path / "f"
+    src = StoreSource(url)
+    cid = 3
+    row = int(src.index.offsets()[cid]) + 2  # the client's third example
+    x, y = _shard_columns(store)
+    flat = x.values.to_numpy().copy()
+    flat[row * 16 + 5] = value
+    _rewrite_shard(store, [_fixed(pa.array(flat), 16), y])
+    with pytest.raises(FedrayError, match=rf"f: shard train-00000\.arrow row {row} \(client "
+                       rf"{cid} \('c{cid}'\)\) has {why}: not a finite model input$"):
+        verify_store(url)
+    src = StoreSource(url)
+    src.client(cid - 1)  # its neighbour is fine
+    with pytest.raises(FedrayError, match=rf"f: client {cid} \('c{cid}'\): train shard "
+                       rf"train-00000\.arrow row {row} has {why}: not a finite model input$"):
+        src.client(cid)
+
+
+def test_features_that_overflow_once_scaled_are_found(tmp_path):
+    """Finite bytes times a finite but huge scale overflow float32 when a worker reads them
+    (255 * 1e37 = inf): the same useless run. The scale is in the manifest, so opening
+    accepts it; data.verify and the worker refuse the inputs."""
+    url = _write(tmp_path)  # uint8 pixels, scale 1/255
+    mpath = tmp_path / "s" / "manifest.json"
+    m = json.loads(mpath.read_text())
+    m["scale"] = 1e37
+    mpath.write_text(json.dumps(m))
+    with pytest.raises(FedrayError, match=r"s: shard (central_)?test-00000\.arrow row \d+ \("
+                       r".*\) has \d+ times scale 1e\+37 overflows float32|s: shard "
+                       r"train-00000\.arrow row \d+ \(client \d+ \('c\d'\)\) has \d+ "
+                       r"times scale 1e\+37 overflows float32"):
+        verify_store(url)
+    src = StoreSource(url)
+    with pytest.raises(FedrayError, match=r"client 0 \('c0'\): train shard train-00000\.arrow "
+                       r"row \d+ has \d+ times scale 1e\+37 overflows float32"):
+        for c in range(src.population):
+            src.client(c)
+
+
+def test_writer_refuses_nonfinite_inputs_and_absurd_facts(tmp_path):
+    """The store writer is the last place every source passes (official loaders, a Dataset
+    built in Python): a non-finite input is refused naming the client, nothing is left at
+    the target, and a data set whose num_classes, scale or dtype the manifest's schema
+    would refuse is not written."""
+    ds = _dataset(dtype=np.float32)
+    ds.train.x[17, 0, 1, 1] = np.nan
+    part = _partition()
+    owner = next(c for c, idx in enumerate(part.train) if 17 in idx)
+    with pytest.raises(FedrayError, match=rf"client 'c{owner}' has train example \d+ with NaN: "
+                       r"not a finite model input"):
+        _write(tmp_path, ds, part, name="nan")
+    assert not (tmp_path / "nan").exists()
+    ds = _dataset(dtype=np.float32)
+    ds.test.x[3, 0, 0, 0] = 1e38
+    ds.scale = 10.0
+    with pytest.raises(FedrayError, match=r"has 1e\+38 times scale 10 overflows float32"):
+        _write(tmp_path, ds, name="big")
+    for field, value, message in [
+            ("num_classes", 10**9, r"num_classes must be a whole number from 1 to 1,000,000, "
+             r"got 1000000000"),
+            ("scale", float("nan"), r"scale must be a finite number > 0 .*, got nan")]:
+        ds = _dataset()
+        setattr(ds, field, value)
+        with pytest.raises(FedrayError, match=r"the data set's " + message):
+            _write(tmp_path, ds, name=field)
+        assert not (tmp_path / field).exists()
+
+
+def test_describe_of_many_classes_allocates_by_what_clients_hold(tmp_path):
+    """--describe's picture of a store with 1,000,000 classes (the most a manifest may
+    say) draws the labels the clients hold, not 400 clients x a million classes."""
+    from fedray.data.describe import _shown_histograms
+
+    url = _write(tmp_path)
+    ix = StoreSource(url).index
+    ix.num_classes = 1_000_000
+    h, labels = _shown_histograms(ix, np.arange(7))
+    assert h.shape == (7, len(labels)) and list(labels) == [0, 1, 2, 3, 4]
+    ix.num_classes = 5
+    dense, none = _shown_histograms(ix, np.arange(7))
+    assert none is None and (dense == h).all()
 
 
 def _histogram(cols, rows):
