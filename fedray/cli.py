@@ -86,10 +86,12 @@ SWEEP.yaml names a job and the keys to vary, e.g.
     seed: [0, 1, 2]
 Each trial is a fedray run with its own driver and workers (workers_per_trial, reserved
 through a placement group). Every round's metrics go to Tune (scheduler.name=asha stops poor
-trials early); the sweep directory (output, any fsspec URL) receives sweep.yaml, tune/,
-trials/<trial name>/ (run directories named by their swept values, e.g. lr=0.1,seed=0, with
-TensorBoard events), results.csv and report/ (a curve per setting, a band over seeds).
-Keys: docs/cluster.md."""
+trials early); the sweep directory (output, any fsspec URL) receives sweep.yaml,
+trials.json (each trial's status), tune/, trials/<trial name>/ (run directories named by
+their swept values, e.g. lr=0.1,seed=0, with TensorBoard events), results.csv (a row per
+trial: finished, stopped early, error, interrupted) and report/ (a curve per setting, a band
+over seeds, of the finished trials only). --resume reads only fedray's own files (never
+Tune's pickles) and runs the trials that did not end. Keys: docs/cluster.md."""
 
 SUBMIT_HELP = """Submit a fedray job to a Ray cluster's job server (Ray Jobs).
 
