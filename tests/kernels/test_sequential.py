@@ -145,3 +145,15 @@ def test_full_gradient_by_hand_in_train_mode_from_its_seed():
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
     other = full_gradient(m, w, x, y, batch_size=5, seed=4, out=torch.zeros(m.num_params))
     assert not torch.allclose(other, want)  # another seed: other dropout masks
+
+
+def test_full_batch_is_one_step_on_every_example():
+    """FedSGD's schedule: one step whose batch is all n examples, whatever batch_size and
+    local_epochs say; no step for a client without examples."""
+    from fedray.kernels.sequential import batch_schedule
+
+    s = batch_schedule(7, 3, 4, None, seed=1, full_batch=True)
+    assert len(s) == 1 and sorted(s[0].tolist()) == list(range(7))
+    assert batch_schedule(7, 3, 1, 5, seed=1, full_batch=True)[0].numel() == 7
+    assert batch_schedule(0, 3, 1, None, seed=1, full_batch=True) == []
+    assert [b.tolist() for b in batch_schedule(1, 3, 2, None, seed=1, full_batch=True)] == [[0]]
