@@ -89,6 +89,10 @@ EQUIVALENT: dict[tuple, str] = {
     ("fedray/algorithms/scaffold.py", 61, "True -> False"):
         "non_blocking only lets a host-to-GPU copy overlap other work (the stream orders "
         "the next use after it either way); on the CPU the tensor is not even copied",
+    ("fedray/kernels/sequential.py", 99, "True -> False"):
+        "non_blocking, as in scaffold.py: the tensor's next use is ordered after the copy",
+    ("fedray/kernels/sequential.py", 100, "True -> False"):
+        "non_blocking, as in scaffold.py: the tensor's next use is ordered after the copy",
     ("fedray/algorithms/reduction.py", 58, "> -> >="):
         "at equal scales the branch multiplies by exp(0) = 1 and returns 1.0, as the other "
         "branch's exp(0) does",

@@ -157,3 +157,42 @@ def test_full_batch_is_one_step_on_every_example():
     assert batch_schedule(7, 3, 1, 5, seed=1, full_batch=True)[0].numel() == 7
     assert batch_schedule(0, 3, 1, None, seed=1, full_batch=True) == []
     assert [b.tolist() for b in batch_schedule(1, 3, 2, None, seed=1, full_batch=True)] == [[0]]
+
+
+def test_batches_are_cut_from_one_permutation_per_epoch_by_default():
+    """The default schedule: each epoch's batches partition the client's examples;
+    independent batches (LOCALUPDATE) are asked for, never the default."""
+    from fedray.kernels.sequential import batch_schedule
+
+    s = batch_schedule(10, 3, 2, None, seed=1)
+    assert [len(b) for b in s] == [3, 3, 3, 1] * 2
+    for epoch in (s[:4], s[4:]):
+        assert sorted(torch.cat(epoch).tolist()) == list(range(10))
+    indep = batch_schedule(10, 3, 2, None, seed=1, independent=True)
+    assert [len(b) for b in indep] == [3] * 8
+
+
+def test_proximal_term_by_hand():
+    """FedProx's term mu (y - x) joins every step's gradient, anchored at the global model
+    (two full-batch steps: the first has no pull yet, the second has)."""
+    import copy
+
+    import torch.nn.functional as F
+
+    torch.manual_seed(0)
+    m = FlatModel(nn.Linear(4, 3))
+    w, x, y = m.flat.clone(), torch.randn(9, 4), torch.randint(0, 3, (9,))
+    ref = copy.deepcopy(m.module)
+    anchor = [p.detach().clone() for p in ref.parameters()]
+    for _ in range(2):
+        ref.zero_grad()
+        F.cross_entropy(ref(x), y).backward()
+        with torch.no_grad():
+            for p, a in zip(ref.parameters(), anchor, strict=True):
+                p -= 0.3 * (p.grad + 0.5 * (p - a))
+    want = torch.cat([p.detach().flatten() for p in ref.parameters()]) - w
+    got = _run(m, w, x, y, lr=0.3, batch_size=9, local_steps=2,
+               terms=LocalTerms(proximal=0.5)).delta
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
+    plain = _run(m, w, x, y, lr=0.3, batch_size=9, local_steps=2).delta
+    assert not torch.allclose(plain, want, rtol=1e-5, atol=1e-6)  # the term mattered
