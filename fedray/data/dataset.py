@@ -141,5 +141,5 @@ def _why_nonfinite(raw: float, scale: float) -> str:
     if raw in (float("inf"), float("-inf")):
         return f"an infinite value ({raw})"
     if abs(raw) > _FLOAT32_MAX:
-        return f"{raw:g} is beyond float32's range (±3.4e38)"
-    return f"{raw:g} times scale {scale:g} overflows float32 (±3.4e38)"
+        return f"{raw:g}, beyond float32's range (±3.4e38)"
+    return f"{raw:g}, which times scale {scale:g} overflows float32 (±3.4e38)"

@@ -58,7 +58,13 @@ def sizes_of(source: ClientSource, ids: Any, split: str = "train") -> np.ndarray
 
 
 def _as_xy(x: Any, y: Any, what: str) -> Arrays:
-    x = np.ascontiguousarray(np.asarray(x, dtype=np.float32))
+    from fedray.data.dataset import first_nonfinite
+
+    given = np.asarray(x)
+    bad = first_nonfinite(given) if given.dtype.kind in "iuf" else None
+    if bad is not None:  # every update of the client would be non-finite, and dropped
+        raise FedrayError(f"{what}: x row {bad[0]} has {bad[1]}: not a finite model input")
+    x = np.ascontiguousarray(np.asarray(given, dtype=np.float32))
     y = np.asarray(y)
     # real-valued targets (regression, model.loss: mse) stay real; class labels are int64
     y = np.ascontiguousarray(y, dtype=np.float32 if y.dtype.kind == "f" else np.int64)

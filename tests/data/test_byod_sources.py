@@ -432,14 +432,14 @@ def _npz(p, **arrays):
     # inputs that are finite as stored but not as model inputs (float32(x) * scale)
     (lambda p: load_source("table", str(_csv(p, "a,b,label\n1,2,0\n2,1e300,1\n")),
                            features=["a", "b"]),
-     r"bad\.csv: column 'b', row 1: 1e\+300 is beyond float32's range \(±3\.4e38\): not a "
+     r"bad\.csv: column 'b', row 1: 1e\+300, beyond float32's range \(±3\.4e38\): not a "
      r"finite model input$"),
     (lambda p: load_source("numpy", _npz(p, x=np.array([[1.0], [-1e39]]), y=np.array([0, 1]))),
-     r"d\.npz: array 'x', row 1: -1e\+39 is beyond float32's range"),
+     r"d\.npz: array 'x', row 1: -1e\+39, beyond float32's range"),
     (lambda p: load_source("numpy", _npz(p, x=np.full((2, 2), 255, np.uint8),
                                          y=np.array([0, 1])), scale=1e37),
-     r"d\.npz: array 'x', row 0: 255 times scale 1e\+37 overflows float32 \(±3\.4e38\): not "
-     r"a finite model input$"),
+     r"d\.npz: array 'x', row 0: 255, which times scale 1e\+37 overflows float32 "
+     r"\(±3\.4e38\): not a finite model input$"),
     (lambda p: from_table(pa.table({"v": pa.array([[1.0, 2.0], [3.0, float("inf")]]),
                                     "label": [0, 1]}), features=["v"]),
      r"from_table: column 'v', row 1: infinite value$"),

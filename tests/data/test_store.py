@@ -433,14 +433,12 @@ def test_features_that_overflow_once_scaled_are_found(tmp_path):
     m = json.loads(mpath.read_text())
     m["scale"] = 1e37
     mpath.write_text(json.dumps(m))
-    with pytest.raises(FedrayError, match=r"s: shard (central_)?test-00000\.arrow row \d+ \("
-                       r".*\) has \d+ times scale 1e\+37 overflows float32|s: shard "
-                       r"train-00000\.arrow row \d+ \(client \d+ \('c\d'\)\) has \d+ "
-                       r"times scale 1e\+37 overflows float32"):
+    with pytest.raises(FedrayError, match=r"s: shard train-00000\.arrow row \d+ \(client \d+ "
+                       r"\('c\d'\)\) has \d+, which times scale 1e\+37 overflows float32"):
         verify_store(url)
     src = StoreSource(url)
     with pytest.raises(FedrayError, match=r"client 0 \('c0'\): train shard train-00000\.arrow "
-                       r"row \d+ has \d+ times scale 1e\+37 overflows float32"):
+                       r"row \d+ has \d+, which times scale 1e\+37 overflows float32"):
         for c in range(src.population):
             src.client(c)
 
@@ -461,7 +459,7 @@ def test_writer_refuses_nonfinite_inputs_and_absurd_facts(tmp_path):
     ds = _dataset(dtype=np.float32)
     ds.test.x[3, 0, 0, 0] = 1e38
     ds.scale = 10.0
-    with pytest.raises(FedrayError, match=r"has 1e\+38 times scale 10 overflows float32"):
+    with pytest.raises(FedrayError, match=r"has 1e\+38, which times scale 10 overflows float32"):
         _write(tmp_path, ds, name="big")
     for field, value, message in [
             ("num_classes", 10**9, r"num_classes must be a whole number from 1 to 1,000,000, "
