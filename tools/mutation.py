@@ -93,6 +93,13 @@ EQUIVALENT: dict[tuple, str] = {
         "non_blocking, as in scaffold.py: the tensor's next use is ordered after the copy",
     ("fedray/kernels/sequential.py", 100, "True -> False"):
         "non_blocking, as in scaffold.py: the tensor's next use is ordered after the copy",
+    ("fedray/data/partitioners/dirichlet.py", 42, "<= -> <"):
+        "a donor with no spare is reached only once enough moved: the spares of the donors "
+        "before it add up to at least the need (n >= min_examples * clients is checked), so "
+        "got >= need breaks there all the same",
+    ("fedray/data/partitioners/dirichlet.py", 65, "x / y -> x (drop the factor)"):
+        "the targets only enter normalized (w / w.sum(), and the fallback w = targets): "
+        "scaling them all by one constant changes nothing",
     ("fedray/algorithms/reduction.py", 58, "> -> >="):
         "at equal scales the branch multiplies by exp(0) = 1 and returns 1.0, as the other "
         "branch's exp(0) does",

@@ -292,7 +292,9 @@ def test_dirichlet_min_examples():
     # so skewed that no draw works: short clients are topped up from the largest ones
     q = partition(ds, "dirichlet", seed=1, num_clients=20, alpha=0.01, min_examples=45)
     assert min(len(t) for t in q.train) >= 45 and q.info["topped_up_examples"] > 0
-    assert q.info["attempts"] == 10
+    # exactly 10 draws, the last one topped up (an 11th draw would top up other clients)
+    assert q.info == {"attempts": 10, "topped_up_examples": 468, "min_size": 45,
+                      "max_size": 94}
     assert sorted(np.concatenate(q.train).tolist()) == list(range(len(ds.train)))
     with pytest.raises(FedrayError,
                        match="'partitioner.min_examples': cannot give every client 51 examples"):
@@ -560,15 +562,17 @@ def test_dirichlet_top_up_by_hand():
     assert _top_up(client, 2, 2) == 0 and client.tolist() == [0, 1, 0, 1]
 
 
-@pytest.mark.parametrize("sigma", [0.0, 0.7])
-def test_dirichlet_is_its_documented_procedure(sigma):
+@pytest.mark.parametrize(("sigma", "per_class", "k"), [(0.0, 100, 12), (0.7, 100, 12),
+                                                       (0.0, 1, 10)])
+def test_dirichlet_is_its_documented_procedure(sigma, per_class, k):
     """Steps 1-2 of the docstring, written out: per client and class, the number of examples
     is the difference of floor(cumsum(w) * n_c) over clients, w the class's Dirichlet draw
-    times the targets (tiny alpha: many clients get none of a class)."""
+    times the targets (tiny alpha: many clients get none of a class). One client per
+    example (targets of exactly 1) is the edge of the draw's sanity check."""
     from fedray.core.seeding import rng
     from fedray.data.partitioners.common import TAG_DIRICHLET
 
-    ds, k, alpha = labelled(), 12, 0.05
+    ds, alpha = labelled(per_class=per_class), 0.05
     y = np.asarray(ds.train.y)
     g = rng(5, TAG_DIRICHLET)
     if sigma > 0:
