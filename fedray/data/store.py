@@ -594,7 +594,8 @@ def read_manifest(url: str) -> dict:
         raise FedrayError(f"{url}/{MANIFEST} is not valid JSON: {exc}") from None
     if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
         raise FedrayError(f"{url}/{MANIFEST} is not a fedray partition store manifest")
-    if manifest.get("format_version") not in READS_VERSIONS:
+    version = manifest.get("format_version")
+    if type(version) is not int or version not in READS_VERSIONS:  # not true, not 1.0
         raise FedrayError(f"{url}: store format version {manifest.get('format_version')} is not "
                           f"supported (this fedray reads versions "
                           f"{' and '.join(map(str, READS_VERSIONS))})")

@@ -646,3 +646,14 @@ def test_verify_reads_labels_rows_and_histograms(tmp_path):
         verify_store(url)
     rewrite(y)
     verify_store(url)  # the original labels pass again
+
+
+@pytest.mark.parametrize("version", [True, 1.0, "2", None])
+def test_format_version_must_be_a_whole_number(tmp_path, version):
+    """``true`` and ``1.0`` equal 1 in Python: they were read as format 1. Checked by
+    reverting: read_manifest accepted both."""
+    url = _write(tmp_path)
+    mpath = tmp_path / "s" / "manifest.json"
+    mpath.write_text(json.dumps(dict(json.loads(mpath.read_text()), format_version=version)))
+    with pytest.raises(FedrayError, match=r"store format version .* is not supported"):
+        read_manifest(url)
