@@ -562,17 +562,18 @@ def test_dirichlet_top_up_by_hand():
     assert _top_up(client, 2, 2) == 0 and client.tolist() == [0, 1, 0, 1]
 
 
-@pytest.mark.parametrize(("sigma", "per_class", "k"), [(0.0, 100, 12), (0.7, 100, 12),
-                                                       (0.0, 1, 10)])
-def test_dirichlet_is_its_documented_procedure(sigma, per_class, k):
+@pytest.mark.parametrize(("sigma", "classes", "per_class", "k"), [
+    (0.0, 10, 100, 12), (0.7, 10, 100, 12), (0.0, 2, 10, 20)])
+def test_dirichlet_is_its_documented_procedure(sigma, classes, per_class, k):
     """Steps 1-2 of the docstring, written out: per client and class, the number of examples
     is the difference of floor(cumsum(w) * n_c) over clients, w the class's Dirichlet draw
     times the targets (tiny alpha: many clients get none of a class). One client per
-    example (targets of exactly 1) is the edge of the draw's sanity check."""
+    example (targets of exactly 1: the draw's sum is then 1 up to rounding, 0.9999999999999997
+    for this seed) is the edge of the draw's sanity check."""
     from fedray.core.seeding import rng
     from fedray.data.partitioners.common import TAG_DIRICHLET
 
-    ds, alpha = labelled(per_class=per_class), 0.05
+    ds, alpha = labelled(num_classes=classes, per_class=per_class), 0.05
     y = np.asarray(ds.train.y)
     g = rng(5, TAG_DIRICHLET)
     if sigma > 0:
@@ -580,8 +581,8 @@ def test_dirichlet_is_its_documented_procedure(sigma, per_class, k):
         target = target * (len(y) / target.sum())
     else:
         target = np.full(k, len(y) / k)
-    want = np.zeros((k, 10), dtype=np.int64)
-    for c in range(10):
+    want = np.zeros((k, classes), dtype=np.int64)
+    for c in range(classes):
         n_c = int((y == c).sum())
         w = g.dirichlet(np.full(k, alpha)) * target
         if not (np.isfinite(w).all() and w.sum() > 0):
@@ -591,7 +592,7 @@ def test_dirichlet_is_its_documented_procedure(sigma, per_class, k):
         g.permutation(n_c)  # the class's shuffle, drawn next from the same stream
     p = partition(ds, "dirichlet", seed=5, num_clients=k, alpha=alpha, sigma=sigma,
                   min_examples=0)
-    got = np.array([np.bincount(y[t], minlength=10) for t in p.train])
+    got = np.array([np.bincount(y[t], minlength=classes) for t in p.train])
     assert np.array_equal(got, want)
     assert (want == 0).any() and p.info["attempts"] == 1
 
