@@ -152,9 +152,10 @@ def prepare_resume(run_dir: str, config: ConfigSource | None = None,
     """The config to resume ``run_dir`` under, and its absolute URL; nothing is written.
 
     Without ``config`` the run's own config.yaml is used. Either way the result must equal the
-    config the run started with, except keys named in ``allow_changes``
-    (fedray.state.checkpoint)."""
-    from fedray.state.checkpoint import check_same_config, masked_keys, saved_config
+    config the run's checkpoint records (config.yaml's, without one), except keys named in
+    ``allow_changes``, and the checkpoint must be this run's (fedray.state.checkpoint.
+    check_resume)."""
+    from fedray.state.checkpoint import check_resume, masked_keys, saved_config
 
     url = absolute_url(run_dir)
     saved = saved_config(url)
@@ -168,7 +169,10 @@ def prepare_resume(run_dir: str, config: ConfigSource | None = None,
     cfg = prepare(config, overrides, client_data, model_fn, test_data)
     cfg = OmegaConf.merge(cfg, {"output": {"dir": url}})
     OmegaConf.set_readonly(cfg, True)
-    check_same_config(url, _recorded(saved), cfg, allow_changes)
+    for note in check_resume(url, _recorded(saved), cfg, allow_changes):
+        if note not in _SAID:  # fedray run checks the resume, then fedray.run does again
+            _SAID.add(note)
+            _note(note)
     return cfg, url
 
 

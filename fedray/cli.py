@@ -33,8 +33,11 @@ The run directory (output.dir, any fsspec URL) receives config.yaml, metrics.jso
 summary.json, events.out.tfevents.fedray (TensorBoard), model.safetensors,
 server_state.safetensors, checkpoint.safetensors (every checkpoint.every rounds) and, for
 SCAFFOLD, client_state/. --resume RUN_DIR continues
-from the checkpoint, bit-identically; the config (RUN_DIR/config.yaml, or JOB.yaml given
-again, plus overrides) must equal the run's, except safe keys named with --allow-change.
+from the checkpoint, bit-identically; the checkpoint must be the run's own (the run id on
+config.yaml's first line), and the config (RUN_DIR/config.yaml, or JOB.yaml given again,
+plus overrides) must equal the one the checkpoint records, except keys named with
+--allow-change (rounds, eval.every, eval.batch_size, checkpoint.every, output.*, runtime.*
+keep the run bit-identical; any other changes the rounds after the checkpoint, and is said).
 Config keys: docs/config.md; algorithms: docs/algorithms.md; faults and resuming:
 docs/fault_tolerance.md."""
 
@@ -127,10 +130,12 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--resume", metavar="RUN_DIR",
                      help="continue this run directory from its last checkpoint")
     run.add_argument("--allow-change", metavar="KEY", action="append", default=[],
-                     help="with --resume: let this safe key (rounds, eval.every, eval.batch_size, "
-                     "checkpoint.every, output.save_weights, output.tensorboard, output.mlflow, "
-                     "output.wandb, output.callbacks, runtime.*) differ from the run's config; "
-                     "repeatable")
+                     help="with --resume: let this config key differ from the config the "
+                     "run's checkpoint records; repeatable. Safe keys (rounds, eval.every, "
+                     "eval.batch_size, checkpoint.every, output.save_weights, "
+                     "output.tensorboard, output.mlflow, output.wandb, output.callbacks, "
+                     "runtime.*) keep the run bit-identical; any other changes the rounds "
+                     "after the checkpoint")
     run.add_argument("--quiet", action="store_true", help="no progress bar")
     part = _command(sub, "partition", "build or describe a partition store", PARTITION_HELP)
     part.add_argument("recipe", metavar="RECIPE", nargs="?", help="partition recipe file, or "

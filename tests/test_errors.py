@@ -91,6 +91,7 @@ def _template(base: pathlib.Path) -> None:
     prev.mkdir()
     cfg = load_config(ROOT / "jobs" / "quickstart.yaml", [f"output.dir={prev}"])
     (prev / "config.yaml").write_text(to_yaml(cfg))
+    _checkpointed_runs(base / "runs")
     (base / "runs" / "envcfg").mkdir()  # the same, edited to read the environment
     (base / "runs" / "envcfg" / "config.yaml").write_text(
         to_yaml(cfg).replace("name: quickstart\n", "name: ${oc.env:HOME}\n", 1))
@@ -142,6 +143,35 @@ def _template(base: pathlib.Path) -> None:
     build(ROOT / "partitions" / "shakespeare.yaml",
           ["source.name=leaf_shakespeare", f"source.path={base / 'raw' / 'leaf_shakespeare'}",
            f"out={stores / 'shakespeare'}"])
+
+
+def _checkpointed_runs(runs: pathlib.Path) -> None:
+    """Two runs of jobs/quickstart.yaml with a checkpoint after round 1 (a header that
+    records the run id and config, and a one-weight model: --resume refuses these before it
+    reads any weights): ``edited``, whose config.yaml was changed by hand to client.lr=0.2,
+    and ``foreign``, whose checkpoint was written by another run (another run id)."""
+    import torch
+
+    from fedray.config import with_algorithm
+    from fedray.state.checkpoint import (
+        CHECKPOINT_FILE,
+        RUN_ID_LINE,
+        Checkpoint,
+        encode,
+        recorded_config,
+    )
+
+    for name, run_id, writer, edits in (("edited", "a1" * 8, "a1" * 8, ["client.lr=0.2"]),
+                                        ("foreign", "b2" * 8, "c3" * 8, [])):
+        run = runs / name
+        run.mkdir()
+        job, out = ROOT / "jobs" / "quickstart.yaml", f"output.dir={run}"
+        (run / "config.yaml").write_text(RUN_ID_LINE.format(run_id)
+                                         + to_yaml(load_config(job, [out, *edits])))
+        (run / CHECKPOINT_FILE).write_bytes(encode(Checkpoint(
+            round=1, weights=torch.zeros(1), server_state={}, client_versions=None,
+            metrics_lines=['{"round": 1}\n'], run_id=writer,
+            config=recorded_config(with_algorithm(load_config(job, [out]))))))
 
 
 def _leaf_shakespeare(root: pathlib.Path, short: bool) -> None:

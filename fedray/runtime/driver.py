@@ -75,7 +75,16 @@ from fedray.runtime.worker import (
     WorkerSpec,
     keeps_client_state,
 )
-from fedray.state.checkpoint import CHECKPOINT_FILE, Checkpoint, encode, read_checkpoint
+from fedray.state.checkpoint import (
+    CHECKPOINT_FILE,
+    RUN_ID_LINE,
+    Checkpoint,
+    encode,
+    new_run_id,
+    read_checkpoint,
+    recorded_config,
+    saved_run_id,
+)
 from fedray.state.client_state import ClientStateStore, ClientVersions
 from fedray.state.run_dir import CLIENT_STATE_DIR, SERVER_STATE_FILE, WEIGHTS_FILE, RunDir
 from fedray.tracking.client_eval import client_metrics, client_table, table_bytes, table_name
@@ -184,6 +193,10 @@ class Driver:
         self.last_checkpoint = 0
         self.start_round = 1
         self.resumed_from: int | None = None
+        # the run's identity, in every checkpoint: --resume checks a checkpoint is this
+        # run's and names what differs from the config it records (check_resume)
+        self.run_id = new_run_id()  # a resumed run keeps its own (_restore)
+        self.config_record = recorded_config(self.cfg)
         self.history: list[dict] = []
         cl, w = c.client, c.runtime.worker
         self.clock, self.sim_time_s = None, 0.0
@@ -251,7 +264,8 @@ class Driver:
         self.personalize = Personalize(
             lr=cl.lr if p.lr is None else p.lr, batch_size=p.batch_size, epochs=p.epochs,
             steps=p.steps) if p.steps or p.epochs else None
-        self.run_dir.create(OmegaConf.to_yaml(self.cfg, resolve=True))
+        self.run_dir.create(RUN_ID_LINE.format(self.run_id)
+                            + OmegaConf.to_yaml(self.cfg, resolve=True))
         return self.notes
 
     def _vectorize_plan(self, client: ClientWork) -> bool:
@@ -285,6 +299,10 @@ class Driver:
         """Continue from the run directory's checkpoint (or from round 1 if it has none)."""
         c = self.cfg
         ckpt = read_checkpoint(self.run_dir.url)
+        # config.yaml's id (fedray.api.prepare_resume has checked the checkpoint's is the
+        # same), else the checkpoint's: a run directory from an earlier fedray has none
+        self.run_id = (saved_run_id(self.run_dir.url) or (ckpt.run_id if ckpt else None)
+                       or self.run_id)
         where = self.run_dir.url_of(CHECKPOINT_FILE)
         if ckpt is not None:
             if ckpt.round > c.rounds:
@@ -303,12 +321,17 @@ class Driver:
                         if k.startswith(p)} for p in ("server_opt.", "aggregator.", "buffered.v")}
             self.version_weights = {int(k): w.to(torch.float32).clone()
                                     for k, w in part["buffered.v"].items()}
-            self.server_opt.load_state_dict(part["server_opt."])
-            self.aggregator.load_state_dict(part["aggregator."])
-            for stage in self.stages:
-                prefix = f"stage.{stage.name}."
-                stage.load_state_dict({k.removeprefix(prefix): v for k, v in
-                                       ckpt.server_state.items() if k.startswith(prefix)})
+            try:  # a part changed with --allow-change (algorithm.*) may not fit the state
+                self.server_opt.load_state_dict(part["server_opt."])
+                self.aggregator.load_state_dict(part["aggregator."])
+                for stage in self.stages:
+                    prefix = f"stage.{stage.name}."
+                    stage.load_state_dict({k.removeprefix(prefix): v for k, v in
+                                           ckpt.server_state.items() if k.startswith(prefix)})
+            except (ValueError, KeyError, RuntimeError, TypeError) as exc:
+                raise FedrayError(f"checkpoint {where}: its server state does not fit this "
+                                  f"config's algorithm ({type(exc).__name__}: "
+                                  f"{str(exc).splitlines()[0] if str(exc) else ''})") from None
             if self.versions is not None:  # sparse, also from a dense (older) checkpoint
                 self.versions = ckpt.client_versions
             self.resumed_from = self.last_checkpoint = ckpt.round
@@ -382,7 +405,8 @@ class Driver:
             return
         self.run_dir.write_bytes(CHECKPOINT_FILE, encode(Checkpoint(
             round=r, weights=self.weights, server_state=server,
-            client_versions=self.versions, metrics_lines=self.run_dir.metrics_lines)))
+            client_versions=self.versions, metrics_lines=self.run_dir.metrics_lines,
+            run_id=self.run_id, config=self.config_record)))
         self.last_checkpoint = r
         if self._superseded:
             self.state_store.delete(self._superseded)
@@ -666,6 +690,7 @@ class Driver:
             "worker_failures": sum(h.get("worker_failures", 0) for h in history),
             "resumed_from_round": self.resumed_from,
             "diverged_at_round": self.diverged_at,
+            "run_id": self.run_id,
             "stopped_early_after_round": stopped_after,
             "stopped_by": self.stopped_by if stopped_after is not None else None,
             **({"stages": {s.name: s.summary() for s in self.stages}} if self.stages else {}),
