@@ -30,6 +30,12 @@ import fsspec
 from fedray.errors import FedrayError, key_error, one_line
 
 LOCK_FILE = ".fedray.lock"
+# what a run writes in its directory (fedray.state.run_dir, .checkpoint, the TensorBoard and
+# W&B callbacks; tests/state/test_storage.py holds this list to their names): all that a
+# new run that failed is allowed to remove
+RUN_WRITES = ("config.yaml", "metrics.jsonl", "summary.json", "model.safetensors",
+              "server_state.safetensors", "checkpoint.safetensors",
+              "events.out.tfevents.fedray", "client_state", "client_eval", "wandb")
 
 
 def absolute_url(url: str) -> str:
@@ -269,17 +275,20 @@ class RunClaim:
 
     def discard(self) -> None:
         """Undo a new run that failed before its first round: remove what it wrote, and the
-        directory if the run created it, so the same command can run again."""
+        directories the claim made while they are then empty (``vacate``), so the same
+        command can run again. Only the names a run writes (RUN_WRITES, and its temporary
+        ``.NAME.*.tmp`` files) are removed: a file someone put into the directory meanwhile
+        stays, and so does its directory; and a parent the claim made is never removed
+        with what another command has put in it since (a second run's directory beside
+        this one's)."""
         try:
-            if self.created is not None:
-                if self.fs.exists(self.created):
-                    self.fs.rm(self.created, recursive=True)
-            else:
-                for entry in self.fs.ls(self.path, detail=False):
+            for entry in self.fs.ls(self.path, detail=False):
+                name = entry.rstrip("/").rsplit("/", 1)[-1]
+                if name in RUN_WRITES or (name.startswith(".") and name.endswith(".tmp")):
                     self.fs.rm(entry, recursive=True)
         except OSError:
             pass
-        self.held = False
+        self.vacate()
 
 
 def write_atomic(fs: Any, files: list[tuple[str, bytes]]) -> None:

@@ -56,6 +56,44 @@ def test_discard_removes_what_the_claim_made_and_nothing_else(tmp_path):
     assert (tmp_path / "keep").is_dir() and list((tmp_path / "keep").iterdir()) == []
 
 
+def test_discard_never_removes_what_the_run_did_not_write(tmp_path):
+    """A new run that fails removes its own files only: a file a user put into its
+    directory stays (with the directory), and a parent the claim made stays while another
+    run's directory is in it (before: removed recursively, the other run's files with it)."""
+    a = RunClaim(str(tmp_path / "new" / "a"))
+    a.acquire(new=True)  # made new/ and new/a/
+    b = RunClaim(str(tmp_path / "new" / "b"))
+    b.acquire(new=True)  # another run, beside it
+    (tmp_path / "new" / "b" / "config.yaml").write_text("b: 1\n")
+    for name in ("config.yaml", "events.out.tfevents.fedray", ".config.yaml.x1.tmp"):
+        (tmp_path / "new" / "a" / name).write_text("a\n")
+    (tmp_path / "new" / "a" / "client_state").mkdir()
+    (tmp_path / "new" / "a" / "notes.txt").write_text("mine\n")  # the user's
+    a.discard()
+    assert sorted(os.listdir(tmp_path / "new" / "a")) == ["notes.txt"]
+    assert sorted(os.listdir(tmp_path / "new" / "b")) == [LOCK_FILE, "config.yaml"]
+    (tmp_path / "new" / "a" / "notes.txt").unlink()
+    b.discard()
+    assert sorted(os.listdir(tmp_path / "new")) == ["a"]  # b's own directory went with it
+    assert (tmp_path / "new" / "a").is_dir()  # emptied by the user, not by a claim
+
+
+def test_run_writes_are_the_names_runs_write():
+    from fedray.state.checkpoint import CHECKPOINT_FILE, CONFIG_FILE
+    from fedray.state.run_dir import (
+        CLIENT_EVAL_DIR,
+        CLIENT_STATE_DIR,
+        SERVER_STATE_FILE,
+        WEIGHTS_FILE,
+    )
+    from fedray.state.storage import RUN_WRITES
+    from fedray.tracking.tensorboard import EVENTS_FILE
+
+    assert {CHECKPOINT_FILE, CONFIG_FILE, CLIENT_EVAL_DIR, CLIENT_STATE_DIR, SERVER_STATE_FILE,
+            WEIGHTS_FILE, EVENTS_FILE, "metrics.jsonl", "summary.json", "wandb"} == \
+        set(RUN_WRITES)
+
+
 def _lock(run, pid: int, started: float) -> None:
     run.mkdir(exist_ok=True)
     (run / LOCK_FILE).write_text(json.dumps({"host": socket.gethostname(), "pid": pid,
