@@ -206,6 +206,24 @@ def _write_failure(url: str, exc: OSError, kept: bool) -> FedrayError:
                      f"with: fedray run --resume {url}")
 
 
+def _ray_failure(url: str, exc: FedrayError, kept: bool) -> FedrayError:
+    """Ray failing under a run (its raylet or GCS server dead, the driver actor's process
+    killed: fedray.runtime.session.RayFailure) as one line: what died, and what is safe --
+    nothing, for a run removed before its first round; otherwise the run directory's last
+    checkpoint and the exact command that continues from it."""
+    if not kept:
+        return FedrayError(f"{exc}; nothing was kept in {url}: run the same command again")
+    from fedray.state.checkpoint import read_checkpoint
+
+    try:
+        ckpt = read_checkpoint(url)
+        where = (f"its checkpoint after round {ckpt.round} is intact" if ckpt is not None
+                 else "it has no checkpoint yet (a resume starts from round 1)")
+    except (FedrayError, OSError):
+        where = "its checkpoint could not be read back"
+    return FedrayError(f"{exc}; {where}; continue with: fedray run --resume {url}")
+
+
 def _unwrap_remote_error(exc: BaseException) -> BaseException:
     """The user-facing cause behind a Ray task/actor error, if there is one."""
     cause = getattr(exc, "cause", None)
@@ -294,6 +312,10 @@ def run(config: ConfigSource | None = None, model_fn: Callable[[], nn.Module] | 
         storage = storage_failure(exc)
         if storage is not None:
             raise _write_failure(url, storage, kept) from None
+        from fedray.runtime.session import RayFailure
+
+        if isinstance(exc, RayFailure):
+            raise _ray_failure(url, exc, kept) from None
         raise
     finally:
         claim.release()
@@ -374,6 +396,7 @@ def _run_claimed(cfg: DictConfig, url: str, model_fn: Callable | None,
 
     import ray
 
+    from fedray.runtime import session
     from fedray.runtime.driver import Driver
     from fedray.runtime.pool import launch_workers, pool_size
     from fedray.runtime.session import ray_session
@@ -390,10 +413,15 @@ def _run_claimed(cfg: DictConfig, url: str, model_fn: Callable | None,
         launched = launch_workers(num_workers, w.num_cpus, w.num_gpus)
 
         def call(method: str, *args: Any) -> Any:
-            try:
-                return ray.get(getattr(driver, method).remote(*args))
-            except (ray.exceptions.RayTaskError, ray.exceptions.RayActorError) as exc:
-                raise _unwrap_remote_error(exc) from None
+            try:  # session.get: a private Ray that dies meanwhile ends the wait at once
+                return session.get(getattr(driver, method).remote(*args))
+            except ray.exceptions.RayError as exc:
+                cause = _unwrap_remote_error(exc)
+                if isinstance(cause, FedrayError) or isinstance(
+                        exc, ray.exceptions.RayTaskError):
+                    raise cause from None
+                # the driver's process is gone: killed, OOM-killed, its node lost
+                raise session.actor_lost(exc, "the driver actor") from None
 
         try:  # from here on, the driver and the launched workers end with the run
             notes = call("setup", OmegaConf.to_container(cfg, resolve=True), source,
@@ -402,9 +430,8 @@ def _run_claimed(cfg: DictConfig, url: str, model_fn: Callable | None,
             for note in notes:
                 _note(note)
             summary, weights = _drive(call, cfg, url, callbacks, metrics)
-        finally:
-            for actor in (driver, *launched):  # replacement workers go with the driver
-                ray.kill(actor)
+        finally:  # replacement workers go with the driver
+            session.kill_actors((driver, *launched))
     return RunResult(weights=weights, metrics=metrics, summary=summary, run_dir=url, config=cfg)
 
 

@@ -170,15 +170,28 @@ class ReduceConfig:
     where: str = "workers"
 
 
+# Ray's smallest object store (ray._private.ray_constants.OBJECT_STORE_MINIMUM_MEMORY_BYTES,
+# 75 MiB), checked here without importing Ray; tests/runtime/test_session.py compares it with
+# the installed Ray's
+RAY_MIN_OBJECT_STORE_MB = 75
+
+
 @dataclass
 class RuntimeConfig:
     address: str | None = None  # Ray address to connect to; None starts a local Ray
     num_workers: int | None = None  # None: as many as the cluster's resources allow
     num_cpus: int | None = None  # CPUs of a locally started Ray (None: all)
     num_gpus: float | None = None  # GPUs of a locally started Ray (None: detected)
+    # object store of a locally started Ray, in MiB (None: Ray's default, 30% of memory);
+    # at least Ray's minimum, RAY_MIN_OBJECT_STORE_MB
+    object_store_mb: int | None = None
     # re-runs of a dead worker's clients allowed per round (process killed, OOM, node lost);
     # when they are spent the round fails, naming the clients and the error
     max_retries: int = 3
+    # seconds a worker may take over its share of a round (or of an evaluation), counted
+    # from when the round's tasks are sent; past it the worker counts as failed (frozen,
+    # hung): it is killed and its clients re-run, as for a dead worker. None: no limit
+    worker_timeout_s: float | None = None
     # a locally started Ray's dashboard and job server: off (nothing listens for HTTP), or
     # on, listening on dashboard_host -- loopback unless set to an interface on purpose
     dashboard: bool = False
@@ -680,6 +693,11 @@ def validate(cfg: DictConfig, population: int, *, custom_model: bool = False) ->
     r(rt.num_gpus is None or rt.num_gpus >= 0, "runtime.num_gpus", "must be >= 0 or null",
       rt.num_gpus)
     r(rt.max_retries >= 0, "runtime.max_retries", "must be >= 0", rt.max_retries)
+    r(rt.object_store_mb is None or rt.object_store_mb >= RAY_MIN_OBJECT_STORE_MB,
+      "runtime.object_store_mb", f"must be >= {RAY_MIN_OBJECT_STORE_MB} (Ray's smallest "
+      "object store, in MiB) or null", rt.object_store_mb)
+    r(rt.worker_timeout_s is None or rt.worker_timeout_s > 0, "runtime.worker_timeout_s",
+      "must be > 0 or null (no limit)", rt.worker_timeout_s)
     r(rt.backend in ("ray", "inline"), "runtime.backend", "must be ray or inline", rt.backend)
     w = rt.worker
     r(w.num_cpus > 0, "runtime.worker.num_cpus", "must be > 0", w.num_cpus)

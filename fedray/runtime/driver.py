@@ -250,7 +250,8 @@ class Driver:
         else:  # a reduction tree's groups of slots tend to share a node (node_major)
             self.pool = WorkerPool(spec, num_workers, c.runtime.worker.num_cpus,
                                    c.runtime.worker.num_gpus, c.runtime.max_retries,
-                                   launched=launched, node_major=reduce.group_size is not None)
+                                   launched=launched, node_major=reduce.group_size is not None,
+                                   timeout_s=c.runtime.worker_timeout_s)
         self.pool_start_s = time.perf_counter() - start
         self.test_ref, self.test_len = None, 0
         if c.eval.central:

@@ -8,6 +8,7 @@ one round, since a worker without clients only adds broadcast cost.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import time
 from collections.abc import Iterator
@@ -57,6 +58,12 @@ def _failure_types() -> tuple[type[BaseException], ...]:
             rx.ObjectLostError)
 
 
+class WorkerTimeout(Exception):
+    """A worker that did not finish its share of a round within ``runtime.worker_timeout_s``
+    of it being sent: frozen (SIGSTOP, a hung device or file system) or far slower than it
+    should be. Handled like a dead worker: killed, and its clients re-run elsewhere."""
+
+
 def launch_workers(count: int, num_cpus: float, num_gpus: float) -> list:
     """Start ``count`` worker actors without waiting for them and without a spec.
 
@@ -104,18 +111,26 @@ class WorkerPool:
     unfaulted one. ``max_retries`` re-runs are allowed per round (``begin_round`` resets the
     count); then the round fails, naming the task's clients and the error.
 
+    ``timeout_s`` (runtime.worker_timeout_s): a worker whose tasks of one ``gather`` are not
+    all done within this many seconds of being sent is treated as dead (WorkerTimeout): it
+    is killed, and its tasks re-run the same way. A frozen process raises no error, so
+    without it the round would wait for it forever.
+
     ``node_major`` (runtime.reduce): the workers take their slots ordered by node, so that
     a group of consecutive slots tends to share a node (fedray.runtime.reduction_tree).
     """
 
+    timeout_s: float | None = None  # runtime.worker_timeout_s
+
     def __init__(self, spec, count: int, num_cpus: float, num_gpus: float, max_retries: int,
                  replace_timeout_s: float = 60.0, launched: list | None = None,
-                 node_major: bool = False):
+                 node_major: bool = False, timeout_s: float | None = None):
         import ray
 
         self._spec_ref = ray.put(spec)
         self._resources = (num_cpus, num_gpus)
         self.max_retries = max_retries
+        self.timeout_s = timeout_s
         self.replace_timeout_s = replace_timeout_s
         self.workers = create_workers(self._spec_ref, count, num_cpus, num_gpus,
                                       launched=launched)
@@ -149,35 +164,62 @@ class WorkerPool:
             # or it died too: a survivor takes the slot (a dead one fails, and is replaced)
             self.workers[slot] = self.workers[(slot + 1) % len(self.workers)]
 
-    def _result(self, method: str, slot: int, args: tuple, what: str, ref: Any) -> Any:
-        """The result of ``ref`` (``worker.method(*args)`` on ``slot``), re-running the task
-        while its worker dies and the round's re-runs last."""
+    def _ready(self, ref: Any, sent: float) -> bool:
+        """Wait until ``ref`` is ready, wherever it is; False if it is not by ``sent`` (when
+        its task was sent, time.monotonic) plus ``timeout_s``."""
+        import ray
+
+        left = None if self.timeout_s is None else max(
+            0.0, sent + self.timeout_s - time.monotonic())
+        ready, _ = ray.wait([ref], fetch_local=False, timeout=left)
+        return bool(ready)
+
+    def _timeout(self) -> WorkerTimeout:
+        return WorkerTimeout(f"no result within runtime.worker_timeout_s={self.timeout_s:g}s")
+
+    def _result(self, method: str, slot: int, args: tuple, what: str, ref: Any,
+                sent: float | None = None) -> Any:
+        """The result of ``ref`` (``worker.method(*args)`` on ``slot``, sent at ``sent``),
+        re-running the task while its worker dies or times out and the round's re-runs
+        last."""
         import ray
 
         failure = _failure_types()
         start = time.perf_counter()
+        sent = time.monotonic() if sent is None else sent
         while True:
-            ray.wait([ref], fetch_local=False)  # until ready, wherever it is
-            ready = time.perf_counter()
-            try:
-                result = ray.get(ref)
-                self.merge_s += time.perf_counter() - ready
-                break
-            except failure as exc:
-                self._failed(exc, slot, what)
-                ref = getattr(self.workers[slot], method).remote(*args)
+            if not self._ready(ref, sent):
+                self._failed(self._timeout(), slot, what)
+            else:
+                ready = time.perf_counter()
+                try:
+                    result = ray.get(ref)
+                    self.merge_s += time.perf_counter() - ready
+                    break
+                except failure as exc:
+                    self._failed(exc, slot, what)
+            ref = getattr(self.workers[slot], method).remote(*args)
+            sent = time.monotonic()
         self._task_s += time.perf_counter() - start
         return result
 
     def _failed(self, exc: BaseException, slot: int, what: str) -> None:
-        """Count a task lost to a dead worker and give its slot a live one; raise when the
-        round's re-runs are spent."""
+        """Count a task lost to a dead (or timed-out: killed now) worker and give its slot a
+        live one; raise when the round's re-runs are spent."""
         self.failures += 1
         self.round_failures += 1
+        timed_out = isinstance(exc, WorkerTimeout)
+        if timed_out:  # frozen: it never ends by itself, and holds its CPUs and GPU share
+            import ray
+
+            with contextlib.suppress(Exception):
+                ray.kill(self.workers[slot])
         if self.round_failures > self.max_retries:
             reason = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+            happened = f"gave {reason}" if timed_out else \
+                f"died ({type(exc).__name__}: {reason})"
             raise FedrayError(
-                f"{what}: worker {slot} died ({type(exc).__name__}: {reason}) and "
+                f"{what}: worker {slot} {happened} and "
                 f"runtime.max_retries={self.max_retries} re-runs this round are "
                 "spent") from None
         self._replace(slot)
@@ -188,9 +230,10 @@ class WorkerPool:
         work (its clients) in the error raised when the round's re-runs are spent."""
         self.merge_s = self._task_s = 0.0
         refs = [getattr(self.workers[slot], method).remote(*args) for slot, args, _ in tasks]
+        sent = time.monotonic()
         for i, (slot, args, what) in enumerate(tasks):
             ref, refs[i] = refs[i], None
-            yield self._result(method, slot, args, what, ref)
+            yield self._result(method, slot, args, what, ref, sent)
 
     def gather_reduced(self, tasks: list[tuple[int, tuple, str]], groups: list[list[int]],
                        on_workers: bool) -> Iterator[GroupResult]:
@@ -213,22 +256,26 @@ class WorkerPool:
         refs: list[Any] = [self.workers[slot].train.remote(*args) for slot, args, _ in tasks]
         reduced = [self.workers[tasks[g[0]][0]].reduce.remote(*(refs[i] for i in g))
                    if on_workers and len(g) > 1 else None for g in groups]
+        sent = time.monotonic()
         for k, g in enumerate(groups):
             ref, reduced[k] = reduced[k], None
             out, lost = None, None
             if ref is not None:
-                ray.wait([ref], fetch_local=False)
-                ready = time.perf_counter()
-                try:
-                    out = ray.get(ref)
-                    self.merge_s += time.perf_counter() - ready
-                except failure as exc:
-                    lost = exc
+                if not self._ready(ref, sent):  # a member, or the summing worker, is stuck
+                    lost = self._timeout()
+                else:
+                    ready = time.perf_counter()
+                    try:
+                        out = ray.get(ref)
+                        self.merge_s += time.perf_counter() - ready
+                    except failure as exc:
+                        lost = exc
                 del ref
             if out is None:
                 failures = self.round_failures
                 start, waited = time.perf_counter(), self._task_s
-                out = reduce_results(self._result("train", *tasks[i], refs[i]) for i in g)
+                out = reduce_results(self._result("train", *tasks[i], refs[i], sent)
+                                     for i in g)
                 self.merge_s += (time.perf_counter() - start) - (self._task_s - waited)
                 if lost is not None and self.round_failures == failures:
                     # every member's result was there: the summing worker itself died
@@ -247,10 +294,11 @@ class WorkerPool:
 
         failure = _failure_types()
         refs = [w.info.remote() for w in self.workers]
+        ray.wait(refs, num_returns=len(refs), fetch_local=False, timeout=self.timeout_s)
         out = []
         for ref in refs:
-            try:
-                out.append(ray.get(ref))
-            except failure as exc:
+            try:  # one frozen after the last round (runtime.worker_timeout_s): not waited for
+                out.append(ray.get(ref, timeout=0 if self.timeout_s is not None else None))
+            except (*failure, ray.exceptions.GetTimeoutError) as exc:
                 out.append({"dead": True, "error": type(exc).__name__})
         return out

@@ -1,12 +1,21 @@
-"""Starting or joining Ray for one fedray run.
+"""Starting or joining Ray for one fedray run, and noticing when it fails under the run.
 
 ``runtime.address`` (or RAY_ADDRESS, as set by Ray Jobs; ``auto`` finds a ``ray start`` on
-this machine) joins an existing cluster; otherwise a private local Ray starts with
-``runtime.num_cpus`` / ``runtime.num_gpus`` (a declared GPU count works on machines without
-one, which is how fractional placement is tested), without a dashboard or job server unless
-``runtime.dashboard`` asks for them, and then listening on ``runtime.dashboard_host``
-(loopback by default). A Ray that was already initialised by the
-caller is reused and left running.
+this machine) joins an existing cluster; both are probed first, so an address where nothing
+answers ends in one line instead of Ray's minutes of retries. Otherwise a private local Ray
+starts with ``runtime.num_cpus`` / ``runtime.num_gpus`` (a declared GPU count works on
+machines without one, which is how fractional placement is tested) and
+``runtime.object_store_mb``, without a dashboard or job server unless ``runtime.dashboard``
+asks for them, and then listening on ``runtime.dashboard_host`` (loopback by default). A Ray
+that was already initialised by the caller is reused and left running.
+
+A private Ray listens on loopback only: its GCS server, raylet, object manager, workers,
+dashboard agent, metrics exporter and runtime-env agent are nobody else's business, and
+Ray's gRPC services are unauthenticated. Ray binds them to loopback when the node's address
+is a loopback one, but turns ``ray.init(_node_ip_address="127.0.0.1")`` into the machine's
+routable address (``resolve_ip_for_localhost``); what it does honour is its local-only mode,
+the one it uses on macOS and Windows (``RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0``), which
+``_loopback_only`` switches on while ``ray.init`` starts the processes.
 
 What Ray does to the calling process beyond that is undone or bounded here: ``ray.init``
 replaces the process's SIGTERM handler with one that dumps a C++ stack and aborts, so the
@@ -14,6 +23,14 @@ caller's handlers are put back (the CLI's turns SIGTERM into an orderly stop); R
 coloured ``(Driver pid=...)`` prefixes are plain text unless both output streams are
 terminals; and a private instance gets a reaper (fedray.runtime.reaper), so its processes end with
 the process that started them, even after ``kill -9``.
+
+A private instance also gets a health watch (``_Health``): when its GCS server or raylet
+dies, Ray itself would leave the run waiting (a dead GCS takes the raylet down a minute
+later; a dead raylet surfaces as an actor error a quarter of a minute later, after pages of
+the raylet's log), so ``get`` -- how fedray.run waits for its driver -- ends at once with a
+``RayFailure`` naming what died, Ray's console output is silenced from then on, and the
+rest of that Ray is ended whole (fedray.run adds which checkpoint is intact and the resume
+command).
 """
 
 from __future__ import annotations
@@ -25,27 +42,48 @@ import signal
 import socket
 import sys
 import threading
-from collections.abc import Iterator
+import time
+from collections.abc import Iterable, Iterator
+from typing import Any
 
 from omegaconf import DictConfig
 
-from fedray.errors import key_error, one_line
+from fedray.errors import FedrayError, key_error, one_line
+
+POLL_S = 0.2  # how often the health watch looks, and how long get() waits between looks
+# Ray's switch for its local-only mode (ray._private.ray_constants.ENABLE_RAY_CLUSTER)
+LOCAL_ONLY_ENV = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"
 
 
-def probe(address: str, timeout_s: float = 5.0) -> None:
+class RayFailure(FedrayError):
+    """The Ray under a run failed: its GCS server or raylet died, or the driver actor's
+    process did. fedray.run turns it into one line with the resume command."""
+
+
+def probe(address: str, timeout_s: float = 5.0, source: str = "runtime.address") -> None:
     """Fail fast when a ``host:port`` (or ``ray://host:port``) address does not answer: Ray
-    itself retries an unreachable GCS for minutes, logging as it goes."""
+    itself retries an unreachable GCS for minutes, logging as it goes. ``source`` is where
+    the address came from: the config key, or ``RAY_ADDRESS`` (the environment)."""
+    def error(problem: str, got: bool = False) -> FedrayError:
+        if source == "RAY_ADDRESS":
+            return FedrayError(f"RAY_ADDRESS={address} (from the environment): {problem}; "
+                               "unset RAY_ADDRESS to start a private Ray, or set "
+                               "runtime.address")
+        return key_error(source, problem, address) if got else key_error(source, problem)
+
+    if source == "RAY_ADDRESS" and address.startswith(("http://", "https://")):
+        raise error("that is a job server's address (fedray submit's), not a Ray cluster's "
+                    "(host:port, ray://host:port or auto)")
     if address in ("auto", "local") or "://" in address and not address.startswith("ray://"):
         return
     host, _, port = address.removeprefix("ray://").rpartition(":")
     if not host or not port.isdigit():
-        raise key_error("runtime.address", "must be host:port, ray://host:port or auto",
-                        address)
+        raise error("must be host:port, ray://host:port or auto", got=True)
     try:
         socket.create_connection((host, int(port)), timeout=timeout_s).close()
     except OSError as exc:
         reason = exc.strerror or type(exc).__name__
-        raise key_error("runtime.address", f"cannot reach Ray at {address}: {reason}") from None
+        raise error(f"cannot reach Ray at {address}: {reason}") from None
 
 
 def _signal_handlers() -> dict[int, object]:
@@ -83,7 +121,181 @@ def _plain_log_prefixes() -> None:
 
 
 @contextlib.contextmanager
+def _loopback_only() -> Iterator[None]:
+    """Ray's local-only mode while ``ray.init`` starts a private instance: the node's
+    address is loopback, so every server Ray starts binds to loopback. Ray reads the mode
+    from ray_constants when it picks the node's address (set here, since Ray may have been
+    imported before) and its Python processes from the environment (set for the processes
+    ``ray.init`` starts; the workers inherit the raylet's). Both are put back afterwards:
+    joining a cluster later in this process is unaffected."""
+    from ray._private import ray_constants
+
+    saved_env = os.environ.get(LOCAL_ONLY_ENV)
+    saved = ray_constants.ENABLE_RAY_CLUSTER
+    os.environ[LOCAL_ONLY_ENV] = "0"
+    ray_constants.ENABLE_RAY_CLUSTER = False
+    try:
+        yield
+    finally:
+        ray_constants.ENABLE_RAY_CLUSTER = saved
+        if saved_env is None:
+            os.environ.pop(LOCAL_ONLY_ENV, None)
+        else:
+            os.environ[LOCAL_ONLY_ENV] = saved_env
+
+
+def _silent(*args: Any, **kwargs: Any) -> None:
+    return None
+
+
+class _Health:
+    """Watches the GCS server and the raylet of the private Ray this process started, from
+    a daemon thread, every POLL_S. The first to die is recorded in ``failure``; from then
+    on Ray's console output in this process is silenced (its error listener would print the
+    dead raylet's last log pages, and its teardown more), since the run ends with one line."""
+
+    NAMES = {"gcs_server": "GCS server", "raylet": "raylet"}
+
+    def __init__(self, procs: dict[str, Any]):
+        self.procs = procs  # {"raylet": psutil.Process, ...}
+        self.failure: str | None = None
+        self._stop = threading.Event()
+        self._printer: Any = None
+        self._thread = threading.Thread(target=self._watch, name="fedray-ray-health",
+                                        daemon=True)
+        self._thread.start()
+
+    @classmethod
+    def start(cls, ray_dir: str) -> _Health | None:
+        """A watch over this process's Ray GCS server and raylet (its children running
+        Ray's binaries); None where they cannot be found (psutil missing, another layout)."""
+        try:
+            import psutil
+
+            procs = {}
+            for child in psutil.Process().children(recursive=True):
+                with contextlib.suppress(psutil.Error, IndexError):
+                    exe = child.cmdline()[0]
+                    name = os.path.basename(exe)
+                    if name in cls.NAMES and exe.startswith(ray_dir):
+                        procs[name] = child
+        except ImportError:
+            return None
+        return cls(procs) if len(procs) == len(cls.NAMES) else None
+
+    def _alive(self, proc: Any) -> bool:
+        import psutil
+
+        try:
+            return proc.is_running() and proc.status() != psutil.STATUS_ZOMBIE
+        except psutil.Error:
+            return False
+
+    def _watch(self) -> None:
+        while not self._stop.wait(POLL_S):
+            for name, proc in self.procs.items():
+                if not self._alive(proc):
+                    self._mute()
+                    self.failure = (f"fedray's private Ray failed: its {self.NAMES[name]} "
+                                    f"(process {proc.pid}) died")
+                    return
+
+    def _mute(self) -> None:
+        with contextlib.suppress(ImportError, AttributeError):
+            from ray._private import worker as ray_worker
+
+            self._printer = ray_worker.print_to_stdstream  # looked up per message
+            ray_worker.print_to_stdstream = _silent
+            ray_worker.global_worker_stdstream_dispatcher.remove_handler("ray_print_logs")
+
+    def settle(self, timeout_s: float = 1.0) -> str | None:
+        """The failure, waiting up to ``timeout_s`` for the watch to notice one: an actor
+        error may reach the caller a moment before the dead raylet behind it is seen."""
+        deadline = time.monotonic() + timeout_s
+        while self.failure is None and time.monotonic() < deadline and \
+                self._thread.is_alive():
+            time.sleep(POLL_S / 4)
+        return self.failure
+
+    def stop(self) -> None:
+        """Stop watching: an orderly shutdown ends the processes on purpose."""
+        self._stop.set()
+        self._thread.join(timeout=5)
+
+    def unmute(self) -> None:
+        """Give Ray its console output back, once the session is over."""
+        if self._printer is not None:
+            from ray._private import worker as ray_worker
+
+            ray_worker.print_to_stdstream = self._printer
+            self._printer = None
+
+
+_HEALTH: _Health | None = None  # the watch over the private Ray this process started
+
+
+def get(ref: Any) -> Any:
+    """``ray.get(ref)``, but in slices of POLL_S while this process's private Ray is
+    watched, so that the death of its GCS server or raylet ends the wait at once with a
+    RayFailure rather than after Ray's own timeouts."""
+    import ray
+
+    health = _HEALTH
+    if health is None:
+        return ray.get(ref)
+    while True:
+        if health.failure is not None:
+            raise RayFailure(health.failure)
+        ready, _ = ray.wait([ref], timeout=POLL_S)
+        if ready:
+            return ray.get(ref)
+
+
+def actor_lost(exc: BaseException, what: str) -> RayFailure:
+    """A Ray error that says the process of an actor (``what``: "the driver actor") is
+    gone, as the one line it deserves: the private Ray's own failure where that is the cause
+    (a dead raylet takes its actors with it), Ray's memory monitor where it killed it."""
+    from ray import exceptions as rx
+
+    health = _HEALTH
+    if health is not None and health.settle() is not None:
+        return RayFailure(health.failure)
+    text = str(exc)
+    if isinstance(exc, rx.OutOfMemoryError) or "low on memory" in text:
+        return RayFailure(f"{what} was killed by Ray's memory monitor: this machine ran low on "
+                          "memory (fewer or smaller workers, runtime.worker.cache_mb, or a "
+                          "machine with more memory)")
+    return RayFailure(f"{what} died ({type(exc).__name__}: {one_line(exc)})")
+
+
+def kill_actors(actors: Iterable[Any]) -> None:
+    """End a run's actors; nothing to do when the private Ray itself failed (the session
+    ends its processes whole, and asking a dead GCS would wait for its timeouts)."""
+    import ray
+
+    if _HEALTH is not None and _HEALTH.failure is not None:
+        return
+    for actor in actors:
+        with contextlib.suppress(Exception):  # already gone: nothing to end
+            ray.kill(actor)
+
+
+def _init_failure(exc: BaseException, address: str | None, private: bool) -> FedrayError:
+    """ray.init's failure as one line: Ray raises whatever it meets (ValueError for an object
+    store below its minimum or above /dev/shm, a bare Exception when the raylet does not
+    register in time, ConnectionError for a cluster that is not there)."""
+    if private:
+        return FedrayError(f"cannot start a private Ray: {one_line(exc)}")
+    if address:
+        return key_error("runtime.address", f"cannot start or reach Ray at {address}: "
+                         f"{one_line(exc)}")
+    return FedrayError(f"RAY_ADDRESS={os.environ.get('RAY_ADDRESS')} (from the environment): "
+                       f"cannot reach Ray: {one_line(exc)}")
+
+
+@contextlib.contextmanager
 def ray_session(cfg: DictConfig) -> Iterator[None]:
+    global _HEALTH
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
     import ray
 
@@ -93,22 +305,30 @@ def ray_session(cfg: DictConfig) -> Iterator[None]:
     _plain_log_prefixes()
     kwargs: dict = {"logging_level": logging.ERROR, "include_dashboard": False}
     address = cfg.runtime.address
+    inherited = os.environ.get("RAY_ADDRESS") if not address else None
     if address:
         probe(address)
         kwargs["address"] = address
-    elif not os.environ.get("RAY_ADDRESS"):  # a private instance, even if `ray start` ran here
-        kwargs.update(address="local", num_cpus=cfg.runtime.num_cpus,
-                      num_gpus=cfg.runtime.num_gpus, include_dashboard=cfg.runtime.dashboard,
-                      dashboard_host=cfg.runtime.dashboard_host)
+    elif inherited and inherited != "local":  # Ray Jobs' entrypoint joins its cluster
+        probe(inherited, source="RAY_ADDRESS")
+    else:  # a private instance, even if `ray start` ran here
+        rt = cfg.runtime
+        kwargs.update(address="local", num_cpus=rt.num_cpus, num_gpus=rt.num_gpus,
+                      include_dashboard=rt.dashboard, dashboard_host=rt.dashboard_host)
+        if rt.get("object_store_mb") is not None:
+            kwargs["object_store_memory"] = int(rt.object_store_mb) * 2**20
+    private = kwargs.get("address") == "local"
+    ray_dir = os.path.dirname(ray.__file__)
     reaper = None
-    if kwargs.get("address") == "local":  # before init: what init starts is ours to end
+    if private:  # before init: what init starts is ours to end
         from fedray.runtime import reaper as reapers
 
-        reaper = reapers.start(os.path.dirname(ray.__file__))
+        reaper = reapers.start(ray_dir)
     handlers = _signal_handlers()
     try:
         try:
-            ray.init(**kwargs)
+            with _loopback_only() if private else contextlib.nullcontext():
+                ray.init(**kwargs)
         finally:
             _restore(handlers)
     except BaseException as exc:
@@ -120,17 +340,24 @@ def ray_session(cfg: DictConfig) -> Iterator[None]:
             # Ray's own SIGTERM handler, in place while ray.init runs, exits with the
             # signal's number: the signal goes to the caller's handler instead
             os.kill(os.getpid(), signal.SIGTERM)
-        if isinstance(exc, ConnectionError | TimeoutError | RuntimeError):
-            where = address or os.environ.get("RAY_ADDRESS") or "a local Ray"
-            raise key_error("runtime.address", f"cannot start or reach Ray at {where}: "
-                            f"{one_line(exc)}") from None
+        if isinstance(exc, Exception) and not isinstance(exc, FedrayError):
+            raise _init_failure(exc, address, private) from None
         raise
+    health = _Health.start(ray_dir) if private else None
+    _HEALTH = health
     try:
         yield
     finally:
+        _HEALTH = None
+        if health is not None:
+            health.stop()
+        if health is not None and health.failure is not None and reaper is not None:
+            reaper.stop()  # the broken Ray's processes first: shutdown finds none to wait for
         ray.shutdown()
         if reaper is not None:
             reaper.stop()
+        if health is not None:
+            health.unmute()
 
 
 def private_mb() -> float:

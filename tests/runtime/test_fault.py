@@ -3,6 +3,7 @@ and resumed. Every check is against an unfaulted run of the same job: bit-identi
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -21,10 +22,11 @@ from fedray.state.client_state import ClientStateStore
 from fedray.state.run_dir import load_weights, read_metrics
 
 
-def suicidal_model_fn(sentinel: str | None, at_call: int = 5):
-    """Logistic regression for the synthetic 28x28 writers whose process SIGKILLs itself at
-    its ``at_call``-th training forward pass -- once per test: the first worker to get there
-    claims ``sentinel``. With ``sentinel=None`` it is the same model, never killed."""
+def suicidal_model_fn(sentinel: str | None, at_call: int = 5, sig: int = signal.SIGKILL):
+    """Logistic regression for the synthetic 28x28 writers whose process SIGKILLs itself (or
+    sends itself ``sig``: SIGSTOP freezes it) at its ``at_call``-th training forward pass --
+    once per test: the first worker to get there claims ``sentinel``. With
+    ``sentinel=None`` it is the same model, never killed."""
     def model_fn():  # a closure: shipped to the workers by value
         from torch import nn
 
@@ -40,7 +42,7 @@ def suicidal_model_fn(sentinel: str | None, at_call: int = 5):
                 os.close(os.open(sentinel, os.O_CREAT | os.O_EXCL))
             except FileExistsError:
                 return
-            os.kill(os.getpid(), signal.SIGKILL)
+            os.kill(os.getpid(), sig)
 
         model.register_forward_pre_hook(hook)
         return model
@@ -76,6 +78,35 @@ def test_worker_killed_mid_round_gives_the_unfaulted_weights(tmp_path, mode):
         assert torch.equal(v, faulted.weights[k]), k
     # no client update was lost: every participant's update was aggregated
     assert [m["updates"] for m in faulted.metrics] == [m["clients"] for m in clean.metrics]
+
+
+@pytest.mark.usefixtures("ray_cluster")
+def test_frozen_worker_times_out_and_its_clients_rerun_bit_identically(tmp_path):
+    """A worker that freezes mid-round (SIGSTOP: no error, no exit) is, past
+    runtime.worker_timeout_s, killed and treated as dead: its clients re-run elsewhere, and
+    the run ends with the unfaulted weights. Without the timeout the round waits forever."""
+    sentinel = tmp_path / "froze"  # not "frozen": the run directory
+    clean = fedray.run(_job(tmp_path, "clean", runtime__backend="inline"),
+                       model_fn=suicidal_model_fn(None))
+    frozen = fedray.run(_job(tmp_path, "frozen", runtime__worker_timeout_s=8.0),
+                        model_fn=suicidal_model_fn(str(sentinel), at_call=7, sig=signal.SIGSTOP))
+    assert sentinel.exists()  # a worker really froze mid-round
+    assert frozen.summary["worker_failures"] >= 1  # >1 only if a loaded machine was slow too
+    for k, v in clean.weights.items():
+        assert torch.equal(v, frozen.weights[k]), k
+    assert [m["updates"] for m in frozen.metrics] == [m["clients"] for m in clean.metrics]
+
+
+def test_a_timed_out_worker_past_the_retry_budget_is_named(monkeypatch):
+    from fedray.runtime import pool
+
+    p = pool.WorkerPool.__new__(pool.WorkerPool)
+    p.workers, p.max_retries, p.timeout_s = ["a", "b"], 0, 2.5
+    p.failures = p.round_failures = 0
+    with pytest.raises(FedrayError, match=r"^round 3: clients \[4, 1\]: worker 1 gave no result "
+                       r"within runtime.worker_timeout_s=2.5s and runtime.max_retries=0 "
+                       r"re-runs this round are spent$"):
+        p._failed(p._timeout(), 1, "round 3: clients [4, 1]")
 
 
 @pytest.mark.usefixtures("ray_cluster")
@@ -160,6 +191,123 @@ def test_a_finished_run_extended_with_allow_change_equals_a_longer_run(tmp_path)
     assert more.summary["resumed_from_round"] == 3 and [m["round"] for m in more.metrics] == [4, 5]
     assert all(torch.equal(long.weights[k], more.weights[k]) for k in long.weights)
     assert "rounds: 5" in (tmp_path / "short" / "config.yaml").read_text()
+
+
+def _ray_processes(pid: int) -> dict[int, str]:
+    """pid: program (or Ray's process title) of process ``pid``'s descendants."""
+    import psutil
+
+    out = {}
+    for p in psutil.Process(pid).children(recursive=True):
+        with contextlib.suppress(psutil.Error, IndexError):
+            out[p.pid] = p.cmdline()[0]
+    return out
+
+
+def _until_rounds(proc: subprocess.Popen, run, rounds: int) -> None:
+    metrics = run / "metrics.jsonl"
+    deadline = time.monotonic() + 180
+    while not (metrics.exists() and len(metrics.read_text().splitlines()) >= rounds):
+        assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
+        time.sleep(0.02)
+
+
+def _one_error_line(proc: subprocess.Popen, killed_at: float) -> tuple[str, float]:
+    """The one `fedray: error: ...` line a faulted run ends with, and its exit's delay."""
+    out, err = proc.communicate(timeout=120)
+    took = time.monotonic() - killed_at
+    assert proc.returncode == 2, (out, err)
+    assert "Traceback" not in err, err
+    errors = [ln for ln in err.splitlines() if ln.startswith("fedray: error:")]
+    assert len(errors) == 1 and err.rstrip().splitlines()[-1] == errors[0], err
+    return errors[0], took
+
+
+# what is killed: the program (Ray's process title) of the process, and what the line says
+RAY_PARTS = {"raylet": ("raylet", "fedray's private Ray failed: its raylet (process "),
+             "gcs": ("gcs_server", "fedray's private Ray failed: its GCS server (process ")}
+
+
+@pytest.mark.cluster
+@pytest.mark.parametrize("part", sorted(RAY_PARTS))
+def test_private_ray_dying_under_a_run_ends_it_in_one_line(tmp_path, part):
+    """SIGKILL of the private Ray's raylet or GCS server during `fedray run`: within seconds
+    one line naming what died, the checkpoint that is intact and the command that continues
+    from it; no traceback, nothing of that Ray left running. Before, a dead raylet surfaced
+    a quarter of a minute later as a raw ActorDiedError after pages of its log, and a dead
+    GCS left the run going until the raylet gave up on it."""
+    program, says = RAY_PARTS[part]
+    job = tiny_job(tmp_path, name=part, rounds=400, eval__every=0, checkpoint__every=1,
+                   runtime__num_cpus=1, runtime__num_workers=1)
+    path, run = tmp_path / "job.yaml", tmp_path / "run"
+    path.write_text(yaml.safe_dump(job))
+    env = dict(os.environ, RAY_USAGE_STATS_ENABLED="0")
+    env.pop("RAY_ADDRESS", None)
+    proc = subprocess.Popen([sys.executable, "-m", "fedray.cli", "run", str(path), "--quiet"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+                            start_new_session=True)
+    try:
+        _until_rounds(proc, run, 2)
+        ray_procs = _ray_processes(proc.pid)
+        target = next(pid for pid, prog in ray_procs.items() if prog.endswith(f"/{program}"))
+        os.kill(target, signal.SIGKILL)
+        killed_at = time.monotonic()
+        line, took = _one_error_line(proc, killed_at)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    ckpt = read_checkpoint(str(run))
+    assert ckpt is not None
+    assert line == (f"fedray: error: {says}{target}) died; its checkpoint after round "
+                    f"{ckpt.round} is intact; continue with: fedray run --resume {run}"), line
+    assert took < 30, took  # about 3 s on an idle 2-core machine (docs/fault_tolerance.md)
+    deadline = time.monotonic() + 15  # the rest of that Ray ended with it
+    while any(_alive(pid) for pid in ray_procs):
+        assert time.monotonic() < deadline, {p: ray_procs[p] for p in ray_procs if _alive(p)}
+        time.sleep(0.1)
+
+
+def _alive(pid: int) -> bool:
+    import psutil
+
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
+
+
+@pytest.mark.cluster
+def test_driver_actor_killed_under_a_run_ends_it_in_one_line(ray_cluster, tmp_path):
+    """SIGKILL of the driver actor's process (as Ray's memory monitor or the kernel's OOM
+    killer would) during `fedray run` on a cluster it joined (this session's Ray): one line
+    naming it, the intact checkpoint and the resume command; before, a raw RayActorError
+    traceback."""
+    import psutil
+
+    gcs = ray_cluster.get_runtime_context().gcs_address
+    job = tiny_job(tmp_path, name="driver", rounds=400, eval__every=0, checkpoint__every=1,
+                   runtime__address=gcs, runtime__num_workers=1)
+    path, run = tmp_path / "job.yaml", tmp_path / "run"
+    path.write_text(yaml.safe_dump(job))
+    proc = subprocess.Popen([sys.executable, "-m", "fedray.cli", "run", str(path), "--quiet"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
+    try:
+        _until_rounds(proc, run, 2)
+        # this session's Ray runs the CLI's actors: its driver is among this process's
+        driver = next(pid for pid, prog in _ray_processes(os.getpid()).items()
+                      if prog.startswith("ray::Driver"))
+        psutil.Process(driver).kill()
+        line, took = _one_error_line(proc, time.monotonic())
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    ckpt = read_checkpoint(str(run))
+    assert ckpt is not None
+    assert line.startswith("fedray: error: the driver actor died (ActorDiedError: "), line
+    assert line.endswith(f"; its checkpoint after round {ckpt.round} is intact; continue "
+                         f"with: fedray run --resume {run}"), line
+    assert took < 30, took
 
 
 def test_pool_gives_a_dead_slot_to_a_survivor_when_no_worker_can_start(monkeypatch):

@@ -252,6 +252,136 @@ def test_local_dashboard_and_job_server_listen_on_loopback_only(dashboard, liste
     assert out.stdout.strip().splitlines()[-1] == f"listening on: {listening}".strip()
 
 
+def _listening(pid: int) -> list[tuple[str, int, str]]:
+    """(address, port, process name) of every listening TCP socket and bound UDP socket of
+    process ``pid`` and of its descendants."""
+    import psutil
+
+    root = psutil.Process(pid)
+    found = []
+    for proc in [root, *root.children(recursive=True)]:
+        try:
+            cmd = proc.cmdline()  # Ray's actors title themselves: ray::ClientWorker.train
+            name = cmd[0].rsplit("/", 1)[-1] if cmd else proc.name()
+            found += [(c.laddr.ip, c.laddr.port, name) for c in proc.net_connections("inet")
+                      if c.status == psutil.CONN_LISTEN or (c.status == psutil.CONN_NONE
+                                                           and c.laddr and not c.raddr)]
+        except psutil.Error:  # ended meanwhile
+            continue
+    return found
+
+
+def _loopback(address: str) -> bool:
+    import ipaddress
+
+    ip = ipaddress.ip_address(address.split("%")[0])
+    mapped = getattr(ip, "ipv4_mapped", None)  # ::ffff:127.0.0.1, a dual-stack socket's
+    return ip.is_loopback or (mapped is not None and mapped.is_loopback)
+
+
+@pytest.mark.cluster
+def test_a_private_ray_listens_on_loopback_only_during_a_run(tmp_path):
+    """`fedray run` without runtime.address starts a private Ray: while it runs, every
+    socket of every process of it (GCS server, raylet, the driver and worker actors, the
+    dashboard and runtime-env agents, the metrics exporter, the CLI itself) listens on
+    loopback only; Ray's default is every interface, unauthenticated."""
+    import os
+    import signal
+
+    import yaml
+
+    job = tiny_job(tmp_path, rounds=400, eval__every=0, runtime__num_cpus=1,
+                   runtime__num_workers=1)
+    (tmp_path / "job.yaml").write_text(yaml.safe_dump(job))
+    env = dict(os.environ, RAY_USAGE_STATS_ENABLED="0")
+    env.pop("RAY_ADDRESS", None)
+    proc = subprocess.Popen([sys.executable, "-m", "fedray.cli", "run", str(tmp_path / "job.yaml"),
+                             "--quiet"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True, env=env)
+    metrics = tmp_path / "run" / "metrics.jsonl"
+    try:
+        deadline = time.monotonic() + 180
+        while not (metrics.exists() and len(metrics.read_text().splitlines()) >= 2):
+            assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()[0]
+            time.sleep(0.05)
+        seen = set()
+        for _ in range(3):  # rounds under way: the workers and the driver are busy
+            seen |= set(_listening(proc.pid))
+            time.sleep(0.3)
+        assert proc.poll() is None, "the run ended before its sockets were all listed"
+    finally:
+        proc.send_signal(signal.SIGTERM)  # an orderly stop: Ray shut down, the run kept
+        proc.communicate(timeout=120)
+    names = {name for _, _, name in seen}
+    assert {"gcs_server", "raylet"} <= names and any("Worker" in n for n in names), seen
+    exposed = sorted(s for s in seen if not _loopback(s[0]))
+    assert not exposed, f"listening beyond loopback: {exposed}"
+
+
+def test_ray_address_from_the_environment_is_probed():
+    """An inherited RAY_ADDRESS is honoured (Ray Jobs sets it) but probed, as
+    runtime.address is: before, an unreachable one left `fedray run` in Ray's retries."""
+    from fedray.runtime.session import probe
+
+    with pytest.raises(FedrayError, match=r"^RAY_ADDRESS=127.0.0.1:1 \(from the environment\): "
+                       r"cannot reach Ray at 127.0.0.1:1: Connection refused; unset "
+                       r"RAY_ADDRESS to start a private Ray, or set runtime.address$"):
+        probe("127.0.0.1:1", source="RAY_ADDRESS")
+    with pytest.raises(FedrayError, match=r"is a job server's address \(fedray submit's\)"):
+        probe("http://127.0.0.1:8265", source="RAY_ADDRESS")
+    with pytest.raises(FedrayError, match=r"^config key 'runtime.address': cannot reach Ray"):
+        probe("127.0.0.1:1")
+
+
+def test_actor_lost_names_the_memory_monitor():
+    from ray import exceptions as rx
+
+    from fedray.runtime.session import actor_lost
+
+    oom = actor_lost(rx.OutOfMemoryError("Task was killed due to the node running low on "
+                                         "memory."), "the driver actor")
+    assert str(oom).startswith("the driver actor was killed by Ray's memory monitor: this "
+                               "machine ran low on memory")
+    died = actor_lost(rx.ActorDiedError(), "the driver actor")
+    assert str(died).startswith("the driver actor died (ActorDiedError: ")
+
+
+def test_object_store_minimum_is_rays():
+    from ray._private import ray_constants
+
+    from fedray.config import RAY_MIN_OBJECT_STORE_MB
+
+    assert RAY_MIN_OBJECT_STORE_MB * 2**20 == ray_constants.OBJECT_STORE_MINIMUM_MEMORY_BYTES
+
+
+@pytest.mark.parametrize("env,says", [
+    ({"RAY_ADDRESS": "127.0.0.1:1"},
+     "fedray: error: RAY_ADDRESS=127.0.0.1:1 (from the environment): cannot reach Ray at "
+     "127.0.0.1:1: Connection refused; unset RAY_ADDRESS to start a private Ray, or set "
+     "runtime.address"),
+    ({"RAY_DEFAULT_OBJECT_STORE_MAX_MEMORY_BYTES": "1000"},
+     "fedray: error: cannot start a private Ray: Attempting to cap object store memory usage "
+     "at 1000 bytes, but the minimum allowed is 78643200 bytes."),
+], ids=["unreachable-ray-address", "object-store-capped"])
+def test_an_environment_that_breaks_ray_ends_in_one_line(tmp_path, env, says):
+    """Before: an unreachable RAY_ADDRESS hung in Ray's retries; an object store Ray
+    refuses (here capped below its minimum by Ray's own variable) ended in a traceback."""
+    import os
+
+    import yaml
+
+    (tmp_path / "job.yaml").write_text(yaml.safe_dump(tiny_job(tmp_path, rounds=1)))
+    full = dict(os.environ, RAY_USAGE_STATS_ENABLED="0", **env)
+    if "RAY_ADDRESS" not in env:
+        full.pop("RAY_ADDRESS", None)
+    start = time.monotonic()
+    out = subprocess.run([sys.executable, "-m", "fedray.cli", "run", str(tmp_path / "job.yaml"),
+                          "--quiet"], capture_output=True, text=True, env=full, timeout=180)
+    assert (out.returncode, out.stderr.strip()) == (2, says), out.stderr[-3000:]
+    assert time.monotonic() - start < 90
+    assert not (tmp_path / "run").exists()
+
+
 _FREED = """
 import sys, psutil, torch
 from fedray.runtime.session import keep_freed_memory
