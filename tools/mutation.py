@@ -100,6 +100,8 @@ EQUIVALENT: dict[tuple, str] = {
     ("fedray/data/partitioners/dirichlet.py", 65, "x / y -> x (drop the factor)"):
         "the targets only enter normalized (w / w.sum(), and the fallback w = targets): "
         "scaling them all by one constant changes nothing",
+    ("fedray/algorithms/privacy.py", 194, "> -> >="):
+        "with z = 0 the noise added is N(0, 0): exact zeros, and x + 0.0 is x",
     ("fedray/algorithms/reduction.py", 58, "> -> >="):
         "at equal scales the branch multiplies by exp(0) = 1 and returns 1.0, as the other "
         "branch's exp(0) does",
