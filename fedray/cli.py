@@ -9,9 +9,10 @@ import signal
 import sys
 import threading
 from collections.abc import Iterator
+from typing import NoReturn
 
 from fedray import __version__
-from fedray.errors import FedrayError
+from fedray.errors import FedrayError, printable_line
 from fedray.privacy.commands import add_privacy_command, run_privacy
 from fedray.state.redact import mask
 from fedray.timing.trace_commands import add_traces_command, run_traces
@@ -109,6 +110,18 @@ must be URLs or absolute paths on storage every node shares. --address defaults 
 RAY_ADDRESS, else http://127.0.0.1:8265. Walkthrough: docs/cluster.md."""
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse's parser whose usage errors are one line, as every fedray error is:
+    ``fedray: error: MESSAGE`` (and, for a verb, where its help is), without the usage
+    block argparse prints first, and with a typed value's line breaks shown escaped. The
+    verbs' parsers are of this class too (add_subparsers makes them of their parent's)."""
+
+    def error(self, message: str) -> NoReturn:
+        verb = self.prog.removeprefix("fedray").strip()
+        hint = f" (fedray {verb} --help)" if verb else ""
+        self.exit(2, f"fedray: error: {printable_line(message)}{hint}\n")
+
+
 def _command(sub, name: str, summary: str, description: str) -> argparse.ArgumentParser:
     """A sub-command with its help text kept as written and the shared --debug flag."""
     cmd = sub.add_parser(name, help=summary, description=description,
@@ -118,7 +131,7 @@ def _command(sub, name: str, summary: str, description: str) -> argparse.Argumen
 
 
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="fedray", description="Ray-based simulation of "
+    p = _Parser(prog="fedray", description="Ray-based simulation of "
                                 "cross-device federated learning.")
     p.add_argument("--version", action="version", version=f"fedray {__version__}")
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
@@ -441,7 +454,7 @@ def _main(argv: list[str] | None) -> int:
     except FedrayError as exc:
         if debug:
             raise
-        print(f"fedray: error: {mask(str(exc))}", file=sys.stderr)
+        print(f"fedray: error: {printable_line(mask(str(exc)))}", file=sys.stderr)
         return 2
     except Terminated as exc:  # its text, if any: how to continue (fedray sweep)
         print("fedray: terminated" + (f"; {mask(str(exc))}" if str(exc) else ""),

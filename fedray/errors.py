@@ -21,6 +21,20 @@ def one_line(exc: BaseException) -> str:
     return text.splitlines()[0] if text else type(exc).__name__
 
 
+# what ends or rewrites a terminal line: C0 and C1 controls (newline, carriage return,
+# escape sequences), DEL, and Unicode's line and paragraph separators
+_LINE_BREAKERS = {c: f"\\x{c:02x}" for c in (*range(0x20), 0x7F, *range(0x80, 0xA0))} | {
+    0x2028: "\\u2028", 0x2029: "\\u2029", 0x09: "\\t", 0x0A: "\\n", 0x0D: "\\r"}
+
+
+def printable_line(text: str) -> str:
+    """``text`` as one line on a terminal: a control character or a line separator that a
+    user's value brought into a message (a name with a newline, an escape sequence in a
+    path) is shown escaped, as repr shows it, so that an error stays one line and cannot
+    rewrite what the terminal shows."""
+    return text.translate(_LINE_BREAKERS)
+
+
 class FedrayError(Exception):
     """A problem with the user's input or environment, shown as one line."""
 
