@@ -19,12 +19,15 @@ from typing import Any
 from omegaconf import DictConfig, ListConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from fedray.errors import ConfigError, key_error, yaml_problem
+from fedray.errors import ConfigError, key_error, one_line, yaml_problem
 
 # A synthetic client's size and data are hashed from its id on demand, so no process holds
 # anything per client; the bound is the largest population sampling, the clock and the
 # client state index are tested at (tests/core/test_sampling.py), far inside int64 ids.
 MAX_SYNTHETIC_CLIENTS = 1_000_000_000_000
+# a job's name, in UTF-8 bytes: runs/<name>-<YYYYmmdd-HHMMSS> stays within the 255 bytes a
+# file name may have on common filesystems
+MAX_NAME_BYTES = 200
 
 
 @dataclass
@@ -422,6 +425,8 @@ def _check_sections(schema: type, tree: Any, what: str, prefix: str = "") -> Non
         return
     hints = typing.get_type_hints(schema)
     for f in dataclasses.fields(schema):
+        if f.name in tree and typing.get_origin(hints.get(f.name)) is list:
+            _check_list(hints[f.name], tree[f.name], f"{prefix}{f.name}", what)
         if f.name not in tree or not dataclasses.is_dataclass(hints.get(f.name)):
             continue
         sub, key = tree[f.name], f"{prefix}{f.name}"
@@ -429,6 +434,47 @@ def _check_sections(schema: type, tree: Any, what: str, prefix: str = "") -> Non
             allowed = ", ".join(x.name for x in dataclasses.fields(hints[f.name]))
             raise key_error(key, f"must be a section of keys ({allowed})", sub, what=what)
         _check_sections(hints[f.name], sub, what, f"{key}.")
+
+
+def _check_list(hint: Any, value: Any, key: str, what: str) -> None:
+    """A list key (``sampling.always``) is set whole, as a list of plain values: omegaconf
+    fails with a TypeError on a mapping there (``sampling.always[0]=1`` and
+    ``sampling.always.x=1`` are read as one) and lets a list of lists through to the
+    checks that assume numbers (``sampling.always=[[1]]``)."""
+    item = (typing.get_args(hint) or (Any,))[0]
+    example = f"{key}=[{'0.5, 1.0' if item is float else 'a, b' if item is str else '1, 2'}]"
+    if isinstance(value, dict | DictConfig):
+        raise key_error(key, f"must be a list, set whole ({example}); items are not set one "
+                        "by one", _plain(value), what=what)
+    if isinstance(value, list | ListConfig) and item in (int, float, str) and any(
+            isinstance(v, dict | list | DictConfig | ListConfig) for v in value):
+        raise key_error(key, f"must be a list of {item.__name__} values ({example})",
+                        _plain(value), what=what)
+
+
+def _check_shapes(base: Any, tree: Any, what: str, prefix: str = "") -> None:
+    """A list given where the config so far holds keys, or keys where it holds a list
+    (``job=[a]`` over a sweep file's job, ``parameters=[1]``): omegaconf's merge fails
+    there with a TypeError that names no key; the key is named here instead."""
+    if not isinstance(base, DictConfig) or not isinstance(tree, dict | DictConfig):
+        return
+    for k, v in tree.items():
+        old = base._get_node(k) if k in base else None  # the node, nothing resolved
+        if old is None or old._is_none() or old._is_missing() or old._is_interpolation():
+            continue
+        key = f"{prefix}{k}"
+        if isinstance(old, DictConfig) and isinstance(v, list | ListConfig):
+            raise key_error(key, "holds a section of keys, which a list cannot be merged "
+                            "into", _plain(v), what=what)
+        if isinstance(old, ListConfig) and isinstance(v, dict | DictConfig):
+            raise key_error(key, f"holds a list, which keys cannot be merged into (a list is "
+                            f"set whole: {key}=[a, b])", _plain(v), what=what)
+        _check_shapes(old, v, what, f"{key}.")
+
+
+def _plain(value: Any) -> Any:
+    return OmegaConf.to_container(value, resolve=False) if isinstance(
+        value, DictConfig | ListConfig) else value
 
 
 # keys that only one kind of file has (how many of them make it that kind), and the command
@@ -483,11 +529,13 @@ def load_structured(schema: type, source: Any, overrides: list[str] | tuple = ()
             if isinstance(source, str | os.PathLike):
                 _wrong_kind(user, schema, kind, source)
             _check_sections(schema, user, what)
+            _check_shapes(cfg, user, what)
             cfg = OmegaConf.merge(cfg, user)
         if overrides:
             dotlist = _dotlist(overrides)
             check_interpolations(dotlist, what)
             _check_sections(schema, dotlist, what)
+            _check_shapes(cfg, dotlist, what)
             cfg = OmegaConf.merge(cfg, dotlist)
         # ${key} references resolved once, here, against the merged config (an override
         # of the key they name included): what is checked is what runs and is recorded
@@ -514,6 +562,28 @@ def _dotlist(overrides: list[str] | tuple) -> DictConfig:
             except yaml.YAMLError as exc:
                 raise ConfigError(f"override '{item}': its value is not valid YAML: "
                                   f"{yaml_problem(exc)}") from None
+        raise
+    except (TypeError, ValueError, IndexError, KeyError):
+        # omegaconf's own errors when one override sets a key to a value (a list) and a
+        # later one sets a key inside it (client.lr=[1, 2] client.lr.x=1); or a value that
+        # is not text YAML can read (argv bytes that are not UTF-8)
+        for item in overrides:
+            try:
+                OmegaConf.from_dotlist([item])
+            except (TypeError, ValueError, IndexError, KeyError) as exc:
+                raise ConfigError(f"override '{item}' cannot be read: "
+                                  f"{one_line(exc)}") from None
+        for i, item in enumerate(overrides):
+            try:
+                OmegaConf.from_dotlist(list(overrides[:i + 1]))
+            except (TypeError, ValueError, IndexError, KeyError):
+                key = item.split("=", 1)[0]
+                earlier = [o for o in overrides[:i]
+                           if key.startswith(o.split("=", 1)[0].rstrip(".") + ".")]
+                raise ConfigError(
+                    f"override '{item}' sets a key inside the value that "
+                    + (f"'{earlier[-1]}'" if earlier else "an override before it")
+                    + " sets; set the key once") from None
         raise
 
 
@@ -626,8 +696,13 @@ def validate(cfg: DictConfig, population: int, *, custom_model: bool = False) ->
     r = _require
     r(cfg.seed >= 0, "seed", "must be >= 0", cfg.seed)
     r(cfg.rounds >= 1, "rounds", "must be >= 1", cfg.rounds)
-    r(bool(cfg.name) and "/" not in cfg.name, "name", "must be a non-empty name without '/'",
-      cfg.name)
+    # the name is the run directory's (runs/<name>-<time>) and TensorBoard's: a newline, an
+    # escape sequence, a right-to-left override or 300 characters make a directory name
+    # that a listing garbles or the filesystem refuses
+    r(bool(cfg.name) and "/" not in cfg.name and cfg.name.isprintable()
+      and len(cfg.name.encode("utf-8", "surrogateescape")) <= MAX_NAME_BYTES, "name",
+      f"must be a non-empty name of printable characters without '/', at most "
+      f"{MAX_NAME_BYTES} bytes", cfg.name)
     r(bool(cfg.data.partition), "data.partition",
       "must be 'synthetic' or the path or URL of a partition store", cfg.data.partition)
     r(cfg.data.open_shards >= 1, "data.open_shards", "must be >= 1", cfg.data.open_shards)

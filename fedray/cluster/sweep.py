@@ -57,7 +57,7 @@ from typing import Any
 
 import fsspec
 import numpy as np
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig, ListConfig, OmegaConf
 
 from fedray.errors import ConfigError, FedrayError
 from fedray.state.redact import mask
@@ -118,8 +118,12 @@ def _job_config(sweep: DictConfig, base_dir: str) -> DictConfig:
         if not os.path.isfile(path) and os.path.isfile(job):
             path = job  # relative to the working directory, as a command-line path would be
         source: Any = path
-    else:
+    elif isinstance(job, DictConfig):
         source = OmegaConf.to_container(job, resolve=True)
+    else:  # job=2, job=[a]: neither a file nor keys
+        got = OmegaConf.to_container(job) if isinstance(job, ListConfig) else job
+        raise ConfigError(f"sweep key 'job': must be a job file's path or the job's keys "
+                          f"(job.rounds=...), got {got!r}")
     return load_config(source, list(sweep.overrides))
 
 
