@@ -108,12 +108,15 @@ class DifferentialPrivacy(UpdateStage):
     needs_plain_client = True
 
     def check(self, p: DPParams) -> None:
-        from fedray.privacy.accountant import ACCOUNTANTS
+        from fedray.privacy.accountant import ACCOUNTANTS, ACCOUNTED_NOISE
 
         require(p.mode in MODES, "mode", f"must be one of: {', '.join(MODES)}", p.mode)
         require(p.clip > 0 and math.isfinite(p.clip), "clip", "must be > 0", p.clip)
         require(p.noise_multiplier >= 0, "noise_multiplier", "must be >= 0",
                 p.noise_multiplier)
+        lo, hi = ACCOUNTED_NOISE  # what the run's accountant can account
+        require(p.noise_multiplier == 0 or lo <= p.noise_multiplier <= hi, "noise_multiplier",
+                f"must be 0 or in [{lo:g}, {hi:g}]", p.noise_multiplier)
         q = p.target_quantile
         require(q is None or 0 < q < 1, "target_quantile", "must be in (0, 1) or null", q)
         require(q is None or p.mode == "central", "target_quantile",

@@ -38,6 +38,7 @@ grows with rounds / z^2.
 
 from __future__ import annotations
 
+import logging
 import math
 import numbers
 
@@ -48,6 +49,16 @@ from dp_accounting.rdp import rdp_privacy_accountant as rdp_lib
 
 __all__ = ["ACCOUNTANTS", "SAMPLINGS", "Accountant", "default_delta", "dp_event", "epsilon",
            "neighbouring_relation", "noise_multiplier_for"]
+
+def _drop_handled_warnings(record: logging.LogRecord) -> bool:
+    """dp_accounting's RDP logs a warning line for each order whose series does not
+    converge (q 0.1, z 1 at alpha 1.1 to 1.3, ordinary inputs) and then leaves that order
+    out, as it should: the epsilon is still an upper bound. fedray prints only its result
+    or one error line, so these lines are dropped; other warnings of the library pass."""
+    return "failed to converge" not in str(record.msg)
+
+
+logging.getLogger("absl").addFilter(_drop_handled_warnings)
 
 ACCOUNTANTS = ("rdp", "pld")
 SAMPLINGS = ("poisson", "fixed", "local")
@@ -60,6 +71,14 @@ PLD_DISCRETIZATION = 1e-4
 PLD_MIN_NOISE = 0.3
 MIN_NOISE = 0.01  # noise_multiplier_for's search floor (rdp, and pld with local noise)
 MAX_NOISE = 1000.0  # and its ceiling
+# the noise multipliers accounted (besides 0, no noise): dp_accounting's arithmetic is
+# exact enough between these; below, its RDP divides by a z^2 that underflows to 0 (z
+# 1e-300), above, it logs negative Renyi divergences and returns epsilon 0 (z 1e5) and then
+# overflows (z 1e160), where epsilon is ~0 anyway
+ACCOUNTED_NOISE = (1e-6, 1e4)
+# rounds the PLD of a sampled Gaussian composes at most: its distribution grows with the
+# rounds (z 1, q 0.1: 10^9 rounds would allocate 154 GiB); RDP composes any number
+PLD_MAX_ROUNDS = 1_000_000
 DEFAULT_TOLERANCE = 1e-4  # noise_multiplier_for: relative, 4 significant digits of z
 
 
@@ -208,6 +227,7 @@ class Accountant:
     def epsilon(self, rounds: int) -> float:
         """Epsilon at ``self.delta`` after ``rounds`` rounds."""
         _check_count("rounds", rounds, 0)
+        _check_pld_rounds(self.accountant, self.sampling, rounds)
         rounds = int(rounds)
         if rounds not in self._cache:
             self._cache[rounds] = self._compute(rounds)
@@ -276,7 +296,8 @@ def _local_exact(noise_multiplier: float, rounds: int, delta: float) -> float:
     """r compositions of a unit-sensitivity Gaussian of standard deviation s have the
     privacy curve of one Gaussian of standard deviation s / sqrt(r); its exact epsilon."""
     sigma = noise_multiplier / 2 / math.sqrt(rounds)
-    return float(dp_accounting.get_epsilon_gaussian(sigma, delta))
+    with np.errstate(divide="ignore"):  # its log1p(-1) = -inf at a tiny sigma is meant
+        return float(dp_accounting.get_epsilon_gaussian(sigma, delta))
 
 
 # --- checks: one-line ValueErrors that name the argument -----------------------------------
@@ -302,6 +323,10 @@ def _check_mechanism(noise_multiplier: float, rounds: int, sampling: str, popula
     z = noise_multiplier
     if not (isinstance(z, numbers.Real) and math.isfinite(z) and z >= 0):
         raise ValueError(f"noise_multiplier must be >= 0 and finite, got {z!r}")
+    lo, hi = ACCOUNTED_NOISE
+    if z != 0 and not lo <= z <= hi:
+        raise ValueError(f"noise_multiplier must be 0 or in [{lo:g}, {hi:g}] (the range "
+                         f"dp_accounting computes reliably), got {z!r}")
     _check_count("rounds", rounds, 0)
     _check_sampling(sampling)
     _check_count("population", population, 1)
@@ -323,7 +348,14 @@ def _check_all(noise_multiplier: float, rounds: int, delta: float, sampling: str
         raise ValueError("accountant 'pld' cannot account sampling 'fixed': dp_accounting's "
                          "PLD accountant has no sampling without replacement; use accountant "
                          "'rdp', or sampling 'poisson'")
+    _check_pld_rounds(accountant, sampling, rounds)
     if (accountant, sampling) == ("pld", "poisson") and 0 < noise_multiplier < PLD_MIN_NOISE:
         raise ValueError(f"noise_multiplier below {PLD_MIN_NOISE:g} is refused by accountant "
                          f"'pld' (its distribution would need GBs of memory); use accountant "
                          f"'rdp', got {noise_multiplier!r}")
+
+
+def _check_pld_rounds(accountant: str, sampling: str, rounds: int) -> None:
+    if (accountant, sampling) == ("pld", "poisson") and rounds > PLD_MAX_ROUNDS:
+        raise ValueError(f"accountant 'pld' composes at most {PLD_MAX_ROUNDS:,} rounds (its "
+                         f"distribution grows with them); use accountant 'rdp', got {rounds!r}")

@@ -23,6 +23,7 @@ SAMPLINGS = ("poisson", "fixed", "local")  # fedray.privacy.accountant.SAMPLINGS
 # (a tenth of a second or more)
 PLOT_POINTS = {"rdp": 400, "pld": 40}
 SHOWN_DIGITS = 4  # significant digits of the noise multiplier `noise` prints
+INT64_MAX = 2 ** 63 - 1
 
 PRIVACY_HELP = """Privacy accounting for user-level DP-FedAvg: the epsilon a noise multiplier
 spends, or the noise multiplier a target epsilon needs.
@@ -115,7 +116,8 @@ def run_privacy(args: argparse.Namespace) -> int:
     """Run a parsed ``fedray privacy`` command; prints its result, returns the exit code."""
     from fedray.privacy import accountant as acc
 
-    delta, default = _check_args(args, acc.PLD_MIN_NOISE)
+    delta, default = _check_args(args, acc.PLD_MIN_NOISE, acc.ACCOUNTED_NOISE,
+                                 acc.PLD_MAX_ROUNDS)
     mechanism = {"sampling": args.sampling, "population": args.population,
                  "clients_per_round": args.clients_per_round, "accountant": args.accountant}
     where = _describe(args, delta, default)
@@ -142,8 +144,11 @@ def run_privacy(args: argparse.Namespace) -> int:
     return 0
 
 
-def _check_args(args: argparse.Namespace, pld_min_noise: float) -> tuple[float, bool]:
-    """Refuse bad options, naming them; the delta to use and whether it is the default."""
+def _check_args(args: argparse.Namespace, pld_min_noise: float,
+                noise_range: tuple[float, float], pld_max_rounds: int) -> tuple[float, bool]:
+    """Refuse bad options, naming them; the delta to use and whether it is the default.
+    The bounds are the accountant's (fedray.privacy.accountant), passed in so that this
+    module imports no dp_accounting until a command runs."""
     def need(ok: bool, option: str, what: str, value: object) -> None:
         if not ok:
             raise FedrayError(f"{option} must be {what}, got {value!r}")
@@ -152,10 +157,16 @@ def _check_args(args: argparse.Namespace, pld_min_noise: float) -> tuple[float, 
     need(args.rounds >= 1, "--rounds", ">= 1", args.rounds)
     need(n >= 1, "--population", ">= 1", n)
     need(k >= 1, "--clients-per-round", ">= 1", k)
+    for option, value in (("--rounds", args.rounds), ("--population", n),
+                          ("--clients-per-round", k)):  # counts the library keeps as int64
+        need(value <= INT64_MAX, option, f"<= {INT64_MAX:,}", value)
     need(k <= n, "--clients-per-round", f"<= --population ({n:,})", k)
     if args.privacy_command == "epsilon":
         z = args.noise_multiplier
         need(math.isfinite(z) and z >= 0, "--noise-multiplier", ">= 0 and finite", z)
+        lo, hi = noise_range
+        need(z == 0 or lo <= z <= hi, "--noise-multiplier", f"0 or in [{lo:g}, {hi:g}] (the "
+             "range dp_accounting computes reliably)", z)
         if args.accountant == "pld" and args.sampling == "poisson" and 0 < z < pld_min_noise:
             raise FedrayError(f"--noise-multiplier below {pld_min_noise:g} is refused by "
                               f"--accountant pld (its distribution would need GBs of memory); "
@@ -163,9 +174,17 @@ def _check_args(args: argparse.Namespace, pld_min_noise: float) -> tuple[float, 
         if args.plot and z == 0:
             raise FedrayError("--plot: without noise (--noise-multiplier 0) epsilon is "
                               "infinite from the first round; nothing to plot")
+        if args.plot:  # before any accounting: a type matplotlib cannot write
+            from fedray.tracking.figures import figure_format
+
+            figure_format(args.plot, "--plot")
     else:
         e = args.epsilon
         need(math.isfinite(e) and e > 0, "--epsilon", "> 0 and finite", e)
+    if args.accountant == "pld" and args.sampling == "poisson" and args.rounds > pld_max_rounds:
+        raise FedrayError(f"--rounds above {pld_max_rounds:,} are refused by --accountant pld "
+                          f"(its distribution grows with them); use --accountant rdp, got "
+                          f"{args.rounds}")
     if args.accountant == "pld" and args.sampling == "fixed":
         raise FedrayError("--accountant pld cannot account --sampling fixed (dp-accounting's "
                           "PLD has no sampling without replacement); use --accountant rdp, or "
@@ -209,34 +228,34 @@ def _plot(path: str, accountant: Any, args: argparse.Namespace, delta: float,
     import numpy as np
     from matplotlib.ticker import MaxNLocator
 
+    from fedray.tracking.figures import plain_text, write_figure
+
     last = args.rounds
     half = PLOT_POINTS[args.accountant] // 2  # half evenly spaced, half denser early on,
-    rounds = np.unique(np.concatenate([  # where epsilon rises fastest
-        np.linspace(1, last, half), np.geomspace(1, last, half)]).round().astype(int))
-    eps = [accountant.epsilon(int(r)) for r in rounds]
-    fig, ax = plt.subplots(figsize=(7.5, 4.8))
-    few = len(rounds) <= PLOT_POINTS["pld"]  # each point an accountant's value: show them
-    ax.plot(rounds, eps, color="C0", marker="o" if few else None, markersize=3)
-    ax.plot([rounds[-1]], [eps[-1]], "o", color="C0")
-    ax.annotate(f"epsilon {eps[-1]:.3g} after {last:,} rounds", (rounds[-1], eps[-1]),
-                xytext=(-10, 0), textcoords="offset points", ha="right", va="center",
-                fontsize="small")
-    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
-    ax.set_xlim(0, last * 1.02)
-    ax.set_ylim(0, max(eps) * 1.08)
-    ax.set_xlabel("round")
-    ax.set_ylabel(f"epsilon at delta {delta:.3g}" + (" (1/N^1.1)" if default else ""))
-    n, k = args.population, args.clients_per_round
-    who = ("local noise, no amplification" if args.sampling == "local" else
-           f"{args.sampling} sampling, {k:,} of {n:,} clients a round")
-    ax.set_title(f"DP-FedAvg, noise multiplier {args.noise_multiplier:g}: {who} "
-                 f"({args.accountant})", fontsize="medium")
-    ax.grid(True, alpha=0.3)
-    fig.tight_layout()
-    try:
-        fig.savefig(path, dpi=120)
-    except OSError as exc:
-        raise FedrayError(f"--plot {path}: cannot write it: "
-                          f"{exc.strerror or type(exc).__name__}") from None
-    finally:
-        plt.close(fig)
+    grid = np.concatenate([  # where epsilon rises fastest
+        np.linspace(1, float(last), half), np.geomspace(1, float(last), half)])
+    # Python's integers, not int64: --rounds may be past 2**63, which RDP accounts
+    rounds = sorted({min(last, max(1, round(float(r)))) for r in grid})
+    eps = [accountant.epsilon(r) for r in rounds]
+    rounds = [float(r) for r in rounds]  # what matplotlib plots
+    with plain_text():
+        fig, ax = plt.subplots(figsize=(7.5, 4.8))
+        few = len(rounds) <= PLOT_POINTS["pld"]  # each point an accountant's value: show them
+        ax.plot(rounds, eps, color="C0", marker="o" if few else None, markersize=3)
+        ax.plot([rounds[-1]], [eps[-1]], "o", color="C0")
+        ax.annotate(f"epsilon {eps[-1]:.3g} after {last:,} rounds", (rounds[-1], eps[-1]),
+                    xytext=(-10, 0), textcoords="offset points", ha="right", va="center",
+                    fontsize="small")
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+        ax.set_xlim(0, last * 1.02)
+        ax.set_ylim(0, max(eps) * 1.08 or 1.0)  # all 0 (a huge z): still an axis
+        ax.set_xlabel("round")
+        ax.set_ylabel(f"epsilon at delta {delta:.3g}" + (" (1/N^1.1)" if default else ""))
+        n, k = args.population, args.clients_per_round
+        who = ("local noise, no amplification" if args.sampling == "local" else
+               f"{args.sampling} sampling, {k:,} of {n:,} clients a round")
+        ax.set_title(f"DP-FedAvg, noise multiplier {args.noise_multiplier:g}: {who} "
+                     f"({args.accountant})", fontsize="medium")
+        ax.grid(True, alpha=0.3)
+        fig.tight_layout()
+    write_figure(fig, path, "--plot", dpi=120)
