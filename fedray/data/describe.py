@@ -7,11 +7,12 @@ the distribution of client sizes.
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 
 from fedray.data.client_index import ClientIndex
 from fedray.data.store import client_index, read_manifest, verify_store
-from fedray.errors import FedrayError
 
 
 def _entropy_bits(hist: np.ndarray) -> np.ndarray:
@@ -39,6 +40,10 @@ def describe(url: str, plot: str | None = None, verify: bool = True) -> str:
     """A short report on the store at ``url``, after checking its manifest's structure and
     (``verify``) every shard against it; writes the label-distribution PNG to ``plot`` if
     given (never otherwise: describing a store changes nothing)."""
+    if plot:  # before the store is read: an image type that cannot be written
+        from fedray.tracking.figures import figure_format
+
+        figure_format(plot, "--plot")
     m = read_manifest(url)
     if verify:
         verify_store(url, m)
@@ -75,11 +80,11 @@ def describe(url: str, plot: str | None = None, verify: bool = True) -> str:
         if info:
             lines.append(f"partitioner info: {info}")
     if plot:
-        try:
-            _plot(index, m, plot)
-        except OSError as exc:
-            raise FedrayError(f"--plot {plot}: cannot write it: "
-                              f"{exc.strerror or type(exc).__name__}") from None
+        from fedray.tracking.figures import plain_text, write_figure
+
+        with plain_text():  # the manifest's source and partitioner names are text
+            fig = _plot(index, m)
+        write_figure(fig, plot, "--plot", dpi=110)  # whole, or one line and no file
         lines.append(f"plot:         {plot}")
     return "\n".join(lines)
 
@@ -102,7 +107,8 @@ def _shown_histograms(index: ClientIndex, shown: np.ndarray, dense_up_to: int = 
     return h, present
 
 
-def _plot(index: ClientIndex, manifest: dict, path: str, max_clients: int = 400) -> None:
+def _plot(index: ClientIndex, manifest: dict, max_clients: int = 400) -> Any:
+    """The label-distribution figure (fedray.tracking.figures writes it)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -128,5 +134,4 @@ def _plot(index: ClientIndex, manifest: dict, path: str, max_clients: int = 400)
     fig.suptitle(f"{source} / {(manifest.get('partitioner') or {}).get('name')}: "
                  f"{manifest['num_clients']:,} clients")
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    return fig

@@ -15,13 +15,12 @@ half-written summary or weights file. Only safe formats: YAML, JSON, safetensors
 from __future__ import annotations
 
 import json
-import uuid
 from typing import TYPE_CHECKING
 
 import fsspec
 
 from fedray.state.redact import mask
-from fedray.state.storage import absolute_url, filesystem, is_local
+from fedray.state.storage import absolute_url, filesystem, is_local, write_atomic
 
 if TYPE_CHECKING:  # checking a run directory's path needs no torch (fedray run's errors)
     import torch
@@ -55,23 +54,12 @@ class RunDir:
 
     def write_bytes(self, name: str, data: bytes) -> None:
         """Write ``name`` (may be in a subdirectory, e.g. client_eval/...) atomically: a
-        temporary file beside it, renamed into place."""
-        folder, _, base = name.rpartition("/")
+        temporary file beside it, renamed into place (fedray.state.storage.write_atomic:
+        a full disk leaves no half-written file, temporary or not)."""
+        folder = name.rpartition("/")[0]
         if folder:
             self.fs.makedirs(self._p(folder), exist_ok=True)
-        tmp = self._p(f"{folder}/.{base}.{uuid.uuid4().hex}.tmp" if folder
-                      else f".{base}.{uuid.uuid4().hex}.tmp")
-        try:
-            with self.fs.open(tmp, "wb") as f:
-                f.write(data)
-            self.fs.mv(tmp, self._p(name))
-        except BaseException:  # a full disk, say: no half-written temporary stays behind
-            try:
-                if self.fs.exists(tmp):
-                    self.fs.rm(tmp)
-            except OSError:
-                pass
-            raise
+        write_atomic(self.fs, [(self._p(name), data)])
 
     def write_text(self, name: str, text: str) -> None:
         self.write_bytes(name, text.encode())

@@ -24,6 +24,7 @@ import csv
 import io
 import json
 import math
+import posixpath
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -32,9 +33,10 @@ from typing import Any
 import numpy as np
 import yaml
 
-from fedray.errors import FedrayError
+from fedray.errors import FedrayError, one_line
 from fedray.state.redact import mask
-from fedray.state.storage import check_writable, filesystem
+from fedray.state.storage import check_writable, filesystem, write_atomic
+from fedray.tracking.figures import plain_text
 
 CONFIG_FILE = "config.yaml"
 METRICS_FILE = "metrics.jsonl"
@@ -809,6 +811,28 @@ def _x_lines(groups: Sequence[Group], x: str, until: float | None,
     return lines
 
 
+def _write_outputs(fs: Any, out_path: str, out: str, outputs: list[tuple[str, bytes]]) -> None:
+    """Every file of the report whole, or none (fedray.state.storage.write_atomic), and
+    the directories made for them gone again when the writing fails (a full disk): a
+    failed report leaves --out as it was, with one line."""
+    top = out_path.rstrip("/")  # the topmost directory this call creates, if any
+    while top and not fs.exists(top) and posixpath.dirname(top) not in ("", top) \
+            and not fs.exists(posixpath.dirname(top)):
+        top = posixpath.dirname(top)
+    created = not fs.exists(top)
+    try:
+        fs.makedirs(out_path, exist_ok=True)
+        write_atomic(fs, [(_join(out_path, name), data) for name, data in outputs])
+    except OSError as exc:
+        if created:
+            try:
+                fs.rm(top, recursive=True)
+            except OSError:
+                pass
+        raise FedrayError(f"--out {out}: writing the report failed: "
+                          f"{exc.strerror or one_line(exc)}; nothing was written") from None
+
+
 def build_report(run_urls: Sequence[str], out: str, *, metric: str = "test_accuracy",
                  group_by: str | Sequence[str] | None = None, target: float | None = None,
                  title: str | None = None, allow_differing: str | Sequence[str] | None = None,
@@ -858,7 +882,8 @@ def build_report(run_urls: Sequence[str], out: str, *, metric: str = "test_accur
     lower = lower_is_better(metric)
     title = title or metric
     unit = time_unit(groups, until) if x != "round" else (1.0, "s")
-    png, skipped = _plot_png(groups, metric, target, title, x, until, unit)
+    with plain_text():  # the title and the methods' labels are a user's text, not TeX
+        png, skipped = _plot_png(groups, metric, target, title, x, until, unit)
     table = markdown_table(groups, metric, target, x, unit)
     cgroups, no_tables = client_groups(groups, client_metric, client_round)
 
@@ -927,17 +952,15 @@ def build_report(run_urls: Sequence[str], out: str, *, metric: str = "test_accur
         report_json["clients"] = client_json
     outputs = [(plot_file_name(metric), png)]
     if cgroups:
-        outputs.append((client_plot_name(client_metric),
-                        _cdf_png(cgroups, client_metric, f"{title}: per-client "
-                                 f"{client_metric}")))
+        with plain_text():
+            outputs.append((client_plot_name(client_metric),
+                            _cdf_png(cgroups, client_metric, f"{title}: per-client "
+                                     f"{client_metric}")))
     # run URLs and config values, credentials masked (fedray.state.redact)
     outputs += [("report.csv", mask(_csv_text(rows)).encode()),
                 ("report.json", mask(json.dumps(_json_safe(report_json), indent=2) + "\n"
                                      ).encode()),
                 (REPORT_FILE, mask("\n".join(md)).encode())]  # last: it means complete
-    fs.makedirs(out_path, exist_ok=True)
-    for name, data in outputs:
-        with fs.open(_join(out_path, name), "wb") as f:
-            f.write(data)
+    _write_outputs(fs, out_path, out, outputs)
     return Report(table=table, group_by=by, grouping=grouping,
                   files=[*files, "report.csv", "report.json", REPORT_FILE])
