@@ -299,6 +299,33 @@ def _limit(seconds: float):
         signal.signal(signal.SIGALRM, old)
 
 
+@contextlib.contextmanager
+def _as_a_terminal_sees_it():
+    """Python warnings and log records reach the (redirected) stderr as they would in the
+    ``fedray`` process, with the interpreter's default filters; under pytest they would
+    otherwise be captured by pytest and never count as a line."""
+    import logging
+    import warnings
+
+    def show(message, category, filename, lineno, file=None, line=None):
+        sys.stderr.write(warnings.formatwarning(message, category, filename, lineno, line))
+
+    handler = logging.StreamHandler()  # the current sys.stderr: the redirected one
+    handler.setLevel(logging.WARNING)
+    root = logging.getLogger()
+    with warnings.catch_warnings():
+        warnings.resetwarnings()
+        for category in (DeprecationWarning, PendingDeprecationWarning, ImportWarning,
+                         ResourceWarning):
+            warnings.simplefilter("ignore", category)
+        warnings.showwarning = show
+        root.addHandler(handler)
+        try:
+            yield
+        finally:
+            root.removeHandler(handler)
+
+
 CALLS: list[tuple[str, ...]] = []  # every command run, for the count test
 VERBS_SEEN: set[str] = set()
 
@@ -315,7 +342,7 @@ def call(argv: list[str]) -> tuple[int | str, str, str]:
     start = time.monotonic()
     try:
         with _limit(CALL_LIMIT_S), contextlib.redirect_stdout(out), \
-                contextlib.redirect_stderr(err):
+                contextlib.redirect_stderr(err), _as_a_terminal_sees_it():
             try:
                 code = main(list(argv))
             except SystemExit as exc:  # argparse: --help, --version, usage errors
