@@ -130,6 +130,7 @@ def _template(base: pathlib.Path) -> None:
     (bad / "flow.yaml").write_text("name: x\nrounds: [1\nseed: 2\n")
     (bad / "dup.yaml").write_text("name: x\nseed: 1\nrounds: 2\nrounds: 3\n")
     (bad / "empty.yaml").write_text("# nothing but a comment\n")
+    (bad / "ctl.yaml").write_text('name: "run\\x1b[2J"\nrounds: 2\n')  # an escape sequence
     (base / "ro" / "run").mkdir(parents=True)  # mounted read-only for the rows that need it
     (base / "small").mkdir()  # a 320 KiB file system for the full-disk row
     mnist = base / "raw" / "mnist"
@@ -310,7 +311,8 @@ def _snapshot(base: pathlib.Path) -> dict[str, tuple[int, str] | None]:
 MOUNTS = {"read-only-output-dir": "mount --bind ro ro && mount -o remount,bind,ro ro",
           "partition-read-only": "mount --bind ro ro && mount -o remount,bind,ro ro",
           "disk-full": "mount -t tmpfs -o size=320k tmpfs small",
-          "partition-disk-full": "mount -t tmpfs -o size=320k tmpfs small"}
+          "partition-disk-full": "mount -t tmpfs -o size=320k tmpfs small",
+          "report-disk-full": "mount -t tmpfs -o size=16k tmpfs small"}
 
 
 def _unshare() -> list[str] | None:
@@ -473,7 +475,7 @@ def test_bad_input(rid, results):
     assert message in out.stderr.splitlines(), (command, out.stderr[-2000:])
     assert out.stderr.splitlines()[-1] == message  # the error is the last line, and one line
     assert before == after, (command, set(after) ^ set(before))
-    if rid == "partition-disk-full":  # the store's temporary copy is gone with it
+    if rid in ("partition-disk-full", "report-disk-full"):  # temporary files gone with it
         assert listing.read_text().split() == ["small"], listing.read_text()
     if rid == "disk-full":  # a checkpoint, no temporary file, no lock: ready to resume
         names = {pathlib.Path(line.strip()).name for line in listing.read_text().splitlines()}
