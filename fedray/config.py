@@ -25,6 +25,9 @@ from fedray.errors import ConfigError, key_error, one_line, yaml_problem
 # anything per client; the bound is the largest population sampling, the clock and the
 # client state index are tested at (tests/core/test_sampling.py), far inside int64 ids.
 MAX_SYNTHETIC_CLIENTS = 1_000_000_000_000
+# parts of a dotted key an override may have (the deepest real key has 5): omegaconf
+# recurses once per part, and 200 parts passed Python's recursion limit
+MAX_KEY_PARTS = 32
 # a job's name, in UTF-8 bytes: runs/<name>-<YYYYmmdd-HHMMSS> stays within the 255 bytes a
 # file name may have on common filesystems
 MAX_NAME_BYTES = 200
@@ -517,6 +520,10 @@ def load_structured(schema: type, source: Any, overrides: list[str] | tuple = ()
     for item in overrides:
         if "=" not in item or item.startswith("="):
             raise ConfigError(f"override '{item}' is not of the form key=value")
+        parts = len(item.split("=", 1)[0].split("."))
+        if parts > MAX_KEY_PARTS:  # omegaconf recurses once per part, past Python's limit
+            raise ConfigError(f"override '{item[:60]}...': its key has {parts} parts; a "
+                              f"{what} key has at most {MAX_KEY_PARTS}")
         # as typed, before omegaconf parses it (which refuses a malformed ${ in its own words)
         _check_interpolation(*item.split("=", 1), what)
     try:
