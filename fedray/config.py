@@ -461,8 +461,12 @@ def _check_shapes(base: Any, tree: Any, what: str, prefix: str = "") -> None:
     there with a TypeError that names no key; the key is named here instead."""
     if not isinstance(base, DictConfig) or not isinstance(tree, dict | DictConfig):
         return
-    for k, v in tree.items():
-        old = base._get_node(k) if k in base else None  # the node, nothing resolved
+    items = tree.items_ex(resolve=False) if isinstance(tree, DictConfig) else tree.items()
+    for k, v in items:  # nothing resolved: ${...} is resolved once, after the merge
+        try:
+            old = base._get_node(k, throw_on_missing_key=False)
+        except OmegaConfBaseException:  # a key the schema lacks: the merge names it
+            old = None
         if old is None or old._is_none() or old._is_missing() or old._is_interpolation():
             continue
         key = f"{prefix}{k}"
