@@ -194,14 +194,7 @@ def _write_failure(url: str, exc: OSError, kept: bool) -> FedrayError:
     reason = f"writing the run failed: {exc.strerror or type(exc).__name__}"
     if not kept:
         return key_error("output.dir", f"{reason}; nothing was kept in {url}")
-    from fedray.state.checkpoint import read_checkpoint
-
-    try:
-        ckpt = read_checkpoint(url)
-        where = (f"its checkpoint after round {ckpt.round} is intact" if ckpt is not None
-                 else "it has no checkpoint yet (a resume starts from round 1)")
-    except (FedrayError, OSError):
-        where = "its checkpoint could not be read back"
+    where = _checkpoint_left(url)
     return key_error("output.dir", f"{reason}; {where}; when the storage is fixed, continue "
                      f"with: fedray run --resume {url}")
 
@@ -213,15 +206,20 @@ def _ray_failure(url: str, exc: FedrayError, kept: bool) -> FedrayError:
     checkpoint and the exact command that continues from it."""
     if not kept:
         return FedrayError(f"{exc}; nothing was kept in {url}: run the same command again")
+    return FedrayError(f"{exc}; {_checkpoint_left(url)}; continue with: "
+                       f"fedray run --resume {url}")
+
+
+def _checkpoint_left(url: str) -> str:
+    """What a failed run leaves to resume from, in words: its last checkpoint's round."""
     from fedray.state.checkpoint import read_checkpoint
 
     try:
         ckpt = read_checkpoint(url)
-        where = (f"its checkpoint after round {ckpt.round} is intact" if ckpt is not None
-                 else "it has no checkpoint yet (a resume starts from round 1)")
     except (FedrayError, OSError):
-        where = "its checkpoint could not be read back"
-    return FedrayError(f"{exc}; {where}; continue with: fedray run --resume {url}")
+        return "its checkpoint could not be read back"
+    return (f"its checkpoint after round {ckpt.round} is intact" if ckpt is not None
+            else "it has no checkpoint yet (a resume starts from round 1)")
 
 
 def _unwrap_remote_error(exc: BaseException) -> BaseException:

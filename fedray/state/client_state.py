@@ -32,7 +32,6 @@ import operator
 import posixpath
 import re
 import threading
-import uuid
 from collections import OrderedDict
 from collections.abc import Callable, Iterable
 from typing import Any
@@ -45,6 +44,7 @@ from safetensors.torch import save as save_safetensors
 
 from fedray.errors import FedrayError
 from fedray.state.run_dir import absolute_url
+from fedray.state.storage import write_atomic
 
 SHARD_SIZE = 1000
 SUFFIX = ".safetensors"
@@ -205,20 +205,9 @@ class ClientStateStore:
                  for k, t in tensors.items()}
         data = save_safetensors(owned)
         fs = self._fs
-        path = self._file(cid, v)
-        tmp = posixpath.join(self._dir(cid), f".{cid}.r{v}{SUFFIX}.{uuid.uuid4().hex}.tmp")
         fs.makedirs(self._dir(cid), exist_ok=True)
         self._drop((cid, v))
-        try:
-            fs.pipe_file(tmp, data)
-            fs.mv(tmp, path)
-        except BaseException:
-            try:
-                if fs.exists(tmp):
-                    fs.rm(tmp)
-            except OSError:
-                pass
-            raise
+        write_atomic(fs, [(self._file(cid, v), data)])  # a temporary file, then a rename
         self._remember((cid, v), owned)
 
     def delete(self, items: Iterable[tuple[int, int]]) -> int:
