@@ -464,6 +464,11 @@ def _main(argv: list[str] | None) -> int:
         print("fedray: interrupted" + (f"; {mask(str(exc))}" if str(exc) else ""),
               file=sys.stderr)
         return 130
+    except BrokenPipeError:  # the reader went away (`fedray jobs | head -1`): end as a
+        # command killed by SIGPIPE does, quietly; stdout points at /dev/null from here, so
+        # the interpreter's last flush cannot raise the same error again
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 128 + signal.SIGPIPE
 
 
 def entry() -> None:

@@ -25,6 +25,22 @@ def test_help():
     assert out.returncode == 0 and "key=value" in out.stdout and "--quiet" in out.stdout
 
 
+
+def test_a_reader_that_goes_away_ends_the_command_quietly():
+    """``fedray jobs | head -1``: the reader closes the pipe before fedray has written all
+    it prints. The command ends as one killed by SIGPIPE does (exit 141), with nothing on
+    stderr: before, a BrokenPipeError traceback. The pipe's read end is closed before the
+    command starts, so every write fails, whatever the timing."""
+    read, write = os.pipe()
+    os.close(read)
+    env = dict(os.environ, RAY_USAGE_STATS_ENABLED="0")
+    try:
+        out = subprocess.run(FEDRAY + ["jobs"], stdout=write, stderr=subprocess.PIPE,
+                             text=True, env=env, timeout=120)
+    finally:
+        os.close(write)
+    assert out.returncode == 141 and out.stderr == ""
+
 def test_config_error_is_one_line_and_writes_nothing(tmp_path):
     job = tmp_path / "job.yaml"
     job.write_text(yaml.safe_dump(tiny_job(tmp_path)))
