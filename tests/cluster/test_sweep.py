@@ -338,7 +338,7 @@ def test_ctrl_c_ends_a_sweep_in_one_line_and_it_resumes(tmp_path):
     in order and says in one line how to continue -- no traceback, exit 130; results.csv
     labels the cut trial interrupted and the other not started; `--resume` finishes both."""
     spec = _sweep(tmp_path, parameters={"seed": [0, 1]}, max_concurrent_trials=1)
-    spec["job"].update(rounds=40, checkpoint={"every": 2})
+    spec["job"].update(rounds=12, checkpoint={"every": 2})
     (tmp_path / "s.yaml").write_text(yaml.safe_dump(spec))
     env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
     cli = [sys.executable, "-m", "fedray.cli", "sweep"]
