@@ -432,3 +432,44 @@ def test_scaffold_client_control_variate_by_hand(option):
     torch.testing.assert_close(acc.extras["dc"].float(), new - ci)
     assert torch.equal(part.terms(env, ClientContext(cid=5, round=3, seed=1, x=x, y=y,
                                                      batch_size=4)).linear, c)  # c_i = 0
+
+
+def test_scaffold_option_must_be_1_or_2():
+    """The check names the key and the rule: an option other than 1 or 2 would silently
+    run option II's update (finish only tests for 1)."""
+    from fedray.algorithms.base import ParamError
+    from fedray.algorithms.scaffold import ScaffoldClient, ScaffoldParams
+
+    for option in (0, 3, -1):
+        with pytest.raises(ParamError, match=r"^option: must be 1 or 2, got") as e:
+            ScaffoldClient(ScaffoldParams(option=option))
+        assert (e.value.key, e.value.value) == ("option", option)
+    for option in (1, 2):
+        assert ScaffoldClient(ScaffoldParams(option=option)).params.option == option
+
+
+def test_scaffold_server_step_by_hand():
+    """ScaffoldAggregator on its own, with as many parameters (5) as clients in no test
+    above (the population, 7): c starts at 0 of the model's size, c += sum(dc) / N -- N the
+    population, not the round's clients -- and the model step is the unweighted mean."""
+    import torch
+
+    from fedray.algorithms.base import LocalUpdate
+    from fedray.algorithms.reduction import PartialSum
+    from fedray.algorithms.scaffold import ScaffoldAggregator
+
+    agg = ScaffoldAggregator()
+    agg.init_server(5, 7)
+    assert agg.population == 7 and torch.equal(agg.broadcast()["c"], torch.zeros(5))
+    assert agg.broadcast()["c"].dtype == torch.float32
+    deltas = [torch.tensor([1.0, 2.0, 3.0, 4.0, 5.0]), torch.tensor([3.0, 0.0, -1.0, 2.0, 1.0])]
+    dcs = [torch.tensor([7.0, -14.0, 0.0, 3.5, 1.0]), torch.tensor([0.0, 7.0, 7.0, 0.0, 2.5])]
+    for step in (1, 2):
+        acc = PartialSum(5, extras={"dc": 5})
+        for i, (d, dc) in enumerate(zip(deltas, dcs, strict=True)):
+            assert agg.weight(LocalUpdate(delta=d, num_examples=3 + 10 * i, loss_sum=0.0,
+                                          examples_seen=3, steps=1)) == 1.0
+            acc.add(d, 1.0)
+            acc.add_extra("dc", dc)
+        torch.testing.assert_close(agg.finish(acc), (deltas[0] + deltas[1]).double() / 2)
+        torch.testing.assert_close(agg.broadcast()["c"], step * (dcs[0] + dcs[1]) / 7)

@@ -250,6 +250,34 @@ def test_a_stage_section_stays_in_a_job_while_the_stage_is_off():
         resolve({"name": "dp_fedavg", "stages": [], "dp": {"clp": 2.0}}, server)
 
 
+def test_dp_refuses_weighting_or_stateful_parts_when_the_job_is_resolved():
+    """The refusals of test_dp_refuses_parts_that_leak_or_weight, at resolve time (no run):
+    DP's sensitivity needs every update added as it is (weight 1), and nothing else added
+    per client (an extra sum or client state would leak past the clipping)."""
+    from fedray.algorithms.registry import resolve
+    from fedray.config import load_config
+
+    server = load_config().server
+    assert resolve({"name": "dp_fedavg"}, server).stage_names == ("dp",)
+    with pytest.raises(ConfigError, match="algorithm.aggregator.*weight 1"):
+        resolve({"name": "fedavg", "stages": ["dp"]}, server)
+    with pytest.raises(ConfigError, match="algorithm.client.*scaffold"):
+        resolve({"name": "scaffold", "aggregator": "uniform", "stages": ["dp"]}, server)
+
+
+@pytest.mark.parametrize(("z", "rule"), [
+    (-1e-9, "must be >= 0"), (-1.0, "must be >= 0"),
+    (0.99e-6, "must be 0 or in [1e-06, 10000]"), (1e5, "must be 0 or in [1e-06, 10000]"),
+])
+def test_dp_noise_multiplier_messages_are_the_documented_ones(z, rule):
+    """docs/errors.md's dp-negative-noise and dp-noise-range rows: each check its own rule."""
+    from fedray.algorithms.base import ParamError
+
+    with pytest.raises(ParamError) as err:
+        DifferentialPrivacy(DPParams(noise_multiplier=z))
+    assert (err.value.key, err.value.rule, err.value.value) == ("noise_multiplier", rule, z)
+
+
 # -- the stage by itself (no run): every rule, default and boundary, as tools/mutation.py
 # showed the run-level tests above could not see them ---------------------------------------
 
@@ -289,6 +317,9 @@ def test_dp_defaults_are_the_documented_ones():
     ({"mode": "global"}, "mode"), ({"clip": 0.0}, "clip"), ({"clip": -1.0}, "clip"),
     ({"clip": math.inf}, "clip"), ({"clip": math.nan}, "clip"),
     ({"noise_multiplier": -1e-9}, "noise_multiplier"),
+    # outside what the accountant can account (fedray.privacy.accountant.ACCOUNTED_NOISE)
+    ({"noise_multiplier": 0.99e-6}, "noise_multiplier"),
+    ({"noise_multiplier": 1.01e4}, "noise_multiplier"),
     ({"target_quantile": 0.0}, "target_quantile"), ({"target_quantile": 1.0}, "target_quantile"),
     ({"target_quantile": 0.5, "mode": "local"}, "target_quantile"),
     ({"clip_lr": 0.0}, "clip_lr"), ({"count_noise_multiplier": 0.0}, "count_noise_multiplier"),
@@ -304,6 +335,7 @@ def test_dp_check_refuses_each_bad_value(bad, key):
 
 def test_dp_check_accepts_the_values_next_to_each_boundary():
     for ok in ({"mode": "local"}, {"clip": 1e-12}, {"noise_multiplier": 0.0},
+               {"noise_multiplier": 1e-6}, {"noise_multiplier": 1e4},
                {"target_quantile": 1e-9}, {"target_quantile": 1 - 1e-9}, {"clip_lr": 1e-9},
                {"count_noise_multiplier": 1e-9}, {"delta": 1e-12}, {"delta": 1 - 1e-9},
                {"epsilon_budget": 1e-9}, {"accountant": "pld"}):
@@ -323,6 +355,14 @@ def test_clip_bound_is_exact_and_tight_for_any_vector():
         assert clip_(v, c) == before
         after = float(torch.linalg.vector_norm(v, dtype=torch.float64))
         assert c * (1 - 2.0 ** -22) <= after <= c, (i, after / c - 1)
+    # the worst case the margin is for: torch rounds the scale to float32 (up by almost
+    # 2^-24 relative here) and then the product (up again): with a margin of only 2^-24
+    # these land above C (found by a search for a scale just over a rounding midpoint)
+    for x, c in ((3.8459484577178955, 1.92325137567297), (2.6144299507141113, 1.3081999905528727),
+                 (2.209338903427124, 1.1048174677536184), (1.8412262201309204, 0.9213039588777179)):
+        v = torch.tensor([x])
+        clip_(v, c)
+        assert abs(float(v[0])) <= c, (x, c, float(v[0]))
 
 
 def test_local_dp_adds_z_c_noise_to_each_clipped_update_from_its_round_seed():
@@ -381,6 +421,18 @@ def test_dp_denominator_and_count_noise_with_dropout():
     assert stage.round_metrics()["dp_clip"] == 1.0
     assert stage.summary()["expected_clients"] == pytest.approx(8.0)
     assert stage.rounds == 1
+    # the accountant: central DP is amplified by the round's sampling, local DP is not
+    for mode, sampling in (("central", "fixed"), ("local", "local")):
+        st = DifferentialPrivacy(DPParams(mode=mode, noise_multiplier=1.0))
+        st.init_server(_plan())
+        assert st.accountant.sampling == sampling, mode
+    one = DifferentialPrivacy(DPParams(clip=1.0, noise_multiplier=0.0))
+    one.init_server(_plan(clients_per_round=1, dropout=0.5))  # E = 0.5: a share above 1
+    acc = PartialSum(4, extras={"dp_unclipped": 1})
+    acc.add(torch.ones(4, dtype=torch.float64), 1.0)
+    acc.extras["dp_unclipped"][0] = 1
+    one.finish_sum(acc, 1)
+    assert one.round_metrics()["dp_unclipped_share"] == 2.0
     adaptive = DifferentialPrivacy(DPParams(noise_multiplier=0.5, target_quantile=0.5))
     adaptive.init_server(_plan(dropout=0.2))
     assert adaptive.count_sigma == pytest.approx(0.4)  # the default: E / 20

@@ -120,6 +120,22 @@ def test_an_empty_partial_into_an_empty_sum_stays_zero():
     assert a.weight == 0.0 and a.log_scale == -math.inf
 
 
+def test_mean_of_no_weight_is_refused_not_nan():
+    """A round no client contributed to has no mean: mean() refuses it (0/0 would be a
+    model of NaNs); the smallest positive weight still has one."""
+    import pytest
+
+    empty = PartialSum(3)
+    with pytest.raises(ValueError, match="no client contributed"):
+        empty.mean()
+    empty.merge(PartialSum(3).to_message())
+    with pytest.raises(ValueError, match="no client contributed"):
+        empty.mean()
+    tiny = PartialSum(2)
+    tiny.add(torch.tensor([1.0, -2.0]), 5e-324)
+    assert torch.equal(tiny.mean(), torch.tensor([1.0, -2.0], dtype=torch.float64))
+
+
 def test_add_defaults_to_unit_scale():
     """add(value, weight) is a plain weighted sum: log scale 0, so DP (which refuses any
     other scale) and a merge with explicitly scaled partials agree."""

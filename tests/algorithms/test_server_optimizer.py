@@ -302,3 +302,52 @@ def test_load_state_dict_checks_what_it_restores():
     with pytest.raises(ValueError, match="flat vectors of one size"):
         ServerSGD(1.0).step(torch.zeros(2), torch.ones(3, dtype=torch.float64))
     assert "lr=0.1" in repr(opt) and "steps" not in repr(opt)
+
+
+def test_factory_checks_lr_whatever_the_optimizer_checks(monkeypatch):
+    """build_server_optimizer refuses a bad server.lr itself, also for an optimizer (a
+    user's) whose from_config never looks at it."""
+    from fedray.algorithms import registry
+
+    class LrFree(ServerOptimizer):
+        name = "lr_free"
+
+        @classmethod
+        def from_config(cls, server, params=None) -> LrFree:
+            return cls()
+
+        def _update(self, delta: torch.Tensor) -> torch.Tensor:
+            return delta
+
+    registry.load_builtins()
+    monkeypatch.setitem(registry._REGISTRY["server_opt"], "lr_free", LrFree)
+    assert isinstance(build_server_optimizer("lr_free", 0.5), LrFree)
+    for lr in (0.0, -1.0, float("nan"), float("inf")):
+        with pytest.raises(FedrayError, match=r"server\.lr"):
+            build_server_optimizer("lr_free", lr)
+
+
+def test_momentum_from_a_server_section_without_dampening_is_undamped():
+    """A server section without the key (a job written before dampening existed) gets
+    PyTorch's default, 0: the heavy ball."""
+    from types import SimpleNamespace
+
+    from fedray.algorithms.server_opt import ServerNesterov
+
+    for cls in (ServerMomentum, ServerNesterov):
+        opt = cls.from_config(SimpleNamespace(lr=0.5, momentum=0.9))
+        assert (opt.lr, opt.momentum, opt.dampening) == (0.5, 0.9, 0.0)
+        assert opt.nesterov == (cls is ServerNesterov)
+
+
+def test_yogi_leaves_v_alone_where_delta_squared_equals_it():
+    """sign(v - delta^2) = 0: v_t = v_{t-1} exactly (tau = 0.5, |delta| = 0.5: v_0 = delta^2,
+    all dyadic, so every value below is exact)."""
+    opt = ServerYogi(1.0, beta1=0.5, beta2=0.75, tau=0.5)
+    w = torch.zeros(3)
+    out = opt.step(w, torch.tensor([0.5, -0.5, 1.0], dtype=torch.float64))
+    # v = 0.25 - 0.25 * [0.25, 0.25, 1] * sign([0, 0, -0.75]) = [0.25, 0.25, 0.5]
+    assert opt.state["v"].tolist() == [0.25, 0.25, 0.5]
+    m = [0.25, -0.25, 0.5]  # (1 - beta1) * delta
+    assert out.tolist() == pytest.approx([m[0] / 1.0, m[1] / 1.0, m[2] / (0.5**0.5 + 0.5)],
+                                         rel=1e-7)

@@ -79,6 +79,17 @@ def test_poisson_sampling_is_its_round_stream_and_never_trimmed():
     assert more > 5  # rounds of more than k did occur, and were kept whole
 
 
+def test_fixed_sampling_is_its_round_stream():
+    """A plain round is k distinct ids from (seed, TAG_SAMPLE, round) -- that stream and no
+    other (seed and tag in that order), so a job's rounds are reproducible from its seed."""
+    from fedray.core.seeding import TAG_SAMPLE, rng
+
+    for seed, r in ((9, 1), (12345, 7), (2**40 + 3, 2)):
+        want = np.sort(rng(seed, TAG_SAMPLE, r).choice(1000, size=25, replace=False))
+        got = sample_clients(seed, r, 1000, 25)
+        assert np.array_equal(got, want) and got.dtype == np.int64
+
+
 def test_always_clients_join_every_round_and_the_rest_stay_uniform():
     rounds = [sample_clients(3, r, 10, 2, always=[9]) for r in range(3000)]
     assert all(len(ids) == 2 and 9 in ids.tolist() for ids in rounds)

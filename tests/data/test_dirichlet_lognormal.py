@@ -38,3 +38,30 @@ def test_sizes_follow_the_lognormal_targets():
         ).train
     ]
     assert max(even) - min(even) <= 20  # sigma = 0: n / K each, up to the same floors
+
+
+class _DegenerateDraws:
+    """A generator whose Dirichlet draws are ``bad`` (all zeros, or NaN: what underflowing
+    gamma variates can give for a tiny alpha), everything else from a real stream."""
+
+    def __init__(self, bad: float):
+        self.bad, self.g = bad, np.random.default_rng(0)
+
+    def dirichlet(self, alpha):
+        return np.full(len(alpha), self.bad)
+
+    def __getattr__(self, name):
+        return getattr(self.g, name)
+
+
+def test_a_degenerate_dirichlet_draw_falls_back_to_the_targets():
+    """A class whose weights p * t are not finite or sum to 0 is cut by the targets alone
+    (here equal: n / K each), never by 0 / 0."""
+    from fedray.data.partitioners.dirichlet import _dirichlet_positions
+
+    y = np.repeat(np.arange(3), 8)  # 3 classes of 8 examples, 4 clients
+    for bad in (0.0, np.nan):
+        parts, attempts, moved = _dirichlet_positions(y, 4, 1.0, 0.0, 1, _DegenerateDraws(bad))
+        assert (attempts, moved) == (1, 0)
+        for pos in parts:  # 2 of each class per client
+            assert np.array_equal(np.bincount(y[pos], minlength=3), [2, 2, 2]), bad

@@ -40,6 +40,9 @@ def test_same_seed_same_delta_any_replica_state():
     assert torch.equal(d1, d2)
     d3 = _run(m, w, x, y, seed=43).delta
     assert not torch.equal(d1, d3)
+    m.module.eval()  # a replica an evaluation left in eval mode: local SGD still trains
+    d4 = _run(m, w, x, y).delta.clone()  # with dropout (d1's masks)
+    assert m.module.training and torch.equal(d1, d4)
 
 
 def test_matches_plain_sgd_loop():
@@ -140,6 +143,7 @@ def test_full_gradient_by_hand_in_train_mode_from_its_seed():
         want += torch.cat([p.grad.flatten() for p in ref.parameters()]) * (
             min(13, lo + 5) - lo) / 13
     m.module.eval()
+    m.flat.normal_()  # a replica left at another model: the gradient is taken at w
     torch.manual_seed(99)
     got = full_gradient(m, w, x, y, batch_size=5, seed=3, out=torch.full((m.num_params,), 7.0))
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
@@ -196,3 +200,32 @@ def test_proximal_term_by_hand():
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
     plain = _run(m, w, x, y, lr=0.3, batch_size=9, local_steps=2).delta
     assert not torch.allclose(plain, want, rtol=1e-5, atol=1e-6)  # the term mattered
+
+
+def test_gradient_sum_is_the_theta_weighted_sum_of_the_steps_gradients():
+    """gradient_sum receives sum_k theta_k g_k (LOCALUPDATE's message), written over what the
+    buffer held, and loss_sum the batches' losses weighted by their sizes; lr = 0 takes every
+    step at the global model, so both can be checked by hand."""
+    import copy
+
+    from fedray.core.losses import loss_fn
+    from fedray.kernels.sequential import batch_schedule
+
+    m, w, x, y = _setup(n=13)
+    thetas = [0.5, 0.0, 2.0]
+    ref = copy.deepcopy(m.module)
+    ref.train()
+    torch.manual_seed(42)
+    want, loss_sum = torch.zeros(m.num_params), 0.0
+    for theta, idx in zip(thetas, batch_schedule(13, 5, 1, None, 42), strict=True):
+        ref.zero_grad()
+        batch_loss = loss_fn("cross_entropy")(ref(x[idx]), y[idx])
+        batch_loss.backward()
+        want += theta * torch.cat([p.grad.flatten() for p in ref.parameters()])
+        loss_sum += float(batch_loss.detach()) * len(idx)  # batches of 5, 5, 3
+    for junk in (0.0, 7.0):
+        got = torch.full((m.num_params,), junk)
+        r = _run(m, w, x, y, lr=0.0, step_weights=thetas, gradient_sum=got)
+        assert r.steps == 3 and torch.equal(r.delta, torch.zeros_like(w))
+        assert r.examples_seen == 13 and abs(r.loss_sum - loss_sum) <= 1e-5 * loss_sum
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)

@@ -46,6 +46,10 @@ def test_update_times_by_hand():
     assert t.total_s.tolist() == [9.40625, 3.3125]
     with pytest.raises(FedrayError, match="up_bytes must be >= 0"):
         update_times(profiles, [1, 1], down_bytes=1.0, up_bytes=-1.0)
+    import dataclasses
+
+    with pytest.raises(dataclasses.FrozenInstanceError):  # aligned with the ids: read-only
+        t.compute_s = np.zeros(2)
 
 
 INF = np.inf
@@ -60,6 +64,10 @@ def test_round_keeps_the_first_k_finishers():
     assert r.kept.tolist() == [5, 7, 9] and r.kept_finish_s.tolist() == [110.0, 115.0, 105.0]
     assert r.end_s == 115.0 and r.duration_s == 15.0
     assert r.dropped.tolist() == [3]  # offline at 115, when the round closes
+    import dataclasses
+
+    with pytest.raises(dataclasses.FrozenInstanceError):  # an outcome is not edited later
+        r.end_s = 0.0
     assert r.late.tolist() == [1]  # over-selected, beyond the first 3: not trained
 
 
