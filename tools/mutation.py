@@ -86,20 +86,67 @@ EQUIVALENT: dict[tuple, str] = {
     ("fedray/core/sampling.py", 112, ">= -> >"):
         "random() is a multiple of 2^-53 in [0, 1): it equals the dropout rate with "
         "probability 2^-53 at most, so >= and > keep the same clients (in every test)",
+    ("fedray/core/sampling.py", 111, "> -> >="):
+        "with dropout 0 the mutant filters with random() >= 0, true of every value in [0, 1): "
+        "the same ids, only more draws",
+    ("fedray/core/sampling.py", 115, "> -> >="):
+        "with exactly k survivors the branch keeps all k (the first k of k to finish), sorted "
+        "as they already are, and late = 0; it only asks sizes, which over-selection requires",
+    ("fedray/core/sampling.py", 116, "0.0 -> 1.0"):
+        "LogNormal(1, 1) is e times LogNormal(0, 1) from the same normal draw: every finish "
+        "time scales by one factor and only their order is used (exp is monotone; two finish "
+        "times within an ulp of each other could tie differently, no test's or job's do)",
     ("fedray/algorithms/scaffold.py", 61, "True -> False"):
         "non_blocking only lets a host-to-GPU copy overlap other work (the stream orders "
         "the next use after it either way); on the CPU the tensor is not even copied",
+    ("fedray/kernels/sequential.py", 62, "0 -> 1"):
+        "the first permutation is never read: pos starts at n, so the first step draws a "
+        "fresh one (and n = 0 takes no step)",
     ("fedray/kernels/sequential.py", 99, "True -> False"):
         "non_blocking, as in scaffold.py: the tensor's next use is ordered after the copy",
     ("fedray/kernels/sequential.py", 100, "True -> False"):
+        "non_blocking, as in scaffold.py: the tensor's next use is ordered after the copy",
+    ("fedray/kernels/sequential.py", 122, "True -> False"):
+        "zip's strict only checks the lengths: grads and params are the model's parameters, "
+        "anchors and linears are split by the same model (or [None] * their count)",
+    ("fedray/kernels/sequential.py", 66, "True -> False"):
+        "non_blocking, as in scaffold.py: the permutation's next use is ordered after the copy",
+    ("fedray/kernels/sequential.py", 150, "True -> False"):
+        "non_blocking, as in scaffold.py: the tensor's next use is ordered after the copy",
+    ("fedray/kernels/sequential.py", 151, "True -> False"):
         "non_blocking, as in scaffold.py: the tensor's next use is ordered after the copy",
     ("fedray/data/partitioners/dirichlet.py", 42, "<= -> <"):
         "a donor with no spare is reached only once enough moved: the spares of the donors "
         "before it add up to at least the need (n >= min_examples * clients is checked), so "
         "got >= need breaks there all the same",
+    ("fedray/timing/clock.py", 51, "> -> >="):
+        "a client of n = 0 examples has touched = (s // 1) * 0 + (s % 1) * b = 0 already (its "
+        "per_epoch is max(0, 1) = 1): where(n >= 0, touched, 0) gives the same 0",
+    ("fedray/data/partitioners/dirichlet.py", 34, "< -> <="):
+        "a client at exactly the minimum joins the short ones with a shortfall of 0: it adds "
+        "0 to the need and is repeated 0 times among the receivers",
+    ("fedray/data/partitioners/dirichlet.py", 74, "clip(a, b, ...) -> clip(b, a, ...)"):
+        "np.clip(0, cuts, n) is min(max(0, cuts), n), as np.clip(cuts, 0, n) is: clip's value "
+        "and lower bound play the same part",
     ("fedray/data/partitioners/dirichlet.py", 65, "x / y -> x (drop the factor)"):
         "the targets only enter normalized (w / w.sum(), and the fallback w = targets): "
         "scaling them all by one constant changes nothing",
+    ("fedray/algorithms/privacy.py", 105, "1 -> 2"):
+        "the extra sum dp_unclipped of 2 numbers instead of 1: every worker and the driver "
+        "size it alike, and only its first is ever written or read",
+    ("fedray/algorithms/privacy.py", 143, "> -> >="):
+        "local mode with z = 0 then adds N(0, 0) noise to each update: exact zeros, and "
+        "x + 0.0 is x (a -0.0 entry becomes +0.0, which compares and sums the same)",
+    ("fedray/algorithms/privacy.py", 206, "> -> >="):
+        "E = clients_per_round * (1 - dropout) is never 0: the config checks clients_per_round "
+        ">= 1 and sampling.dropout in [0, 1), so E > 0 and >= 0 take the same branch",
+    ("fedray/algorithms/privacy.py", 175, "1 -> 2"):
+        "the rounds counter as 2 numbers instead of 1: only its first is ever written or read "
+        "(a checkpoint holds it whole and gives it back whole)",
+    ("fedray/algorithms/privacy.py", 201, "1 -> 2", 0):
+        "gaussian(2, ...)[0] is gaussian(1, ...)[0]: torch draws a vector shorter than 16 "
+        "normals one by one from the seeded generator, so the first is the same (2,000 seeds "
+        "checked); only [0] is read",
     ("fedray/algorithms/privacy.py", 194, "> -> >="):
         "with z = 0 the noise added is N(0, 0): exact zeros, and x + 0.0 is x",
     ("fedray/algorithms/reduction.py", 58, "> -> >="):
