@@ -184,7 +184,8 @@ def test_a_finished_run_extended_with_allow_change_equals_a_longer_run(tmp_path)
                            runtime__backend="inline"))
     short = _job(tmp_path, "short", rounds=3, algorithm__name="scaffold")
     fedray.run(short)
-    with pytest.raises(FedrayError, match=r"differs from the run.s checkpoint \(after round 3\) in rounds \(3 -> 5\)"):
+    with pytest.raises(FedrayError, match=r"differs from the run.s checkpoint \(after round "
+                       r"3\) in rounds \(3 -> 5\)"):
         fedray.run(resume=str(tmp_path / "short"), overrides=["rounds=5"])
     more = fedray.run(resume=str(tmp_path / "short"), overrides=["rounds=5"],
                       allow_changes=["rounds"])
