@@ -370,17 +370,25 @@ class Driver:
                     f"{m['clients']} as non-finite")
         else:
             what = "the global model has non-finite weights (NaN or Inf) after the server update"
-        c = self.cfg
-        why = (f"round {r}: {what}; likely cause: a learning rate too large (client.lr "
-               f"{c.client.lr:g}, server.lr {c.server.lr:g}) or non-finite data")
-        if c.guard.non_finite == "warn":
+        if self.cfg.guard.non_finite == "warn":
             if self.diverged_at is None:
                 self.diverged_at = r
-                m["diverged"] = why
+                m["diverged"] = self._why(r, what)
             return
+        raise self._diverged(r, what)
+
+    def _why(self, r: int, what: str) -> str:
+        """Round ``r`` diverged (``what`` went non-finite), and its likely cause."""
+        c = self.cfg
+        return (f"round {r}: {what}; likely cause: a learning rate too large (client.lr "
+                f"{c.client.lr:g}, server.lr {c.server.lr:g}) or non-finite data")
+
+    def _diverged(self, r: int, what: str) -> DivergedError:
+        """guard.non_finite=stop's error: why, and which checkpoint a resume continues from."""
         kept = (f"; the checkpoint after round {self.last_checkpoint} is intact"
                 if self.last_checkpoint else "")
-        raise DivergedError(why + kept, round=r, checkpoint=self.last_checkpoint)
+        return DivergedError(self._why(r, what) + kept, round=r,
+                             checkpoint=self.last_checkpoint)
 
     def _non_finite_state(self, state: dict[str, torch.Tensor]) -> str | None:
         """The first tensor of ``state`` with NaN or Inf, or None: a file that holds one is
@@ -392,17 +400,11 @@ class Driver:
         previous checkpoint needed can go. Never one with non-finite values: the last
         finite checkpoint stays the one a --resume continues from."""
         server = self.server_state()
-        if not _finite(self.weights) or self._non_finite_state(server) is not None:
+        key = self._non_finite_state(server)
+        if key is not None or not _finite(self.weights):
             if self.cfg.guard.non_finite == "stop":  # a server state gone non-finite alone
-                key = self._non_finite_state(server)
                 what = f"the server state {key}" if key else "the global model"
-                kept = (f"; the checkpoint after round {self.last_checkpoint} is intact"
-                        if self.last_checkpoint else "")
-                raise DivergedError(f"round {r}: {what} has non-finite "
-                                    f"values (NaN or Inf); likely cause: a learning rate too "
-                                    f"large (client.lr {self.cfg.client.lr:g}, server.lr "
-                                    f"{self.cfg.server.lr:g}) or non-finite data{kept}",
-                                    round=r, checkpoint=self.last_checkpoint)
+                raise self._diverged(r, f"{what} has non-finite values (NaN or Inf)")
             return
         self.run_dir.write_bytes(CHECKPOINT_FILE, encode(Checkpoint(
             round=r, weights=self.weights, server_state=server,
