@@ -74,6 +74,10 @@ TARGETS: dict[str, list[str]] = {
     "fedray/kernels/sequential.py": ["tests/kernels/test_sequential.py"],
 }
 
+# the reason shared by every non_blocking mutant of a host-side copy
+_NON_BLOCKING = (
+    "non_blocking, as in scaffold.py: the tensor's next use is ordered after the copy")
+
 # (module, line, description) -> why the mutant cannot change behaviour; where one line has
 # two mutants of one description, a fourth item says which (0: the first in --list order)
 EQUIVALENT: dict[tuple, str] = {
@@ -103,18 +107,18 @@ EQUIVALENT: dict[tuple, str] = {
         "the first permutation is never read: pos starts at n, so the first step draws a "
         "fresh one (and n = 0 takes no step)",
     ("fedray/kernels/sequential.py", 99, "True -> False"):
-        "non_blocking, as in scaffold.py: the tensor's next use is ordered after the copy",
+        _NON_BLOCKING,
     ("fedray/kernels/sequential.py", 100, "True -> False"):
-        "non_blocking, as in scaffold.py: the tensor's next use is ordered after the copy",
+        _NON_BLOCKING,
     ("fedray/kernels/sequential.py", 122, "True -> False"):
         "zip's strict only checks the lengths: grads and params are the model's parameters, "
         "anchors and linears are split by the same model (or [None] * their count)",
     ("fedray/kernels/sequential.py", 66, "True -> False"):
         "non_blocking, as in scaffold.py: the permutation's next use is ordered after the copy",
     ("fedray/kernels/sequential.py", 150, "True -> False"):
-        "non_blocking, as in scaffold.py: the tensor's next use is ordered after the copy",
+        _NON_BLOCKING,
     ("fedray/kernels/sequential.py", 151, "True -> False"):
-        "non_blocking, as in scaffold.py: the tensor's next use is ordered after the copy",
+        _NON_BLOCKING,
     ("fedray/data/partitioners/dirichlet.py", 42, "<= -> <"):
         "a donor with no spare is reached only once enough moved: the spares of the donors "
         "before it add up to at least the need (n >= min_examples * clients is checked), so "
