@@ -47,9 +47,10 @@ import torch
 
 from fedray.algorithms.reduction import PartialSum
 
-__all__ = ["Aggregator", "ClientContext", "ClientWork", "LocalTerms", "LocalUpdate",
-           "ParamError", "PartialSum", "Payload", "RoundPlan", "UpdateStage", "WorkerEnv",
-           "require"]
+__all__ = ["Aggregator", "ClientContext", "ClientOptimizer", "ClientRows", "ClientWork",
+           "ClipNorm", "GradTransform", "LocalTerms", "LocalUpdate", "Normalize", "ParamError",
+           "PartialSum", "Payload", "Phase", "RoundPlan", "UpdateStage", "WorkerEnv",
+           "global_norm", "require"]
 
 
 class ParamError(ValueError):
@@ -105,6 +106,124 @@ class LocalTerms:
 
 
 NO_TERMS = LocalTerms()  # plain local SGD
+
+
+class GradTransform:
+    """A change to every local step's gradient before the step is taken: clipping,
+    normalisation. ``__call__`` takes one client's gradient, a tuple of tensors shaped like
+    the model's parameters (their order), and returns the new one; it must be a pure tensor
+    function (no ``.item()``, no branching on values: ``torch.where`` instead), so the
+    vectorized kernels run it under ``vmap`` for a whole group of clients at once.
+
+    ``per_example``: the transform is applied to each example's gradient (computed with
+    torch.func's ``vmap(grad)`` over the batch) and the transformed gradients are averaged
+    over the batch -- DP-SGD's per-example clipping -- instead of to the batch's mean."""
+
+    per_example: bool = False
+
+    def __call__(self, grads: tuple[torch.Tensor, ...]) -> tuple[torch.Tensor, ...]:
+        return grads
+
+
+def global_norm(grads: tuple[torch.Tensor, ...]) -> torch.Tensor:
+    """The L2 norm of a gradient given as a tuple of tensors (vmap-safe)."""
+    return torch.sqrt(sum(torch.sum(g * g) for g in grads))
+
+
+@dataclass(frozen=True)
+class ClipNorm(GradTransform):
+    """g * min(1, max_norm / ||g||): per batch, or per example with ``per_example``."""
+
+    max_norm: float = 1.0
+    per_example: bool = False
+
+    def __call__(self, grads: tuple[torch.Tensor, ...]) -> tuple[torch.Tensor, ...]:
+        norm = global_norm(grads)
+        scale = torch.clamp(self.max_norm / torch.clamp(norm, min=1e-12), max=1.0)
+        return tuple(g * scale for g in grads)
+
+
+@dataclass(frozen=True)
+class Normalize(GradTransform):
+    """g / ||g|| (a zero gradient stays zero): every step moves the weights by lr."""
+
+    per_example: bool = False
+
+    def __call__(self, grads: tuple[torch.Tensor, ...]) -> tuple[torch.Tensor, ...]:
+        norm = global_norm(grads)
+        return tuple(g / torch.clamp(norm, min=1e-12) for g in grads)
+
+
+CLIENT_OPTIMIZERS = ("sgd", "momentum", "adam")
+
+
+@dataclass(frozen=True)
+class ClientOptimizer:
+    """A phase's local optimizer. ``sgd`` is the kernels' plain step w -= lr g;
+    ``momentum`` the heavy ball m <- momentum m + g, w -= lr m; ``adam`` Kingma & Ba's
+    moments with bias correction (``betas``, ``eps``).
+
+    ``state``: keep the optimizer's tensors across the client's rounds in the client state
+    store, under the keys ``<state>.m`` (momentum, adam), ``<state>.v`` and ``<state>.t``
+    (adam), versioned like SCAFFOLD's c_i; each must be listed in the client part's
+    ``state``. None: they start at zero every round."""
+
+    kind: str = "sgd"
+    momentum: float = 0.9
+    betas: tuple[float, float] = (0.9, 0.999)
+    eps: float = 1e-8
+    state: str | None = None
+
+    def state_keys(self) -> tuple[str, ...]:
+        """The client-state keys this optimizer keeps (none without ``state``)."""
+        if self.state is None or self.kind == "sgd":
+            return ()
+        own = ("m",) if self.kind == "momentum" else ("m", "v", "t")
+        return tuple(f"{self.state}.{k}" for k in own)
+
+
+START = ("global", "previous")
+
+
+@dataclass(frozen=True)
+class Phase:
+    """One stretch of a client's local training, run by fedray's own kernels (one client
+    after another, or vectorized in groups). A client's work in a round is a short list of
+    phases (``ClientWork.phases``), run in order:
+
+    ``start``     where its weights start: ``"global"``, the broadcast model with the client
+                  part's ``local`` parameters taken from the client's state (the broadcast
+                  values for a client that has none yet); ``"previous"``, where the
+                  previous phase ended; or a flat tensor of ``env.model.size`` values (a
+                  stored personal model, a mix of the global body and the client's head).
+    ``trainable`` parameter-name prefixes that train (``("head.",)``, or ``("fc2",)``);
+                  the others stay as they started. None: every parameter trains.
+    ``terms``     the extra gradient terms of its objective (``LocalTerms``); the
+                  proximal pull is toward the broadcast model, the phase's anchor.
+    ``steps``, ``epochs``, ``lr``  its local steps or passes and learning rate; None takes
+                  the job's client section (``client.local_steps``/``local_epochs``/``lr``).
+    ``transform`` a ``GradTransform`` applied to every step's gradient (terms included).
+    ``optimizer`` a ``ClientOptimizer`` (None: plain SGD).
+    ``send``      its result is the client's update: y - x, x the broadcast model, with
+                  the ``local`` parameters zeroed (they are never averaged). Exactly one
+                  phase of a client's list sends.
+    ``keep``      a state key (listed in the part's ``state``) that receives the phase's
+                  trained weights (flat, ``env.model.size`` values): a personal model.
+
+    Phase i > 0 draws its batches and dropout masks from its own seed, derived from the
+    client's round seed and i (fedray.core.seeding.TAG_PHASE); phase 0 from the round seed
+    itself, as a single-phase client always has."""
+
+    start: str | torch.Tensor = "global"
+    trainable: tuple[str, ...] | None = None
+    terms: LocalTerms = NO_TERMS
+    steps: int | None = None
+    epochs: int | None = None
+    lr: float | None = None
+    transform: GradTransform | None = None
+    optimizer: ClientOptimizer | None = None
+    send: bool = True
+    keep: str | None = None
 
 
 @dataclass
@@ -247,8 +366,28 @@ class ClientWork(Part):
     allows_zero_lr: ClassVar[bool] = False  # client.lr = 0 is meaningful for it (every
     # gradient taken at the global model, as LOCALUPDATE's gamma = 0); else client.lr > 0
 
+    # parameter-name prefixes (buffers included: a BatchNorm layer's statistics) that stay
+    # with the client: never sent up (zero in its update, so never averaged), kept in the
+    # client state store under the key "local" (flat, those values in model order), and
+    # put in place of the broadcast ones at a "global" phase start and at evaluation
+    local: ClassVar[tuple[str, ...]] = ()
+
     def terms(self, env: WorkerEnv, ctx: ClientContext) -> LocalTerms:
         return LocalTerms()
+
+    def phases(self, env: WorkerEnv, ctx: ClientContext) -> list[Phase]:
+        """The client's local training in this round, as phases fedray's kernels run
+        (``Phase``). The default is one phase from the global model with ``terms``."""
+        return [Phase(terms=self.terms(env, ctx))]
+
+    def eval_weights(self, env: WorkerEnv, cid: int,
+                     state: dict[str, torch.Tensor] | None) -> torch.Tensor | None:
+        """The weights (flat, ``env.model.size``) client ``cid`` is evaluated with, from the
+        broadcast model (``env.global_weights``) and its stored ``state`` (None: it has
+        never trained). None: the broadcast model with the ``local`` parameters from its
+        state -- what federated evaluation and ``eval.personalize`` then start from. A
+        personal-model algorithm returns the stored personal model here."""
+        return None
 
     train: Callable[[WorkerEnv, ClientContext], LocalUpdate] | None = None
 
@@ -292,7 +431,22 @@ class Aggregator(ServerState, Part):
         admitted its update)."""
         acc.add(update.delta, self.weight(update))
 
+    # every client's update reaches the driver, and ``aggregate`` computes the round's
+    # update from all of them at once (a median, a trimmed mean, Krum): opt-in, as the
+    # driver must hold k x d float32 values (runtime.individual_updates_mb bounds them)
+    individual: ClassVar[bool] = False
+
     # -- on the driver --------------------------------------------------------------------
+
+    def aggregate(self, updates: torch.Tensor, clients: ClientRows,
+                  acc: PartialSum) -> torch.Tensor:
+        """With ``individual``: the round's update (float64, one value per model entry)
+        from ``updates``, a (k, d) float32 view of the k kept clients' updates (after the
+        update stages), row i client ``clients.ids[i]``, in the round's sampled order;
+        ``acc`` holds the extra sums the parts added (its mean is not set). May update
+        ``state``."""
+        raise NotImplementedError(f"aggregator {self.name} sets individual but has no "
+                                  "aggregate()")
 
     def init_server(self, num_params: int, population: int) -> None:
         """Once, on the driver: size the server-side state."""
@@ -314,6 +468,16 @@ class Aggregator(ServerState, Part):
         ``finish`` (no examples) records none."""
         return {}
 
+
+
+@dataclass(frozen=True)
+class ClientRows:
+    """Who the rows of an individual aggregator's (k, d) updates are: per row, the client's
+    id, its training example count and its mean training loss over its local steps."""
+
+    ids: torch.Tensor  # int64 [k]
+    num_examples: torch.Tensor  # int64 [k]
+    losses: torch.Tensor  # float64 [k]
 
 
 @dataclass(frozen=True)
