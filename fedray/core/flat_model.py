@@ -24,6 +24,10 @@ class FlatModel:
         params = [p for p in module.parameters()]
         buffers = [(m, n, b) for m in module.modules() for n, b in m.named_buffers(recurse=False)
                    if b is not None and b.is_floating_point()]
+        qualified = {id(m): name for name, m in module.named_modules()}
+        param_names = {id(p): n for n, p in module.named_parameters()}
+        # every flat entry's tensor by name, in flat order: (name, offset, numel)
+        self.spans: list[tuple[str, int, int]] = []
         self.num_params = sum(p.numel() for p in params)
         total = self.num_params + sum(b.numel() for _, _, b in buffers)
         self.flat = torch.empty(total, dtype=torch.float32, device=self.device)
@@ -32,12 +36,15 @@ class FlatModel:
         offset = 0
         for p in params:
             n = p.numel()
+            self.spans.append((param_names[id(p)], offset, n))
             self.flat[offset:offset + n].copy_(p.data.reshape(-1))
             p.data = self.flat[offset:offset + n].view_as(p)
             p.grad = self.grad[offset:offset + n].view_as(p)
             offset += n
         for m, name, b in buffers:
             n = b.numel()
+            owner = qualified[id(m)]
+            self.spans.append((f"{owner}.{name}" if owner else name, offset, n))
             self.flat[offset:offset + n].copy_(b.reshape(-1))
             m._buffers[name] = self.flat[offset:offset + n].view_as(b)
             offset += n
@@ -60,6 +67,21 @@ class FlatModel:
         return [v.view_as(p) for v, p in
                 zip(vector[: self.num_params].split([p.numel() for p in self.param_list]),
                     self.param_list, strict=True)]
+
+    def positions(self, prefixes: tuple[str, ...]) -> torch.Tensor:
+        """The flat positions (int64, ascending) of every parameter and buffer whose name
+        starts with one of ``prefixes`` ("head." or "fc2", "bn1.running_mean"): how a part's
+        ``local`` parameters are cut out of, and put back into, a flat weight vector."""
+        picked = [torch.arange(o, o + n) for name, o, n in self.spans
+                  if name.startswith(tuple(prefixes))]
+        return (torch.cat(picked) if picked else torch.zeros(0, dtype=torch.int64)).to(
+            self.device)
+
+    def trainable(self, prefixes: tuple[str, ...] | None) -> list[bool]:
+        """Per parameter (``param_list`` order), whether its name starts with one of
+        ``prefixes`` (None: all do) -- a phase's ``trainable``."""
+        names = [name for name, _, _ in self.spans[: len(self.param_list)]]
+        return [prefixes is None or n.startswith(tuple(prefixes)) for n in names]
 
     @contextmanager
     def own_grads(self) -> Iterator[list[torch.Tensor]]:

@@ -279,12 +279,17 @@ class ClientWorker:
         for stage in self.stages:  # on the way up: clip, add noise, compress, encode
             new |= stage.client_update(self.env, ctx, update, acc) or {}
             update.in_replica = False  # the delta may no longer be the replica's
-        self.aggregator.accumulate(self.env, ctx, update, acc)
+        self._contribute(ctx, update, acc)
         new |= self.client.finish(self.env, ctx, update, acc) or {}
         if new and self.state is not None:  # a part that wrote nothing keeps its tensors
             self.state.put(ctx.cid, ctx.round, (ctx.state or {}) | new)
             self._stored.append(ctx.cid)
         return True
+
+    def _contribute(self, ctx: ClientContext, update: LocalUpdate, acc: PartialSum) -> None:
+        """The client's update into the round's result: the aggregator's contribution to
+        the partial sum."""
+        self.aggregator.accumulate(self.env, ctx, update, acc)
 
     def _train_client(self, ctx: ClientContext, acc: PartialSum,
                       terms_ready: bool = False) -> tuple[LocalUpdate, bool]:
