@@ -23,13 +23,15 @@ from fedray.algorithms.registry import (
     resolve,
 )
 
-__all__ = ["PRESETS", "Aggregator", "Algorithm", "ClientContext", "ClientWork", "LocalTerms",
-           "LocalUpdate", "PartialSum", "Payload", "RoundPlan", "ServerOptimizer",
-           "UpdateStage", "WorkerEnv", "load_builtins", "register", "register_preset",
-           "require", "resolve"]
+__all__ = ["PRESETS", "Aggregator", "Algorithm", "ClientContext", "ClientOptimizer",
+           "ClientRows", "ClientWork", "ClipNorm", "GradTransform", "LocalTerms",
+           "LocalUpdate", "Normalize", "PartialSum", "Payload", "Phase", "RoundPlan",
+           "ServerOptimizer", "UpdateStage", "WorkerEnv", "load_builtins", "register",
+           "register_preset", "require", "resolve"]
 
-_BASE = {"Aggregator", "ClientContext", "ClientWork", "LocalTerms", "LocalUpdate",
-         "PartialSum", "Payload", "RoundPlan", "UpdateStage", "WorkerEnv", "require"}
+_BASE = {"Aggregator", "ClientContext", "ClientOptimizer", "ClientRows", "ClientWork",
+         "ClipNorm", "GradTransform", "LocalTerms", "LocalUpdate", "Normalize", "PartialSum",
+         "Payload", "Phase", "RoundPlan", "UpdateStage", "WorkerEnv", "require"}
 
 
 def __getattr__(name: str) -> Any:  # the API classes import torch: only when asked for
