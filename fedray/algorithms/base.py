@@ -237,6 +237,10 @@ class LocalUpdate:
     steps: int  # local steps taken
     in_replica: bool = False  # the trained weights were left in the worker's replica ...
     replica_mark: int = -1  # ... at its ``loads`` count then (see WorkerEnv.trained_weights)
+    # the client optimizer's tensors after training ("m", "v": one value per parameter;
+    # "t": the step count, shape [1]), which the worker keeps under ClientOptimizer.state;
+    # None for plain SGD
+    opt_state: dict[str, torch.Tensor] | None = None
 
 
 @dataclass
@@ -278,6 +282,93 @@ class WorkerEnv:
         self.model.load_(weights)
         return evaluate(self.model.module, x, y, self.eval_batch_size, self.device,
                         self.loss).mean_loss
+
+    # -- for a part's own train(): fedray's seeded schedule and kernel --------------------
+
+    def batches(self, ctx: ClientContext, steps: int | None = None,
+                epochs: int | None = None, *, seed: int | None = None,
+                full_batch: bool = False) -> list[torch.Tensor]:
+        """The example indices (on ``device``) of each of the client's local steps, in
+        order: the batch schedule fedray's kernels train it with (fedray.kernels.sequential.
+        batch_schedule), drawn from ``seed`` (None: ``ctx.seed``, the client's round seed)
+        with ``ctx.batch_size``. ``steps`` or ``epochs`` replace the job's
+        ``client.local_steps`` / ``local_epochs``. Being a function of (seed, round, client)
+        only, a loop over it visits the same batches on any worker, at any worker count."""
+        from fedray.kernels.sequential import batch_schedule
+
+        t = self.training
+        if steps is not None:
+            epochs, steps_ = 1, steps
+        elif epochs is not None:
+            steps_ = None
+        else:
+            epochs, steps_ = t.local_epochs, t.local_steps
+        return batch_schedule(len(ctx.y), ctx.batch_size, epochs, steps_,
+                              ctx.seed if seed is None else seed, full_batch, self.device)
+
+    def local_sgd(self, ctx: ClientContext, phase: Phase | None = None, *,
+                  weights: torch.Tensor | None = None, seed: int | None = None,
+                  full_batch: bool = False) -> LocalUpdate:
+        """One stretch of local training of the client by fedray's sequential kernel
+        (fedray.kernels.sequential.local_sgd), for a part that writes its own ``train``: the
+        job's client section (``env.training``: lr, local epochs or steps, the loss) at
+        ``ctx.batch_size``, the batches and dropout masks of ``seed`` (None: ``ctx.seed``),
+        and ``ctx.terms``. Without a ``phase`` and ``weights`` it is float for float what
+        the runtime's own sequential training of the client computes.
+
+        ``phase`` (Phase) says the start, trainable parameters, terms, steps or epochs, lr,
+        gradient transform and optimizer instead (``optimizer.state`` tensors are read from
+        ``ctx.state`` and returned in ``LocalUpdate.opt_state``: the part's ``finish``
+        stores them). ``weights`` (flat, ``model.size``) is where training starts, ahead of
+        the phase's ``start``: ``"global"`` is ``env.global_weights`` as broadcast (no
+        ``local`` parameters put in: pass ``weights`` for that), ``"previous"`` the
+        replica as the last call left it. The update's ``delta`` is always the trained
+        weights minus ``env.global_weights`` (a fresh tensor), and a proximal term pulls
+        toward ``env.global_weights``; the trained weights stay in the replica
+        (``in_replica``). ``send`` and ``keep`` mean nothing here: what the update becomes
+        is the part's ``train`` and ``finish``'s to say."""
+        from fedray.kernels.sequential import local_sgd
+
+        t = self.training
+        ph = Phase(terms=ctx.terms) if phase is None else phase
+        if weights is None:
+            if isinstance(ph.start, torch.Tensor):
+                weights = ph.start
+            elif ph.start == "previous":
+                weights = self.model.flat.clone()
+            elif ph.start != "global":
+                raise ValueError(f"phase start must be 'global', 'previous' or a tensor, "
+                                 f"got {ph.start!r}")
+        if weights is not None and weights.numel() != self.model.size:
+            raise ValueError(f"local_sgd: weights has {weights.numel()} values for a model "
+                             f"of {self.model.size}")
+        if ph.steps is not None:
+            epochs, steps = 1, ph.steps
+        elif ph.epochs is not None:
+            epochs, steps = ph.epochs, None
+        else:
+            epochs, steps = t.local_epochs, t.local_steps
+        extra: dict[str, Any] = {}  # the phase's hooks: only when used (the plain loop else)
+        if weights is not None:
+            extra["start"] = weights.to(self.device)
+        if ph.trainable is not None:
+            extra["trainable"] = self.model.trainable(ph.trainable)
+        if ph.transform is not None:
+            extra["transform"] = ph.transform
+        if ph.optimizer is not None and ph.optimizer.kind != "sgd":
+            extra["optimizer"] = ph.optimizer
+            keys = ph.optimizer.state_keys()
+            if keys and ctx.state is not None:
+                extra["opt_state"] = {k.rsplit(".", 1)[1]: ctx.state[k] for k in keys
+                                      if k in ctx.state}
+        update = local_sgd(self.model, self.global_weights, ctx.x, ctx.y,
+                           lr=t.lr if ph.lr is None else ph.lr, batch_size=ctx.batch_size,
+                           local_epochs=epochs, local_steps=steps,
+                           seed=ctx.seed if seed is None else seed,
+                           delta_out=torch.empty_like(self.model.flat), terms=ph.terms,
+                           full_batch=full_batch, loss=t.loss, **extra)
+        update.in_replica, update.replica_mark = True, self.model.loads
+        return update
 
 
 @dataclass

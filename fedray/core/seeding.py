@@ -30,6 +30,7 @@ TAG_BUFFERED = 14  # buffered asynchronous training's one stream of candidate cl
 TAG_DP_NOISE = 15  # central DP's noise on the round's sum, per (seed, round)
 TAG_DP_LOCAL = 16  # local DP's noise on a client's update, from its round seed
 TAG_QUANTIZE = 17  # stochastic rounding of a client's update (quantize, secagg), ditto
+TAG_PHASE = 18  # a client's training phase i > 0 (Phase), from its round seed and i
 
 
 def derive_seed(*parts: int) -> int:

@@ -17,7 +17,13 @@ from collections.abc import Sequence
 
 import torch
 
-from fedray.algorithms.base import NO_TERMS, LocalTerms, LocalUpdate
+from fedray.algorithms.base import (
+    NO_TERMS,
+    ClientOptimizer,
+    GradTransform,
+    LocalTerms,
+    LocalUpdate,
+)
 from fedray.core.flat_model import FlatModel
 from fedray.core.losses import loss_fn
 
@@ -76,7 +82,11 @@ def local_sgd(model: FlatModel, global_weights: torch.Tensor, x: torch.Tensor, y
               full_batch: bool = False, loss: str = "cross_entropy",
               step_weights: Sequence[float] | None = None,
               gradient_sum: torch.Tensor | None = None,
-              independent_batches: bool = False) -> LocalUpdate:
+              independent_batches: bool = False, start: torch.Tensor | None = None,
+              trainable: Sequence[bool] | None = None,
+              optimizer: ClientOptimizer | None = None,
+              opt_state: dict[str, torch.Tensor] | None = None,
+              transform: GradTransform | None = None) -> LocalUpdate:
     """Local SGD from ``global_weights``; the delta lands in ``delta_out``.
 
     ``terms``, the client part's extra local-objective terms (a proximal pull toward x, a
@@ -87,9 +97,24 @@ def local_sgd(model: FlatModel, global_weights: torch.Tensor, x: torch.Tensor, y
     receives sum_k theta_k g_k over the steps, g_k the k-th step's gradient, terms included
     -- the message of LOCALUPDATE (seed 002, Alg. 2), which the model delta cannot give
     when lr = 0 or the thetas are not all equal. independent_batches: see batch_schedule.
+
+    A phase (fedray.algorithms.base.Phase) says more, and only then is the general step
+    taken (without these, the plain SGD loop runs, float for float as before phases):
+    ``start``, flat weights to train from (None: ``global_weights``); the delta stays
+    trained - ``global_weights`` and the proximal anchor ``global_weights``, so a partial
+    or personal start still reports what moved from the broadcast model. ``trainable``,
+    per parameter (``param_list`` order): a frozen one takes no step, its gradient is left
+    out of the transform (a clipping norm measures what trains) and its optimizer tensors
+    stay as they came. ``transform`` (GradTransform) changes each step's gradient, terms
+    included, before the optimizer; with ``per_example`` it is applied to every example's
+    gradient (torch.func's ``vmap(grad)``, one example at a time through the model) and
+    the results averaged over the batch, the terms added after. ``optimizer``
+    (ClientOptimizer) momentum or adam, from ``opt_state`` ("m", "v": flat per parameter;
+    "t": [1] step count; zeros when absent); the new tensors return in
+    ``LocalUpdate.opt_state``.
     """
     criterion = loss_fn(loss)
-    model.load_(global_weights)
+    model.load_(global_weights if start is None else start)
     torch.manual_seed(seed)  # dropout masks
     n = len(y)
     device = model.device
@@ -109,6 +134,19 @@ def local_sgd(model: FlatModel, global_weights: torch.Tensor, x: torch.Tensor, y
     if gradient_sum is not None:
         gradient_sum.zero_()
         sums = model.split(gradient_sum)
+    general = not (trainable is None and transform is None
+                   and (optimizer is None or optimizer.kind == "sgd"))
+    if general:
+        step = _PhaseStep(model, criterion, lr, terms, anchors, linears, trainable,
+                          optimizer, opt_state, transform)
+        with model.own_grads():
+            for k, idx in enumerate(schedule):
+                weight = step_weights[k] if sums is not None else 0.0
+                loss_sum += step(x[idx], y[idx], sums, weight) * len(idx)
+                seen += len(idx)
+        torch.sub(model.flat, global_weights, out=delta_out)
+        return LocalUpdate(delta_out, n, float(loss_sum), seen, steps,
+                           opt_state=step.state())
     with model.own_grads() as params:
         for k, idx in enumerate(schedule):
             for p in params:
@@ -129,6 +167,147 @@ def local_sgd(model: FlatModel, global_weights: torch.Tensor, x: torch.Tensor, y
             seen += len(idx)
     torch.sub(model.flat, global_weights, out=delta_out)
     return LocalUpdate(delta_out, n, float(loss_sum), seen, steps)
+
+
+class _PhaseStep:
+    """One local step of a phase that trains part of the model, transforms its gradient or
+    keeps optimizer tensors (local_sgd's general path).
+
+    Apart from the plain loop so that a client part without these hooks runs the exact
+    float operations it always has (every preset's final weights are pinned)."""
+
+    def __init__(self, model: FlatModel, criterion, lr: float, terms: LocalTerms,
+                 anchors: list, linears: list, trainable: Sequence[bool] | None,
+                 optimizer: ClientOptimizer | None,
+                 opt_state: dict[str, torch.Tensor] | None,
+                 transform: GradTransform | None):
+        self.model, self.criterion, self.lr, self.terms = model, criterion, lr, terms
+        self.anchors, self.linears = anchors, linears
+        params = model.param_list
+        if trainable is None:
+            trainable = [True] * len(params)
+        if len(trainable) != len(params):
+            raise ValueError(f"trainable: {len(trainable)} flags for a model of "
+                             f"{len(params)} parameters")
+        self.trainable = [bool(t) for t in trainable]
+        self.live = [i for i, t in enumerate(self.trainable) if t]
+        self.transform = transform
+        self.per_example = transform is not None and transform.per_example
+        if self.per_example and model.size != model.num_params:
+            raise ValueError("a per-example gradient transform needs a model without "
+                             "buffers (batch-norm statistics are not per example)")
+        self.kind = "sgd" if optimizer is None else optimizer.kind
+        if self.kind not in ("sgd", "momentum", "adam"):
+            raise ValueError(f"client optimizer kind must be sgd, momentum or adam, got "
+                             f"{self.kind!r}")
+        self.optimizer = optimizer
+        own = {"sgd": (), "momentum": ("m",), "adam": ("m", "v")}[self.kind]
+        self.moments: dict[str, torch.Tensor] = {}
+        p, dev = model.num_params, model.device
+        for key in own:
+            given = None if opt_state is None else opt_state.get(key)
+            if given is not None and given.numel() != p:
+                raise ValueError(f"opt_state[{key!r}]: {given.numel()} values for a model "
+                                 f"of {p} parameters")
+            self.moments[key] = (torch.zeros(p, dtype=torch.float32, device=dev)
+                                 if given is None else
+                                 given.detach().reshape(-1).to(dev, torch.float32).clone())
+        given_t = None if opt_state is None else opt_state.get("t")
+        self.t = 0.0 if given_t is None else float(given_t.reshape(-1)[0])
+        self.views = {}
+        for key, flat in self.moments.items():
+            split = model.split(flat)
+            self.views[key] = [split[i] for i in self.live]
+        if self.per_example:
+            from torch.func import functional_call, grad, vmap
+
+            module = model.module
+            names = [name for name, _ in module.named_parameters()]
+            flags = self.trainable
+            transform_ = transform
+
+            def example_loss(ws, xi, yi):
+                out = functional_call(module, dict(zip(names, ws, strict=True)),
+                                      (xi.unsqueeze(0),))
+                value = criterion(out, yi.unsqueeze(0))
+                return value, value.detach()
+
+            def one(ws, xi, yi):
+                g, value = grad(example_loss, has_aux=True)(ws, xi, yi)
+                g = tuple(gi if f else torch.zeros_like(gi)
+                          for gi, f in zip(g, flags, strict=True))
+                return transform_(g), value
+
+            self.examples = vmap(one, in_dims=(None, 0, 0), randomness="different")
+
+    def __call__(self, xb: torch.Tensor, yb: torch.Tensor, sums: list | None,
+                 weight: float) -> torch.Tensor:
+        """One step on the batch (xb, yb); its mean loss (a detached tensor)."""
+        model, params = self.model, self.model.param_list
+        if self.per_example:
+            with torch.no_grad():
+                per, losses = self.examples(tuple(p.detach() for p in params), xb, yb)
+                grads = [g.mean(0) for g in per]
+                batch_loss = losses.mean()
+        else:  # within model.own_grads (local_sgd)
+            for p in params:
+                p.grad = None
+            value = self.criterion(model.module(xb), yb)
+            value.backward()
+            grads = [torch.zeros_like(p) if p.grad is None else p.grad for p in params]
+            batch_loss = value.detach()
+        with torch.no_grad():
+            grads = [g if f else torch.zeros_like(g)
+                     for g, f in zip(grads, self.trainable, strict=True)]
+            if not self.terms.empty:
+                for i in self.live:
+                    self.terms.add_to_(grads[i], params[i], self.anchors[i], self.linears[i])
+            if self.transform is not None and not self.per_example:
+                grads = list(self.transform(tuple(grads)))
+            if sums is not None and weight:
+                torch._foreach_add_(sums, grads, alpha=weight)
+            self._step([params[i] for i in self.live], [grads[i] for i in self.live])
+        return batch_loss
+
+    def _step(self, ps: list[torch.Tensor], gs: list[torch.Tensor]) -> None:
+        """The optimizer's step on the trainable parameters (their moments alike)."""
+        lr, opt = self.lr, self.optimizer
+        if self.kind == "sgd":
+            if lr and ps:
+                torch._foreach_add_(ps, gs, alpha=-lr)
+            return
+        m = self.views["m"]
+        if self.kind == "momentum":
+            if ps:
+                torch._foreach_mul_(m, opt.momentum)
+                torch._foreach_add_(m, gs)
+                if lr:
+                    torch._foreach_add_(ps, m, alpha=-lr)
+            return
+        b1, b2 = opt.betas
+        self.t += 1.0
+        if not ps:
+            return
+        v = self.views["v"]
+        torch._foreach_mul_(m, b1)
+        torch._foreach_add_(m, gs, alpha=1.0 - b1)
+        torch._foreach_mul_(v, b2)
+        torch._foreach_addcmul_(v, gs, gs, value=1.0 - b2)
+        if lr:
+            # w -= lr * m_hat / (sqrt(v_hat) + eps), m_hat = m / (1 - b1^t), v_hat alike
+            denom = torch._foreach_div(v, 1.0 - b2 ** self.t)
+            torch._foreach_sqrt_(denom)
+            torch._foreach_add_(denom, opt.eps)
+            torch._foreach_addcdiv_(ps, m, denom, value=-lr / (1.0 - b1 ** self.t))
+
+    def state(self) -> dict[str, torch.Tensor] | None:
+        """The optimizer's tensors after the steps (None for plain SGD)."""
+        if self.kind == "sgd":
+            return None
+        out = dict(self.moments)
+        if self.kind == "adam":
+            out["t"] = torch.tensor([self.t], dtype=torch.float32, device=self.model.device)
+        return out
 
 
 def batch_slices(n: int, batch_size: int):
