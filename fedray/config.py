@@ -86,8 +86,13 @@ class DataConfig:
 
 @dataclass
 class ModelConfig:
+    # a registered model (fedray.core.models.MODELS) or a user's, by import path:
+    # module:Class or path/to/file.py:Class (a class or a function returning an nn.Module)
     name: str = "emnist_cnn"
     loss: str = "cross_entropy"  # cross_entropy | mse | bce | sequence_cross_entropy
+    # keyword arguments of a model named by import path (input_shape and num_classes come
+    # from the data where its signature names them and these do not)
+    args: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass
@@ -198,6 +203,10 @@ class RuntimeConfig:
     # from when the round's tasks are sent; past it the worker counts as failed (frozen,
     # hung): it is killed and its clients re-run, as for a dead worker. None: no limit
     worker_timeout_s: float | None = None
+    # MiB the driver may hold of a round's individual client updates (k x d float32), for
+    # an aggregator that needs every one (Aggregator.individual); a job that could exceed
+    # it is refused before round 1
+    individual_updates_mb: float = 1024.0
     # a locally started Ray's dashboard and job server: off (nothing listens for HTTP), or
     # on, listening on dashboard_host -- loopback unless set to an interface on purpose
     dashboard: bool = False
@@ -785,6 +794,8 @@ def validate(cfg: DictConfig, population: int, *, custom_model: bool = False) ->
     r(rt.worker_timeout_s is None or rt.worker_timeout_s > 0, "runtime.worker_timeout_s",
       "must be > 0 or null (no limit)", rt.worker_timeout_s)
     r(rt.backend in ("ray", "inline"), "runtime.backend", "must be ray or inline", rt.backend)
+    r(rt.individual_updates_mb > 0, "runtime.individual_updates_mb", "must be > 0",
+      rt.individual_updates_mb)
     w = rt.worker
     r(w.num_cpus > 0, "runtime.worker.num_cpus", "must be > 0", w.num_cpus)
     r(w.num_gpus >= 0 and (w.num_gpus <= 1 or float(w.num_gpus).is_integer()),
@@ -822,12 +833,19 @@ def validate(cfg: DictConfig, population: int, *, custom_model: bool = False) ->
         callback_class(ref)
     # last: the model and loss registries import torch, which a typo in any other
     # key should not wait for
+    from fedray.algorithms.registry import is_import_path
     from fedray.core.losses import LOSSES
-    from fedray.core.models import MODELS
+    from fedray.core.models import MODELS, user_model
 
-    if not custom_model:
-        r(cfg.model.name in MODELS, "model.name", f"must be one of: {', '.join(MODELS)}",
-          cfg.model.name)
+    args = OmegaConf.to_container(cfg.model.args, resolve=True)
+    if custom_model or not is_import_path(cfg.model.name):
+        r(not args, "model.args", "sets the arguments of a model named by import path "
+          f"(module:Class); {cfg.model.name} takes none", args)
+    if not custom_model and is_import_path(cfg.model.name):
+        user_model(cfg.model.name, args)  # importable, a model, and takes model.args
+    elif not custom_model:
+        r(cfg.model.name in MODELS, "model.name", f"must be one of: {', '.join(MODELS)} (or "
+          "an import path module:Class)", cfg.model.name)
     r(cfg.model.loss in LOSSES, "model.loss", f"must be one of: {', '.join(LOSSES)}",
       cfg.model.loss)
     # the algorithm's parts check their own sections when fedray.api.prepare resolves them

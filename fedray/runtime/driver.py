@@ -44,6 +44,8 @@ from torch import nn
 
 from fedray import __version__
 from fedray.algorithms.base import (
+    Aggregator,
+    ClientRows,
     ClientWork,
     PartialSum,
     Payload,
@@ -59,12 +61,13 @@ from fedray.core.losses import correct_fn
 from fedray.core.models import fit_problem
 from fedray.core.sampling import federated_eval_clients, select_round
 from fedray.core.seeding import TAG_INIT, derive_seed
+from fedray.core.tensors import readonly_tensor
 from fedray.data.per_round import parse_per_round
 from fedray.data.source import ClientSource, sizes_of
-from fedray.errors import DivergedError, FedrayError, key_error
+from fedray.errors import ConfigError, DivergedError, FedrayError, key_error
 from fedray.kernels.vectorized import batch_failure, vectorize_plan
 from fedray.runtime.inline import InlinePool, frozen, frozen_tree
-from fedray.runtime.messages import Broadcast, RoundResult, RoundTask
+from fedray.runtime.messages import Broadcast, ClientUpdates, RoundResult, RoundTask
 from fedray.runtime.pool import WorkerPool
 from fedray.runtime.reduction_tree import slot_groups
 from fedray.runtime.session import private_mb
@@ -73,6 +76,7 @@ from fedray.runtime.worker import (
     Personalize,
     WorkerResources,
     WorkerSpec,
+    evaluates_with_state,
     keeps_client_state,
 )
 from fedray.state.checkpoint import (
@@ -116,6 +120,59 @@ def is_eval_round(r: int, every: int, rounds: int) -> bool:
 # the per-round metrics the summary is built from (kept for every round, and rebuilt from a
 # checkpoint's metrics lines on resume)
 _HISTORY_KEYS = ("updates_per_s", "test_accuracy", "dropped_updates", "worker_failures")
+
+
+POISSON_TAIL = 1e-6  # the chance a poisson round keeps more clients than most_clients says
+
+
+def most_clients(plan: RoundPlan) -> int:
+    """The most clients a round keeps, for the memory an individual aggregator's updates
+    take: ``clients_per_round`` (fixed sampling: over-selection's late clients and
+    dropouts train no update), or under poisson sampling a count that a round's
+    Binomial(population, q) exceeds with probability below POISSON_TAIL, from Bernstein's
+    inequality (P(X - m >= t) <= exp(-t^2 / (2 (var + t / 3)))), at most the population."""
+    if plan.sampling != "poisson":
+        return plan.clients_per_round
+    m, q = plan.clients_per_round, plan.rate
+    log = math.log(1 / POISSON_TAIL)
+    t = log / 3 + math.sqrt((log / 3) ** 2 + 2 * log * m * (1 - q))
+    return min(plan.population, math.ceil(m + t))
+
+
+class _RoundRows:
+    """A round's kept clients' updates on the driver, for an individual aggregator: one
+    float32 row per sampled client, at its place in the round's sampled order (so the
+    aggregator sees the same rows whatever the worker count or placement); the rows of
+    clients that sent none (dropped by the guard, without examples) are squeezed out at
+    the end, in place."""
+
+    def __init__(self, ids: Any, size: int):
+        ids = np.asarray(ids, dtype=np.int64)
+        self.place = {int(c): i for i, c in enumerate(ids)}
+        self.updates = torch.empty((len(ids), size), dtype=torch.float32)
+        self.ids = ids
+        self.num_examples = np.zeros(len(ids), np.int64)
+        self.losses = np.zeros(len(ids), np.float64)
+        self.kept = np.zeros(len(ids), bool)
+
+    def put(self, part: ClientUpdates) -> None:
+        if not len(part.ids):
+            return
+        at = np.array([self.place[int(c)] for c in part.ids], np.int64)
+        # read, never written: a Ray result's arrays are the object store's, read-only
+        self.updates.index_copy_(0, torch.from_numpy(at), readonly_tensor(part.updates))
+        self.num_examples[at], self.losses[at], self.kept[at] = (part.num_examples,
+                                                                 part.losses, True)
+
+    def assemble(self) -> tuple[torch.Tensor, ClientRows]:
+        """The (k, d) view of the kept rows, in sampled order, and who they are."""
+        keep = np.flatnonzero(self.kept)
+        for j, i in enumerate(keep.tolist()):  # j <= i: each row moves up, none is overwritten
+            if i != j:
+                self.updates[j] = self.updates[i]
+        return self.updates[: len(keep)], ClientRows(
+            torch.from_numpy(self.ids[keep]), torch.from_numpy(self.num_examples[keep]),
+            torch.from_numpy(self.losses[keep]))
 
 
 class Driver:
@@ -242,6 +299,9 @@ class Driver:
             raise key_error("runtime.reduce.group_size", f"the update stage "
                             f"{self.merger.name} must see each worker's partial sum, not a "
                             "group's: use null with it", reduce.group_size)
+        self.individual = self.aggregator.individual
+        if self.individual:
+            self._check_individual(plan)
         if resume:  # before the pool starts: a checkpoint that cannot be used fails fast
             self._restore()
         start = time.perf_counter()
@@ -268,6 +328,36 @@ class Driver:
         self.run_dir.create(RUN_ID_LINE.format(self.run_id)
                             + OmegaConf.to_yaml(self.cfg, resolve=True))
         return self.notes
+
+    def _check_individual(self, plan: RoundPlan) -> None:
+        """An aggregator that needs every client's update (``individual``): refused, before
+        round 1, without an ``aggregate``, with what works on sums only (a reduction tree's
+        group sums, a stage that guards or changes the round's sum), and when the round's
+        updates could exceed ``runtime.individual_updates_mb``."""
+        c, agg = self.cfg, self.aggregator
+        name = self.algorithm.names["aggregator"]
+        if type(agg).aggregate is Aggregator.aggregate:
+            raise key_error("algorithm.aggregator", f"aggregator {name} sets individual "
+                            "(it needs every client's update) but defines no aggregate()", name)
+        if c.runtime.reduce.group_size is not None:
+            raise key_error("runtime.reduce.group_size", f"aggregator {name} needs every "
+                            "client's update, which a reduction tree's group sums do not "
+                            "keep: use null with it", c.runtime.reduce.group_size)
+        for stage in self.stages:
+            own = [m for m in ("merge", "close", "finish_sum")
+                   if getattr(type(stage), m) is not getattr(UpdateStage, m)]
+            if own:
+                raise key_error("algorithm.stages", f"the update stage {stage.name} works on "
+                                f"the round's sum ({', '.join(own)}), which aggregator {name} "
+                                "does not make (it needs every client's update): use one of "
+                                "them", list(self.algorithm.stage_names))
+        k, d = most_clients(plan), self.template.size
+        mb = k * d * 4 / 2**20
+        budget = c.runtime.individual_updates_mb
+        if mb > budget:
+            raise ConfigError(f"config key 'runtime.individual_updates_mb': aggregator {name} "
+                              f"needs every client's update: {k} x {d} float32 = {mb:.1f} MB "
+                              f"> {budget:g} MB; raise it or sample fewer clients")
 
     def _vectorize_plan(self, client: ClientWork) -> bool:
         """runtime.worker.vectorize resolved for this model and client part, once for every
@@ -503,6 +593,8 @@ class Driver:
         stats = dict.fromkeys(RoundResult.STATS, 0.0)
         worker_mem = 0.0
         stored: list[int] = []
+        # an individual aggregator's rows, in the round's sampled order
+        rows = _RoundRows(ids, self.weights.numel()) if self.individual else None
         merge_s = 0.0  # see docs/api.md: receiving and merging, not waiting for workers
         # fixed order: the float64 sum is bit-identical across reruns and re-runs
         group_size = c.runtime.reduce.group_size
@@ -514,11 +606,16 @@ class Driver:
                 c.runtime.reduce.where == "workers"))
         for partial, members in results:
             start = time.perf_counter()
-            if self.merger is None:
+            if rows is not None:  # the parts' extras; the updates come as rows
+                for key, extra in partial.extras.items():
+                    acc.extras[key].add_(readonly_tensor(extra))
+            elif self.merger is None:
                 acc.merge(partial)
             else:  # a stage that reveals only large enough sums
                 self.merger.merge(acc, partial)
             for res in members:
+                if rows is not None:
+                    rows.put(res.rows)
                 for k in stats:
                     stats[k] += getattr(res, k)
                 worker_mem = max(worker_mem, res.mem_mb)
@@ -533,7 +630,15 @@ class Driver:
         if refused is None:
             for stage in reversed(self.stages):  # as layers unwrap: decode, then add noise
                 stage.finish_sum(acc, r)
-        if acc.weight > 0:  # a round without examples (or all dropped) leaves the model as is
+        if rows is not None:  # every kept client's update at once (Aggregator.individual)
+            updates, clients = rows.assemble()
+            del rows
+            if len(clients.ids):  # none kept: as a round without examples, below
+                self.weights = self.server_opt.step(self.weights,
+                                                    self._aggregate(updates, clients, acc))
+                part_metrics = self.aggregator.round_metrics()
+            del updates
+        elif acc.weight > 0:  # a round without examples (or all dropped) leaves the model as is
             self.weights = self.server_opt.step(self.weights, self.aggregator.finish(acc))
             part_metrics = self.aggregator.round_metrics()
         for stage in self.stages:
@@ -551,6 +656,18 @@ class Driver:
                 "worker_busy_s": stats["busy_s"], "worker_mem_mb": worker_mem, "merge_s": merge_s,
                 "upload_bytes": int(stats["updates"]) * self.update_bytes,
                 **clocked, **part_metrics}
+
+    def _aggregate(self, updates: torch.Tensor, clients: ClientRows,
+                   acc: PartialSum) -> torch.Tensor:
+        """An individual aggregator's round update from the round's (k, d) rows, checked to
+        be one float64 value per model entry, as ``finish``'s is."""
+        out = self.aggregator.aggregate(updates, clients, acc)
+        d = self.weights.numel()
+        if not isinstance(out, torch.Tensor) or out.shape != (d,):
+            got = tuple(out.shape) if isinstance(out, torch.Tensor) else type(out).__name__
+            raise FedrayError(f"aggregator {self.algorithm.names['aggregator']}: aggregate() "
+                              f"returned {got}, not a tensor of the model's {d} values")
+        return out.to(torch.float64)
 
     def _keep_version(self, r: int) -> None:
         """Buffered training: keep the model after step ``r`` (version ``r``) while a later
@@ -577,8 +694,12 @@ class Driver:
         if self.fed_eval_ids is not None:
             ids = self.fed_eval_ids
             groups = assign_balanced(ids, self.sizes_of(ids, "test"), n)
+            # a part whose clients are evaluated with their own state (local parameters, a
+            # personal model): each client's current version, as of this round, goes along
+            own = self.versions is not None and evaluates_with_state(self.algorithm.client)
             pending["fed_test"] = ("evaluate_clients", [
-                (slot, (weights_ref, g, r, self.personalize),
+                (slot, (weights_ref, g, r, self.personalize)
+                 + ((self.versions.get(g).tolist(),) if own else ()),
                  f"round {r} evaluation: clients {g}")
                 for slot, g in enumerate(groups) if g])
         out: dict[str, float] = {}

@@ -36,6 +36,19 @@ class RoundTask:
 
 
 @dataclass
+class ClientUpdates:
+    """A worker's kept clients' updates, for an aggregator that needs every one
+    (``Aggregator.individual``): row i is client ``ids[i]``'s update after the update
+    stages, in the worker's client order. numpy, so Ray ships the rows out of band and the
+    driver reads them from the object store without a copy."""
+
+    updates: np.ndarray  # float32 [n, d]
+    ids: np.ndarray  # int64 [n]
+    num_examples: np.ndarray  # int64 [n]
+    losses: np.ndarray  # float64 [n]: loss_sum / examples_seen over its local steps
+
+
+@dataclass
 class RoundResult:
     """A worker's round: its partial sum and what the round's metrics are built from."""
 
@@ -50,6 +63,7 @@ class RoundResult:
     busy_s: float
     mem_mb: float
     nonfinite: int = 0  # of ``dropped``, those dropped for NaN or Inf (the driver checks it)
+    rows: ClientUpdates | None = None  # Aggregator.individual: each kept client's update
 
     STATS = ("examples", "loss_sum", "examples_seen", "dropped", "updates", "nonfinite",
              "busy_s")

@@ -29,19 +29,28 @@ from fedray.algorithms.base import (
     LocalTerms,
     LocalUpdate,
     PartialSum,
+    Phase,
     UpdateStage,
     WorkerEnv,
     extra_sizes,
 )
+from fedray.algorithms.base import START
 from fedray.core.evaluation import ClientEval, EvalSums, evaluate
 from fedray.core.flat_model import FlatModel
-from fedray.core.seeding import client_seed, personalize_seed
+from fedray.core.seeding import TAG_PHASE, client_seed, derive_seed, personalize_seed
 from fedray.core.tensors import readonly_tensor
 from fedray.data.per_round import PerRound, apply_per_round
 from fedray.data.source import ClientCache, ClientSource, sizes_of
+from fedray.errors import FedrayError
 from fedray.kernels.sequential import client_batch_size, local_sgd
 from fedray.kernels.vectorized import group_size, group_sizes, vmap_local_sgd
-from fedray.runtime.messages import Broadcast, GroupResult, RoundResult, RoundTask
+from fedray.runtime.messages import (
+    Broadcast,
+    ClientUpdates,
+    GroupResult,
+    RoundResult,
+    RoundTask,
+)
 from fedray.runtime.reduction_tree import reduce_results
 from fedray.runtime.session import keep_freed_memory, private_mb
 from fedray.state.client_state import ClientStateStore
@@ -107,8 +116,75 @@ class WorkerSpec:
 
 
 def keeps_client_state(client: ClientWork, stages: tuple[UpdateStage, ...]) -> bool:
-    """Whether any part keeps per-client state in the client state store."""
-    return bool(client.state) or any(stage.client_state for stage in stages)
+    """Whether any part keeps per-client state in the client state store (a client part's
+    ``local`` parameters live there too, under "local")."""
+    return (bool(client.state) or bool(client.local)
+            or any(stage.client_state for stage in stages))
+
+
+def _plain(phases: list[Phase]) -> bool:
+    """One phase that says nothing but its terms: the single-phase training every client
+    part had before phases, which must keep running the same float operations (every
+    preset's final weights are pinned), so it takes the old call unchanged."""
+    if len(phases) != 1:
+        return False
+    ph = phases[0]
+    return (isinstance(ph.start, str) and ph.start == "global" and ph.trainable is None
+            and ph.steps is None and ph.epochs is None and ph.lr is None
+            and ph.transform is None and ph.send and ph.keep is None
+            and (ph.optimizer is None or ph.optimizer.kind == "sgd"))
+
+
+def _same_shape(a: Phase, b: Phase) -> bool:
+    """Whether two clients' phases can share one batched call: equal in everything but the
+    start point, the optimizer's stored tensors and the linear term (per client rows)."""
+    return (a.trainable == b.trainable and a.steps == b.steps and a.epochs == b.epochs
+            and a.lr == b.lr and a.optimizer == b.optimizer and a.transform == b.transform
+            and a.send == b.send and a.keep == b.keep
+            and a.terms.proximal == b.terms.proximal
+            and (isinstance(a.start, str) and a.start == "previous")
+            == (isinstance(b.start, str) and b.start == "previous"))
+
+
+class _Rows:
+    """A round's kept clients' updates on a worker, for an individual aggregator: one
+    preallocated float32 row per client of the task (the most it can keep), filled in the
+    worker's client order; a dropped client takes no row."""
+
+    def __init__(self, clients: int, size: int):
+        self.updates = np.empty((clients, size), np.float32)
+        self.ids = np.empty(clients, np.int64)
+        self.num_examples = np.empty(clients, np.int64)
+        self.losses = np.empty(clients, np.float64)
+        self.n = 0
+
+    def add(self, cid: int, update: LocalUpdate) -> None:
+        i, n = self.n, update.delta.numel()
+        row = torch.from_numpy(self.updates[i])
+        row[:n].copy_(update.delta)  # from the GPU too
+        row[n:].zero_()  # a part's own train() may leave the buffers out
+        self.ids[i], self.num_examples[i] = cid, update.num_examples
+        self.losses[i] = (update.loss_sum / update.examples_seen if update.examples_seen
+                          else math.nan)
+        self.n += 1
+
+    def message(self) -> ClientUpdates:
+        n = self.n
+        return ClientUpdates(self.updates[:n], self.ids[:n], self.num_examples[:n],
+                             self.losses[:n])
+
+
+def evaluates_with_state(client: ClientWork) -> bool:
+    """Whether federated evaluation builds each client's model from its stored state: the
+    part keeps ``local`` parameters or says its clients' weights (``eval_weights``). Else
+    every client is evaluated with the global model, reading no state."""
+    return bool(client.local) or type(client).eval_weights is not ClientWork.eval_weights
+
+
+def _part_name(part: object) -> str:
+    """A part as messages name it: its ``name`` and where its class is defined."""
+    cls = type(part)
+    return f"{getattr(part, 'name', '') or cls.__name__} ({cls.__module__}:{cls.__qualname__})"
 
 
 def _chunks(items: Iterator, sizes: list[int]) -> Iterator[list]:
@@ -153,9 +229,21 @@ class ClientWorker:
                                   self.model.num_params)
         self.state = (ClientStateStore(spec.state_url, res.state_cache_mb)
                       if keeps_client_state(self.client, self.stages) else None)
+        # a client part's ``local`` parameters (and buffers): their flat positions, and the
+        # state keys the client part may write (_phases, _finish)
+        self._local_at = (self.model.positions(self.client.local) if self.client.local
+                          else None)
+        if self._local_at is not None and not self._local_at.numel():
+            names = ", ".join(name for name, _, _ in self.model.spans)
+            raise FedrayError(f"algorithm.client {_part_name(self.client)}: local "
+                              f"{self.client.local} names no parameter or buffer of the "
+                              f"model (its names: {names})")
+        self._writable = set(self.client.state) | ({"local"} if self.client.local else set())
+        self._trainable: dict[tuple[str, ...], list[bool]] = {}  # Phase.trainable's flags
         self._stored: list[int] = []  # clients whose state this round's train() wrote
         self._staleness = 0  # the current task's (buffered asynchronous training)
         self._nonfinite = 0  # this round's updates the guard dropped for NaN or Inf
+        self._rows: _Rows | None = None  # this round's updates (Aggregator.individual)
         own_training = self.client.train is not None
         self.group = (group_size(self.model.num_params, self.device.type == "cuda")
                       if res.vectorize and not own_training else 0)
@@ -259,28 +347,78 @@ class ClientWorker:
             self._prefetcher = ThreadPoolExecutor(1, thread_name_prefix="fedray-prefetch")
         return self._prefetcher
 
-    def _terms(self, ctx: ClientContext) -> LocalTerms:
+    def _refuse(self, what: str) -> FedrayError:
+        return FedrayError(f"algorithm.client {_part_name(self.client)}: {what}")
+
+    def _undeclared(self, key: str, where: str) -> FedrayError:
+        return self._refuse(f"{where} writes the state key {key!r}, which its state "
+                            f"{tuple(self.client.state)} does not declare (list it there)")
+
+    def _phases(self, ctx: ClientContext) -> list[Phase]:
         """The client's state as of the round (a client without training data takes no
-        steps and needs none), then its local objective's terms."""
+        steps and needs none), then its phases (``ClientWork.phases``; by default one with
+        its ``terms``), checked: one sends, and every key they write is declared.
+        ``ctx.terms`` is the sending phase's."""
         if self.state is not None and len(ctx.y):
             ctx.state = self.state.get(ctx.cid, ctx.version)
-        ctx.terms = self.client.terms(self.env, ctx)
-        return ctx.terms
+        phases = self.client.phases(self.env, ctx)
+        if not isinstance(phases, (list, tuple)) or not phases \
+                or not all(isinstance(ph, Phase) for ph in phases):
+            raise self._refuse(f"phases() must return a non-empty list of Phase, got "
+                               f"{type(phases).__name__}")
+        sends = [i for i, ph in enumerate(phases) if ph.send]
+        if len(sends) != 1:
+            raise self._refuse(f"exactly one phase must send (Phase.send), {len(sends)} "
+                               f"of its {len(phases)} do")
+        for i, ph in enumerate(phases):
+            if ph.keep is not None and ph.keep not in self._writable:
+                raise self._undeclared(ph.keep, f"phase {i}'s keep")
+            if ph.optimizer is not None:
+                for key in ph.optimizer.state_keys():
+                    if key not in self._writable:
+                        raise self._undeclared(key, f"phase {i}'s optimizer")
+            if isinstance(ph.start, str):
+                if ph.start not in START or (i == 0 and ph.start == "previous"):
+                    raise self._refuse(f"phase {i}'s start must be "
+                                       f"{' or '.join(START[: 1 + (i > 0)])} or a tensor, "
+                                       f"got {ph.start!r}")
+            elif not isinstance(ph.start, torch.Tensor) \
+                    or ph.start.numel() != self.model.size:
+                got = (f"{ph.start.numel()} values" if isinstance(ph.start, torch.Tensor)
+                       else type(ph.start).__name__)
+                raise self._refuse(f"phase {i}'s start has {got}, not the model's "
+                                   f"{self.model.size}")
+        ctx.terms = phases[sends[0]].terms
+        return list(phases)
 
-    def _finish(self, ctx: ClientContext, update: LocalUpdate, acc: PartialSum) -> bool:
+    def _finish(self, ctx: ClientContext, update: LocalUpdate, acc: PartialSum,
+                kept: dict[str, torch.Tensor] | None = None) -> bool:
         """Fold a trained client into the partial sum (the aggregator's contribution, then
         the client part's, which may return its new state); False when the guard dropped
-        its update. A client without examples counts for nothing."""
+        its update. A client without examples counts for nothing. ``kept``: what its phases
+        store (personal models, optimizer tensors, its ``local`` parameters), written only
+        with the rest, so a dropped update leaves the client's state as it was."""
         if update.num_examples == 0:
             return True
         if not self._admissible(update.delta):
             return False
         new: dict[str, torch.Tensor] = {}
         for stage in self.stages:  # on the way up: clip, add noise, compress, encode
-            new |= stage.client_update(self.env, ctx, update, acc) or {}
+            own = stage.client_update(self.env, ctx, update, acc) or {}
+            for key in own:
+                if key not in stage.client_state:
+                    raise FedrayError(f"update stage {_part_name(stage)} writes the state "
+                                      f"key {key!r}, which its client_state "
+                                      f"{tuple(stage.client_state)} does not declare")
+            new |= own
             update.in_replica = False  # the delta may no longer be the replica's
         self._contribute(ctx, update, acc)
-        new |= self.client.finish(self.env, ctx, update, acc) or {}
+        new |= kept or {}
+        own = self.client.finish(self.env, ctx, update, acc) or {}
+        for key in own:  # stored silently before: a typo'd key never read back
+            if key not in self._writable:
+                raise self._undeclared(key, "finish()")
+        new |= own
         if new and self.state is not None:  # a part that wrote nothing keeps its tensors
             self.state.put(ctx.cid, ctx.round, (ctx.state or {}) | new)
             self._stored.append(ctx.cid)
@@ -288,18 +426,30 @@ class ClientWorker:
 
     def _contribute(self, ctx: ClientContext, update: LocalUpdate, acc: PartialSum) -> None:
         """The client's update into the round's result: the aggregator's contribution to
-        the partial sum."""
-        self.aggregator.accumulate(self.env, ctx, update, acc)
+        the partial sum, or, for an aggregator that needs every client's update
+        (``individual``), a row of this round's updates, which the driver hands to its
+        ``aggregate`` (the parts' extras still go into ``acc``)."""
+        if self._rows is None:
+            self.aggregator.accumulate(self.env, ctx, update, acc)
+        else:
+            self._rows.add(ctx.cid, update)
 
     def _train_client(self, ctx: ClientContext, acc: PartialSum,
-                      terms_ready: bool = False) -> tuple[LocalUpdate, bool]:
+                      phases: list[Phase] | None = None) -> tuple[LocalUpdate, bool]:
         """One client's round on the replica (the sequential path): the client part's own
-        ``train`` if it has one, else the sequential kernel with its terms."""
+        ``train`` if it has one, else the sequential kernel, once per phase (``phases``:
+        already made by ``_phases``)."""
         t = self.spec.training
-        if not terms_ready:
-            self._terms(ctx)
+        if phases is None:
+            phases = self._phases(ctx)
+        kept = None
         if self.client.train is not None:
+            # a custom loop's torch draws (dropout, its own shuffles) then derive from the
+            # client's seed, as the kernels' do, whatever worker trains it and after whom
+            torch.manual_seed(ctx.seed)
             update = self.client.train(self.env, ctx)
+        elif not _plain(phases) or self._local_at is not None:
+            update, kept = self._run_phases(ctx, phases)
         else:
             update = local_sgd(self.model, self.env.global_weights, ctx.x, ctx.y, lr=t.lr,
                                batch_size=ctx.batch_size, local_epochs=t.local_epochs,
@@ -309,18 +459,119 @@ class ClientWorker:
             update.in_replica = True  # the kernel trains in the replica
         if update.in_replica:
             update.replica_mark = self.model.loads
-        return update, self._finish(ctx, update, acc)
+        return update, self._finish(ctx, update, acc, kept)
+
+    def _phase_seed(self, ctx: ClientContext, i: int) -> int:
+        """Phase 0 trains from the client's round seed (as a single phase always has), a
+        later phase from its own stream, so two phases never share batches or masks."""
+        return ctx.seed if i == 0 else derive_seed(ctx.seed, TAG_PHASE, i)
+
+    def _flags(self, prefixes: tuple[str, ...] | None) -> list[bool] | None:
+        if prefixes is None:
+            return None
+        key = tuple(prefixes)
+        if key not in self._trainable:
+            self._trainable[key] = self.model.trainable(key)
+        return self._trainable[key]
+
+    def _global_start(self, ctx: ClientContext) -> torch.Tensor | None:
+        """A "global" start: the broadcast model with the client's own ``local`` values
+        (None: the broadcast model as it is -- no local parameters, or none stored yet)."""
+        if self._local_at is None or not ctx.state or "local" not in ctx.state:
+            return None
+        local = ctx.state["local"].reshape(-1)
+        if local.numel() != self._local_at.numel():
+            raise self._refuse(f"client {ctx.cid}'s stored \"local\" has {local.numel()} "
+                               f"values for the {self._local_at.numel()} of its local "
+                               f"parameters {self.client.local}")
+        out = self.env.global_weights.clone()
+        out[self._local_at] = local.to(self.device, out.dtype)
+        return out
+
+    def _opt_in(self, ph: Phase, ctx: ClientContext,
+                kept: dict[str, torch.Tensor]) -> dict[str, torch.Tensor] | None:
+        """A phase's optimizer tensors to start from: those an earlier phase of this round
+        left under its keys, else the client's stored ones; None (zeros) without any."""
+        if ph.optimizer is None or not ph.optimizer.state_keys():
+            return None
+        out = {}
+        for key in ph.optimizer.state_keys():
+            have = kept.get(key)
+            if have is None and ctx.state:
+                have = ctx.state.get(key)
+            if have is not None:
+                out[key.rsplit(".", 1)[1]] = have
+        return out or None
+
+    def _phase_steps(self, ph: Phase) -> tuple[float, int, int | None]:
+        """A phase's lr, local epochs and local steps (the client section's where unset)."""
+        t = self.spec.training
+        lr = t.lr if ph.lr is None else ph.lr
+        if ph.steps is not None:
+            return lr, t.local_epochs, ph.steps
+        if ph.epochs is not None:
+            return lr, ph.epochs, None
+        return lr, t.local_epochs, t.local_steps
+
+    def _run_phases(self, ctx: ClientContext,
+                    phases: list[Phase]) -> tuple[LocalUpdate, dict[str, torch.Tensor]]:
+        """A client's phases on the replica, one sequential-kernel call each: the sending
+        phase's update (its ``local`` positions zeroed: never averaged) and what the phases
+        keep in the client's state."""
+        t = self.spec.training
+        g = self.env.global_weights
+        kept: dict[str, torch.Tensor] = {}
+        sent: LocalUpdate | None = None
+        last = len(phases) - 1
+        for i, ph in enumerate(phases):
+            if isinstance(ph.start, torch.Tensor):
+                start = ph.start.reshape(-1).to(self.device, torch.float32)
+            elif ph.start == "previous":
+                start = self.model.flat.clone()  # where the previous phase left the replica
+            else:
+                start = self._global_start(ctx)
+            lr, epochs, steps = self._phase_steps(ph)
+            out = self._delta if i == last else torch.empty_like(self._delta)
+            update = local_sgd(self.model, g, ctx.x, ctx.y, lr=lr, batch_size=ctx.batch_size,
+                               local_epochs=epochs, local_steps=steps,
+                               seed=self._phase_seed(ctx, i), delta_out=out, terms=ph.terms,
+                               full_batch=self.client.full_batch, loss=t.loss, start=start,
+                               trainable=self._flags(ph.trainable), optimizer=ph.optimizer,
+                               opt_state=self._opt_in(ph, ctx, kept), transform=ph.transform)
+            if ph.keep is not None:
+                kept[ph.keep] = self.model.flat.clone()
+            if update.opt_state is not None and ph.optimizer is not None:
+                for key in ph.optimizer.state_keys():
+                    kept[key] = update.opt_state[key.rsplit(".", 1)[1]]
+            if ph.send:
+                sent = update
+        if self._local_at is not None:
+            kept["local"] = self.model.flat[self._local_at].clone()
+            sent.delta[self._local_at] = 0.0
+        # the replica holds the sent weights only if the sending phase came last and
+        # nothing was zeroed (WorkerEnv.trained_weights rebuilds them otherwise)
+        sent.in_replica = sent is update and self._local_at is None
+        return sent, kept
 
     def _train_group(self, ctxs: list[ClientContext],
                      acc: PartialSum) -> list[tuple[LocalUpdate, bool]]:
         """A group of clients' rounds: one batched local update (fedray/kernels/vectorized.py), then
         each client folded in, in order, as on the sequential path. Clients whose terms
         differ in their proximal weight cannot share a batched step: they train one after
-        another."""
+        another; so do clients whose phases differ in more than their start, stored
+        optimizer tensors and linear terms (``_same_shape``)."""
         t = self.spec.training
-        terms = [self._terms(ctx) for ctx in ctxs]
+        phases = [self._phases(ctx) for ctx in ctxs]
+        if self._local_at is not None or not all(_plain(ph) for ph in phases):
+            if all(len(ph) == len(phases[0]) and all(map(_same_shape, ph, phases[0]))
+                   for ph in phases):
+                return self._group_phases(ctxs, phases, acc)
+            return [self._train_client(ctx, acc, ph) for ctx, ph in zip(ctxs, phases,
+                                                                         strict=True)]
+        terms = [ctx.terms for ctx in ctxs]
         if len({tm.proximal for tm in terms}) > 1:
-            return [self._train_client(ctx, acc, terms_ready=True) for ctx in ctxs]
+            return [self._train_client(ctx, acc, ph) for ctx, ph in zip(ctxs, phases,
+                                                                         strict=True)]
         linear = None
         if any(tm.linear is not None for tm in terms):
             linear = torch.zeros((len(ctxs), self.model.num_params), device=self.device)
@@ -341,6 +592,76 @@ class ClientWorker:
             out.append((update, self._finish(ctx, update, acc)))
         return out
 
+    def _group_phases(self, ctxs: list[ClientContext], phases: list[list[Phase]],
+                      acc: PartialSum) -> list[tuple[LocalUpdate, bool]]:
+        """A group's phases, each one batched call for all its clients (their phases agree
+        but for start, stored optimizer tensors and linear terms), then each client folded
+        in as on the sequential path."""
+        t = self.spec.training
+        g, p, n = self.env.global_weights, self.model.num_params, len(ctxs)
+        kept: list[dict[str, torch.Tensor]] = [{} for _ in ctxs]
+        trained: list[torch.Tensor] | None = None  # each client's weights after a phase
+        sent: list[LocalUpdate] = []
+        for i in range(len(phases[0])):
+            ph = phases[0][i]
+            mine = [phs[i] for phs in phases]
+            if isinstance(ph.start, str) and ph.start == "previous":
+                starts = torch.stack(trained)
+            else:
+                own = [q.start.reshape(-1).to(self.device, torch.float32)
+                       if isinstance(q.start, torch.Tensor) else self._global_start(ctx)
+                       for q, ctx in zip(mine, ctxs, strict=True)]
+                starts = (None if all(s is None for s in own) else
+                          torch.stack([g if s is None else s for s in own]))
+            linear = None
+            if any(q.terms.linear is not None for q in mine):
+                linear = torch.zeros((n, p), device=self.device)
+                for k, q in enumerate(mine):
+                    if q.terms.linear is not None:
+                        linear[k] = q.terms.linear
+            opt_state = None
+            ins = [self._opt_in(q, ctx, kept[k])
+                   for k, (q, ctx) in enumerate(zip(mine, ctxs, strict=True))]
+            if any(s is not None for s in ins):
+                names = {"m": p, "v": p, "t": 1}
+                opt_state = {}
+                for name, width in names.items():
+                    if any(s is not None and name in s for s in ins):
+                        rows = torch.zeros((n, width), device=self.device)
+                        for k, s in enumerate(ins):
+                            if s is not None and name in s:
+                                rows[k] = s[name].reshape(-1).to(self.device, torch.float32)
+                        opt_state[name] = rows
+            lr, epochs, steps = self._phase_steps(ph)
+            group = vmap_local_sgd(self.model, g, [(c.x, c.y) for c in ctxs], lrs=[lr] * n,
+                                   batch_size=[c.batch_size for c in ctxs],
+                                   local_epochs=epochs, local_steps=steps,
+                                   seeds=[self._phase_seed(c, i) for c in ctxs],
+                                   terms=LocalTerms(proximal=ph.terms.proximal, linear=linear),
+                                   full_batch=self.client.full_batch, loss=t.loss,
+                                   starts=starts, trainable=self._flags(ph.trainable),
+                                   optimizer=ph.optimizer, opt_state=opt_state,
+                                   transform=ph.transform)
+            trained = [g + group.delta(k) for k in range(n)]
+            for k in range(n):
+                if ph.keep is not None:
+                    kept[k][ph.keep] = trained[k]
+                if group.opt_state is not None and ph.optimizer is not None:
+                    for key in ph.optimizer.state_keys():
+                        kept[k][key] = group.opt_state[key.rsplit(".", 1)[1]][group.rows[k]]
+            if ph.send:
+                sent = [LocalUpdate(group.delta(k), group.num_examples[k],
+                                    group.loss_sums[k], group.examples_seen[k],
+                                    group.steps[k]) for k in range(n)]
+        out = []
+        for k, ctx in enumerate(ctxs):
+            update = sent[k]
+            if self._local_at is not None:
+                kept[k]["local"] = trained[k][self._local_at].clone()
+                update.delta[self._local_at] = 0.0
+            out.append((update, self._finish(ctx, update, acc, kept[k])))
+        return out
+
     def train(self, broadcast: Broadcast, task: RoundTask) -> RoundResult:
         """Train the task's clients from its broadcast (the global weights and the
         aggregator's per-round state); return their one partial sum, and which clients had
@@ -355,6 +676,7 @@ class ClientWorker:
         self._stored = []
         self._nonfinite = 0
         ids = task.client_ids
+        self._rows = _Rows(len(ids), self.model.size) if self.aggregator.individual else None
         self._staleness = task.staleness
         jobs = self._jobs(task.round, ids, task.versions)
         if self.group:
@@ -372,8 +694,13 @@ class ClientWorker:
         return RoundResult(partial=acc.to_message(), clients=len(ids), examples=examples,
                            loss_sum=loss_sum, examples_seen=seen, dropped=dropped,
                            updates=len(ids) - dropped, nonfinite=self._nonfinite,
-                           stored=self._stored,
+                           stored=self._stored, rows=self._take_rows(),
                            busy_s=time.perf_counter() - start, mem_mb=private_mb())
+
+    def _take_rows(self) -> ClientUpdates | None:
+        """This round's rows, which the worker then lets go of (they travel in the result)."""
+        rows, self._rows = self._rows, None
+        return None if rows is None else rows.message()
 
     def reduce(self, *results: RoundResult) -> GroupResult:
         """runtime.reduce.where=workers: the round's results of a group of slots, this
@@ -391,24 +718,32 @@ class ClientWorker:
         return evaluate(self.model.module, x, y, t.eval_batch_size, self.device, t.loss)
 
     def evaluate_clients(self, weights: np.ndarray, client_ids: list[int], round_idx: int = 0,
-                         personalize: Personalize | None = None) -> list[ClientEval]:
+                         personalize: Personalize | None = None,
+                         versions: list[int] | None = None) -> list[ClientEval]:
         """One row of evaluation sums per client of ``client_ids``, on its held-out data:
         the global model's, and with ``personalize`` also those of a copy fine-tuned on the
         client's train split (local SGD from the client's personalization seed for
         ``round_idx``). The copy lives in the replica, which is reloaded with the global
-        weights for every client; nothing a later round reads is changed."""
+        weights for every client; nothing a later round reads is changed.
+
+        ``versions`` (one per client, 0: none; only for a client part that evaluates with
+        its state, ``evaluates_with_state``): each client is evaluated, and fine-tuned,
+        from its own weights instead, built from the global ones and its stored state of
+        that version (``_client_weights``)."""
         t = self.spec.training
         self._weights.copy_(readonly_tensor(weights))
         rows = []
-        for cid in client_ids:
-            self.model.load_(self._weights)
+        for i, cid in enumerate(client_ids):
+            start = self._weights if versions is None else self._client_weights(cid,
+                                                                                versions[i])
+            self.model.load_(start)
             x, y = self.cache.get(cid, "test")
             row = ClientEval(cid, evaluate(self.model.module, x, y, t.eval_batch_size,
                                            self.device, t.loss))
             if personalize is not None:
                 tx, ty = self.cache.get(cid)
                 if len(ty):
-                    local_sgd(self.model, self._weights, tx, ty, lr=personalize.lr,
+                    local_sgd(self.model, start, tx, ty, lr=personalize.lr,
                               batch_size=personalize.batch_size or t.batch_size_for(len(ty)),
                               local_epochs=personalize.epochs,
                               local_steps=personalize.steps or None,
@@ -418,3 +753,37 @@ class ClientWorker:
                                             self.device, t.loss)
             rows.append(row)
         return rows
+
+    def _client_weights(self, cid: int, version: int) -> torch.Tensor:
+        """Client ``cid``'s model for evaluation: what the client part's ``eval_weights``
+        returns from the global weights (in ``_weights``) and the client's state of
+        ``version``; by default the global weights with the part's ``local`` parameters
+        from the state's "local". A client without state (version 0: it never trained)
+        gets the global weights as broadcast, its ``local`` parameters included."""
+        self.env.global_weights = self._weights
+        state = self.state.get(cid, version) if self.state is not None else None
+        own = self.client.eval_weights(self.env, cid, state)
+        size = self.model.size
+        if own is not None:
+            if not isinstance(own, torch.Tensor) or own.numel() != size \
+                    or not bool(torch.isfinite(own).all()):
+                what = (f"{own.numel()} values" + ("" if own.numel() != size else
+                                                   ", not all finite")
+                        if isinstance(own, torch.Tensor) else type(own).__name__)
+                raise FedrayError(f"client part {_part_name(self.client)}: eval_weights("
+                                  f"client {cid}) returned {what}, not the model's {size} "
+                                  "finite float values (or None)")
+            return own.reshape(-1).to(self.device, torch.float32)
+        if state is None or not self.client.local or "local" not in state:
+            return self._weights
+        if getattr(self, "_local_at", None) is None:  # once per worker
+            self._local_at = self.model.positions(self.client.local)
+        local = state["local"].reshape(-1)
+        if local.numel() != self._local_at.numel():
+            raise FedrayError(f"client part {_part_name(self.client)}: client {cid}'s stored "
+                              f"\"local\" has {local.numel()} values for the "
+                              f"{self._local_at.numel()} of its local parameters "
+                              f"{self.client.local}")
+        out = self._weights.clone()
+        out[self._local_at] = local.to(self.device, out.dtype)
+        return out
