@@ -15,7 +15,6 @@ driver and its workers are objects of this process instead, and Ray is not used 
 
 from __future__ import annotations
 
-import functools
 import sys
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -24,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 from omegaconf import DictConfig, OmegaConf
 
 from fedray.config import ConfigSource, load_config, validate, with_algorithm
-from fedray.errors import DivergedError, FedrayError, key_error
+from fedray.errors import DivergedError, FedrayError, PartError, key_error
 from fedray.state.redact import mask
 from fedray.state.storage import RunClaim, absolute_url, filesystem, storage_failure
 from fedray.tracking.callbacks import (
@@ -228,6 +227,8 @@ def _unwrap_remote_error(exc: BaseException) -> BaseException:
     while cause is not None:
         if isinstance(cause, DivergedError):  # its own type: a caller may catch it alone
             return DivergedError(str(cause), cause.round, cause.checkpoint)
+        if isinstance(cause, PartError):  # with the part's traceback, for --debug
+            return PartError(str(cause.args[0]) if cause.args else str(cause), cause.detail)
         if isinstance(cause, FedrayError):
             return FedrayError(str(cause.args[0]) if cause.args else str(cause))
         cause = getattr(cause, "cause", None) or cause.__cause__
@@ -380,13 +381,14 @@ def _run_claimed(cfg: DictConfig, url: str, model_fn: Callable | None,
     """The run, once its directory is claimed: Ray, the driver and its workers, every round
     (appended to ``metrics`` as they arrive)."""
     from fedray.algorithms.registry import resolve
-    from fedray.core.models import build_model
+    from fedray.core.models import model_factory
     from fedray.data.source import build_source
 
     if cfg.runtime.backend == "inline":
         source = build_source(cfg, client_data, test_data, manifest)
-        make_model = model_fn or functools.partial(
-            build_model, cfg.model.name, tuple(source.input_shape), source.num_classes)
+        make_model = model_fn or model_factory(
+            cfg.model.name, OmegaConf.to_container(cfg.model.args, resolve=True),
+            tuple(source.input_shape), source.num_classes)
         summary, weights = _run_inline(cfg, url, source, make_model, callbacks, resume,
                                        metrics)
         return RunResult(weights=weights, metrics=metrics, summary=summary, run_dir=url,
@@ -401,8 +403,9 @@ def _run_claimed(cfg: DictConfig, url: str, model_fn: Callable | None,
 
     with ray_session(cfg):
         source = build_source(cfg, client_data, test_data, manifest)
-        make_model = model_fn or functools.partial(
-            build_model, cfg.model.name, tuple(source.input_shape), source.num_classes)
+        make_model = model_fn or model_factory(
+            cfg.model.name, OmegaConf.to_container(cfg.model.args, resolve=True),
+            tuple(source.input_shape), source.num_classes)
         strategy, resources = _placement()
         num_workers = pool_size(cfg, resources)
         driver_cls = ray.remote(Driver).options(num_cpus=0, scheduling_strategy=strategy)

@@ -129,6 +129,10 @@ def import_object(ref: str, key: str) -> Any:
             name = "fedray_user_" + os.path.splitext(os.path.basename(path))[0]
             module = sys.modules.get(name)
             if module is None or getattr(module, "__file__", None) != path:
+                # its sibling files import as they do for `python dir/file.py`; appended,
+                # so that no installed or standard module is shadowed by a user's file
+                if os.path.dirname(path) not in sys.path:
+                    sys.path.append(os.path.dirname(path))
                 spec = importlib.util.spec_from_file_location(name, path)
                 module = importlib.util.module_from_spec(spec)
                 sys.modules[name] = module
@@ -157,9 +161,28 @@ def installed(path: str) -> bool:
             or any(path.startswith(r + os.sep) for r in roots))
 
 
+def sibling_files(path: str) -> list[str]:
+    """The ``.py`` files beside a user's module file ``path`` (itself included): what
+    travels with a module that is a file rather than a package -- a ``.py`` path, or a
+    top-level module such as ``my_models`` -- so that its imports of its neighbours
+    (``import helpers``) work wherever it runs. Only that directory's own ``.py`` files,
+    not its subdirectories, so what travels stays bounded (the cluster side also caps it:
+    fedray.cluster.sweep.MAX_MODULES_MB)."""
+    folder = os.path.dirname(os.path.abspath(path))
+    try:
+        names = sorted(os.listdir(folder))
+    except OSError:
+        return [os.path.abspath(path)]
+    return [os.path.join(folder, n) for n in names
+            if n.endswith(".py") and not n.startswith(".")
+            and os.path.isfile(os.path.join(folder, n))]
+
+
 def _ship_by_value(module: Any) -> None:
-    """A user's module travels to the Ray processes inside the pickled parts, so neither the
-    driver actor nor the workers (nor a cluster's nodes) need to import it by name."""
+    """A user's module travels to the Ray processes inside the pickled parts and models, so
+    neither the driver actor nor the workers (nor a cluster's nodes) need to import it by
+    name: its whole top-level package, or, for a module that is a file, every module loaded
+    from the ``.py`` files beside it (``sibling_files``: a helper it imports)."""
     name = getattr(module, "__name__", "")
     if name == "fedray" or name.startswith("fedray."):
         return
@@ -167,10 +190,19 @@ def _ship_by_value(module: Any) -> None:
         return
     from ray import cloudpickle  # Ray's own copy is what pickles task arguments
 
-    try:
-        cloudpickle.register_pickle_by_value(sys.modules.get(name.partition(".")[0], module))
-    except ValueError:  # not in sys.modules under its name (already by value)
-        pass
+    top = sys.modules.get(name.partition(".")[0], module)
+    found = [top]
+    if not hasattr(top, "__path__") and getattr(top, "__file__", None):  # a file, no package
+        beside = set(sibling_files(top.__file__))
+        found += [m for n, m in list(sys.modules.items())
+                  if m is not top and "." not in n and n != "fedray"
+                  and isinstance(getattr(m, "__file__", None), str)
+                  and os.path.abspath(m.__file__) in beside]
+    for m in found:
+        try:
+            cloudpickle.register_pickle_by_value(m)
+        except ValueError:  # not in sys.modules under its name (already by value)
+            pass
 
 
 def lookup(kind: str, ref: str, key: str) -> type:

@@ -4,15 +4,20 @@ Architectures follow the papers fedray reproduces: ``emnist_cnn`` (TFF / Reddi e
 ``leaf_cnn`` (LEAF FEMNIST, Caldas et al.), ``mlp`` (SCAFFOLD's 2-layer fully connected
 network; its width is fedray's choice), ``logreg``, ``resnet18_gn`` (GroupNorm ResNet-18
 for CIFAR-100, Hsieh et al. / Reddi et al., with its input preprocessing built in) and
-``shakespeare_lstm`` (seed 002's character LSTM). A user can pass any nn.Module factory to
-``fedray.run(model_fn=...)`` instead.
+``shakespeare_lstm`` (seed 002's character LSTM). A job may instead name a user's model by
+import path (``model.name: my_models:Net`` or ``path/to/file.py:Net``, the syntax and resolver
+of algorithm parts, fedray.algorithms.registry) with keyword arguments from ``model.args``;
+from Python, any nn.Module factory can be passed as ``fedray.run(model_fn=...)``.
 """
 
 from __future__ import annotations
 
+import functools
+import inspect
 import math
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from typing import Any
 
 import torch
 from torch import nn
@@ -210,6 +215,90 @@ MODELS: dict[str, ModelFactory] = {
 
 def build_model(name: str, input_shape: tuple[int, ...], num_classes: int) -> nn.Module:
     return MODELS[name](tuple(input_shape), num_classes)
+
+
+# what a user's model is told about the data, when its signature names the argument and
+# model.args does not set it
+_DATA_ARGS = ("input_shape", "num_classes")
+
+
+def user_model(name: str, args: Mapping[str, Any] | None = None) -> Callable[..., nn.Module]:
+    """The class (or factory function) an import path ``model.name`` names, checked against
+    ``model.args`` without being called: importable, an nn.Module subclass or a callable, and
+    able to take those keyword arguments. Imported here, in the caller, so that the object
+    travels to the Ray processes by value (fedray.algorithms.registry) rather than by name.
+    Each problem is one line naming ``model.name`` or ``model.args``."""
+    from fedray.algorithms.registry import import_object
+    from fedray.errors import key_error
+
+    obj = import_object(name, "model.name")
+    if isinstance(obj, type) and not issubclass(obj, nn.Module) or not callable(obj):
+        what = ("a class that is not one" if isinstance(obj, type) else
+                f"a {type(obj).__name__} object")
+        raise key_error("model.name", "must name a torch.nn.Module subclass or a function "
+                        f"that returns one; {name.rpartition(':')[2]} is {what}", name)
+    try:
+        signature = inspect.signature(obj)
+    except (TypeError, ValueError):  # a builtin without one: its call says what is wrong
+        return obj
+    try:
+        signature.bind(**model_kwargs(obj, args, (1,), 1))
+    except TypeError as exc:
+        raise key_error("model.args", f"{name} does not take them: {exc}",
+                        dict(args or {})) from None
+    return obj
+
+
+def model_kwargs(obj: Callable[..., nn.Module], args: Mapping[str, Any] | None,
+                 input_shape: tuple[int, ...], num_classes: int) -> dict[str, Any]:
+    """``model.args``, plus ``input_shape=`` and ``num_classes=`` (the data's) for each that
+    ``obj``'s signature names and ``model.args`` leaves unset: a model written for one data
+    set can still be told the shape of another without a key in every job."""
+    kwargs = dict(args or {})
+    try:
+        params = inspect.signature(obj).parameters
+    except (TypeError, ValueError):
+        return kwargs
+    given = {"input_shape": tuple(input_shape), "num_classes": int(num_classes)}
+    for key in _DATA_ARGS:
+        p = params.get(key)
+        if key not in kwargs and p is not None and p.kind in (
+                inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY):
+            kwargs[key] = given[key]
+    return kwargs
+
+
+def build_user_model(obj: Callable[..., nn.Module], name: str, args: Mapping[str, Any],
+                     input_shape: tuple[int, ...], num_classes: int) -> nn.Module:
+    """``obj(**model.args)`` with the data's shape where it asks for it (``model_kwargs``);
+    a call that refuses the arguments names ``model.args``, a result that is not an
+    nn.Module names ``model.name``, each in one line (the driver builds the model before
+    round 1, so this fails before any round runs or anything is written)."""
+    from fedray.errors import key_error, one_line
+
+    try:
+        module = obj(**model_kwargs(obj, args, input_shape, num_classes))
+    except TypeError as exc:
+        raise key_error("model.args", f"{name} refused them: {one_line(exc)}",
+                        dict(args)) from None
+    if not isinstance(module, nn.Module):
+        raise key_error("model.name", f"must build a torch.nn.Module; it returned a "
+                        f"{type(module).__name__}", name)
+    return module
+
+
+def model_factory(name: str, args: Mapping[str, Any] | None, input_shape: tuple[int, ...],
+                  num_classes: int) -> Callable[[], nn.Module]:
+    """The zero-argument model factory a run hands its driver and workers: a registered
+    name's (unchanged: ``build_model``), or a user's model by import path, resolved here
+    (``user_model``) so that it is pickled by value with its module."""
+    from fedray.algorithms.registry import is_import_path
+
+    if not is_import_path(name):
+        return functools.partial(build_model, name, tuple(input_shape), num_classes)
+    args = dict(args or {})
+    return functools.partial(build_user_model, user_model(name, args), name, args,
+                             tuple(input_shape), num_classes)
 
 
 def fit_problem(module: nn.Module, input_shape: tuple[int, ...], num_classes: int,
