@@ -23,6 +23,7 @@ import torch
 from torch import nn
 
 from fedray.algorithms.base import (
+    START,
     Aggregator,
     ClientContext,
     ClientWork,
@@ -34,7 +35,6 @@ from fedray.algorithms.base import (
     WorkerEnv,
     extra_sizes,
 )
-from fedray.algorithms.base import START
 from fedray.core.evaluation import ClientEval, EvalSums, evaluate
 from fedray.core.flat_model import FlatModel
 from fedray.core.seeding import TAG_PHASE, client_seed, derive_seed, personalize_seed
@@ -50,6 +50,12 @@ from fedray.runtime.messages import (
     GroupResult,
     RoundResult,
     RoundTask,
+)
+from fedray.runtime.part_errors import (
+    PartNames,
+    check_delta,
+    check_local_update,
+    names_part_errors,
 )
 from fedray.runtime.reduction_tree import reduce_results
 from fedray.runtime.session import keep_freed_memory, private_mb
@@ -113,6 +119,9 @@ class WorkerSpec:
     # part keeps per-client state)
     per_round: PerRound | None = None  # data.per_round: each round's client data transform
     stages: tuple[UpdateStage, ...] = ()  # algorithm.stages, in order
+    # the job's names of the client part, the aggregator and the stages, in that order
+    # (registered names or import paths): what an error from one of them says
+    labels: tuple[str, ...] = ()
 
 
 def keeps_client_state(client: ClientWork, stages: tuple[UpdateStage, ...]) -> bool:
@@ -187,6 +196,16 @@ def _part_name(part: object) -> str:
     return f"{getattr(part, 'name', '') or cls.__name__} ({cls.__module__}:{cls.__qualname__})"
 
 
+def _parts(worker: ClientWorker) -> PartNames | None:
+    """A worker's parts as errors name them (fedray.runtime.part_errors); None before it
+    has a spec."""
+    spec = getattr(worker, "spec", None)
+    if spec is None:
+        return None
+    return PartNames.of(spec.client, spec.aggregator, spec.stages,
+                        getattr(spec, "labels", ()))
+
+
 def _chunks(items: Iterator, sizes: list[int]) -> Iterator[list]:
     """``items`` cut into consecutive lists of the given sizes."""
     for size in sizes:
@@ -199,6 +218,7 @@ class ClientWorker:
         if spec is not None:
             self.configure(spec)
 
+    @names_part_errors(_parts)
     def configure(self, spec: WorkerSpec) -> None:
         """Build the model replica, the data cache, the client state store and the parts'
         buffers for ``spec``.
@@ -405,6 +425,8 @@ class ClientWorker:
         new: dict[str, torch.Tensor] = {}
         for stage in self.stages:  # on the way up: clip, add noise, compress, encode
             own = stage.client_update(self.env, ctx, update, acc) or {}
+            check_delta(lambda stage=stage: _parts(self).who(stage), "client_update()",
+                        update.delta, self.model.flat)
             for key in own:
                 if key not in stage.client_state:
                     raise FedrayError(f"update stage {_part_name(stage)} writes the state "
@@ -448,6 +470,7 @@ class ClientWorker:
             # client's seed, as the kernels' do, whatever worker trains it and after whom
             torch.manual_seed(ctx.seed)
             update = self.client.train(self.env, ctx)
+            check_local_update(lambda: _parts(self).who(self.client), update, self.model.flat)
         elif not _plain(phases) or self._local_at is not None:
             update, kept = self._run_phases(ctx, phases)
         else:
@@ -662,6 +685,7 @@ class ClientWorker:
             out.append((update, self._finish(ctx, update, acc, kept[k])))
         return out
 
+    @names_part_errors(_parts)
     def train(self, broadcast: Broadcast, task: RoundTask) -> RoundResult:
         """Train the task's clients from its broadcast (the global weights and the
         aggregator's per-round state); return their one partial sum, and which clients had
@@ -717,6 +741,7 @@ class ClientWorker:
         t = self.spec.training
         return evaluate(self.model.module, x, y, t.eval_batch_size, self.device, t.loss)
 
+    @names_part_errors(_parts)
     def evaluate_clients(self, weights: np.ndarray, client_ids: list[int], round_idx: int = 0,
                          personalize: Personalize | None = None,
                          versions: list[int] | None = None) -> list[ClientEval]:
