@@ -1,16 +1,17 @@
 """``fedray submit / status / logs / stop``: fedray jobs on a Ray cluster, through Ray Jobs.
 
 ``fedray submit JOB.yaml`` sends the job file, this machine's fedray package and the user's
-modules the job names by import path (Ray's runtime_env ``working_dir`` and ``py_modules``,
-``user_modules``) to the cluster's job server, where ``fedray run job.yaml key=value ...``
-runs (``python -m fedray.cluster.entrypoint``, which reads the overrides from a file shipped
-with the job, so that no credential in them shows in the cluster's job list), joining the
-cluster through the RAY_ADDRESS Ray Jobs sets. The cluster's nodes must already have fedray's
-dependencies (ray_cluster.yaml's setup_commands install them); the shipped package makes the
-code the one you just edited. The job runs on the head, so its paths are the cluster's:
-``output.dir`` and a partition store must be URLs (s3://, gs://) or absolute paths on storage
-every node shares -- a relative path would land in the job's temporary working directory and
-be lost with it, so it is refused here, before anything is sent.
+modules the job names by import path: parts, ``model.name``, callbacks (Ray's runtime_env
+``working_dir`` and ``py_modules``, ``user_modules``) to the cluster's job server, where
+``fedray run job.yaml key=value ...`` runs (``python -m fedray.cluster.entrypoint``, which
+reads the overrides from a file shipped with the job, so that no credential in them shows in
+the cluster's job list), joining the cluster through the RAY_ADDRESS Ray Jobs sets. The
+cluster's nodes must already have fedray's dependencies (ray_cluster.yaml's setup_commands
+install them); the shipped package makes the code the one you just edited. The job runs on
+the head, so its paths are the cluster's: ``output.dir`` and a partition store must be URLs
+(s3://, gs://) or absolute paths on storage every node shares -- a relative path would land
+in the job's temporary working directory and be lost with it, so it is refused here, before
+anything is sent.
 """
 
 from __future__ import annotations
@@ -74,8 +75,9 @@ def check_cluster_paths(cfg) -> None:
 
 @dataclass(frozen=True)
 class UserModule:
-    """A user's module that a job names a part in (``algorithm.aggregator:
-    examples.qffl:QFedAvg``), as found on this machine."""
+    """A user's module that a job names a part or its model in (``algorithm.aggregator:
+    examples.qffl:QFedAvg``, ``model.name: examples/models.py:BatchNormCNN``), as found on
+    this machine."""
 
     key: str  # the config key that names it
     ref: str  # the module part of the import path, as given: examples.qffl, or algos/x.py
@@ -95,22 +97,32 @@ def algorithm_refs(algorithm: Any) -> list[tuple[str, str]]:
     return out
 
 
+def model_refs(cfg: Any) -> list[tuple[str, str]]:
+    """``[("model.name", import path)]`` when a job names its model by import path."""
+    name = (cfg.get("model") or {}).get("name")
+    return [("model.name", name)] if isinstance(name, str) and ":" in name else []
+
+
 def job_refs(cfg: Any) -> list[tuple[str, str]]:
     """(config key, import path) of everything of the user's a job names: its algorithm's
-    parts and its ``output.callbacks`` (which run in the process that runs the job)."""
+    parts, its model and its ``output.callbacks`` (which run in the process that runs the
+    job)."""
     output = cfg.get("output") or {}
     callbacks = [("output.callbacks", r) for r in output.get("callbacks") or []
                  if isinstance(r, str) and ":" in r]
-    return algorithm_refs(cfg.get("algorithm")) + callbacks
+    return algorithm_refs(cfg.get("algorithm")) + model_refs(cfg) + callbacks
 
 
 def user_modules(refs: Iterable[tuple[str, str]], cwd: str | None = None) -> list[UserModule]:
     """The user's modules behind import paths, found from ``cwd`` first, as ``fedray run``
     imports them (fedray.algorithms.registry.import_object), without running their code.
 
-    A module name ships its *top-level* package (or module file): ``examples.qffl`` ships
-    the directory ``examples/``, so the module's own imports of its siblings work on the
-    cluster too. fedray itself and installed packages are left out (the nodes have them)."""
+    A module name ships its *top-level* package: ``examples.qffl`` ships the directory
+    ``examples/``, so the module's own imports of its siblings work on the cluster too. A
+    top-level module that is a file (``my_models`` for ``my_models.py``) ships with the
+    ``.py`` files beside it, as a ``.py`` path does (``_stage_file``; the same
+    ``registry.sibling_files``), at most MAX_MODULES_MB of them. fedray itself and installed
+    packages are left out (the nodes have them)."""
     cwd = cwd or os.getcwd()
     out: dict[str, UserModule] = {}
     for key, ref in refs:
@@ -121,6 +133,7 @@ def user_modules(refs: Iterable[tuple[str, str]], cwd: str | None = None) -> lis
             path = os.path.abspath(os.path.join(cwd, module))
             if not os.path.isfile(path):
                 raise key_error(key, f"no such file: {path}", ref)
+            siblings(key, ref, path)  # what _stage_file copies, checked here
             out.setdefault(path, UserModule(key, module, path, True))
             continue
         top = module.split(".")[0]
@@ -131,10 +144,30 @@ def user_modules(refs: Iterable[tuple[str, str]], cwd: str | None = None) -> lis
             raise key_error(key, f"cannot find module {top} (looked in {cwd} and on "
                             "sys.path)", ref)
         paths = list(spec.submodule_search_locations or []) or [spec.origin or ""]
+        if not spec.submodule_search_locations and paths[0].endswith(".py") and \
+                not installed(paths[0]):
+            paths = siblings(key, ref, paths[0])  # a module file: its neighbours too
         for path in paths:
             if path and os.path.exists(path) and not installed(path):
                 out.setdefault(path, UserModule(key, module, os.path.abspath(path), False))
     return list(out.values())
+
+
+def siblings(key: str, ref: str, path: str) -> list[str]:
+    """The ``.py`` files that travel with the module file ``path``
+    (fedray.algorithms.registry.sibling_files), refused in one line naming ``key`` when
+    they exceed what a sweep ships with every trial (fedray.cluster.sweep.MAX_MODULES_MB)."""
+    from fedray.algorithms.registry import sibling_files
+    from fedray.cluster.sweep import MAX_MODULES_MB
+
+    files = sibling_files(path)
+    size = sum(os.path.getsize(f) for f in files)
+    if size > MAX_MODULES_MB * 2**20:
+        raise key_error(key, f"the {len(files)} .py files beside {os.path.basename(path)} "
+                        f"that travel with it take {size / 2**20:.0f} MiB, more than "
+                        f"{MAX_MODULES_MB} MiB: move the module into a directory of its own, "
+                        "or install it on the cluster's nodes", ref)
+    return files
 
 
 def submit(job: str, overrides: list[str], address: str | None = None,
@@ -197,9 +230,10 @@ def job_spec(job: str, overrides: Sequence[str], staging: str, py_modules: list[
 
 
 def _stage_file(module: UserModule, staging: str) -> None:
-    """A part named by a relative .py path goes into the job's working directory at that
-    path, where the entrypoint (which runs there) finds it; an absolute path is left as it
-    is: like output.dir, it must be on storage every node shares."""
+    """A part or model named by a relative .py path goes into the job's working directory at
+    that path, with the .py files beside it (``siblings``: a helper it imports), where the
+    entrypoint (which runs there) finds them; an absolute path is left as it is: like
+    output.dir, it must be on storage every node shares."""
     if os.path.isabs(module.ref):
         return
     rel = os.path.normpath(module.ref)
@@ -207,9 +241,10 @@ def _stage_file(module: UserModule, staging: str) -> None:
         raise key_error(module.key, "a job on a cluster finds a .py file inside the directory "
                         "you submit from, or at an absolute path on shared storage; or name "
                         "its module instead (package.module:Class)", module.ref)
-    target = os.path.join(staging, rel)
-    os.makedirs(os.path.dirname(target), exist_ok=True)
-    shutil.copyfile(module.path, target)
+    folder = os.path.dirname(os.path.join(staging, rel))
+    os.makedirs(folder, exist_ok=True)
+    for path in siblings(module.key, module.ref, module.path):
+        shutil.copyfile(path, os.path.join(folder, os.path.basename(path)))
 
 
 def _call(what: str, job_id: str, fn: Callable[[], Any]) -> Any:

@@ -138,7 +138,7 @@ def load_sweep(source: Any, overrides: list[str] | tuple = ()) -> tuple[DictConf
     if job.data.partition not in ("synthetic", "memory"):  # trials run elsewhere: Tune
         # starts each in its own working directory, maybe on another node
         job = OmegaConf.merge(job, {"data": {"partition": absolute_url(job.data.partition)}})
-    job = OmegaConf.merge(job, {"algorithm": _absolute_files(job.algorithm)})  # likewise
+    job = OmegaConf.merge(job, _absolute_files(job))  # likewise
     sweep.job = OmegaConf.to_container(job, resolve=True)
     sweep.overrides = []
     r = _require
@@ -148,7 +148,7 @@ def load_sweep(source: Any, overrides: list[str] | tuple = ()) -> tuple[DictConf
     r(sweep.workers_per_trial >= 1, "workers_per_trial", "must be >= 1", sweep.workers_per_trial)
     r(sweep.max_concurrent_trials >= 0, "max_concurrent_trials", "must be >= 0",
       sweep.max_concurrent_trials)
-    sweep.parameters = _flat_parameters(sweep.parameters)
+    sweep.parameters = _absolute_values(_flat_parameters(sweep.parameters))
     r(bool(sweep.parameters), "parameters", "must name at least one config key to vary, e.g. "
       "seed: [0, 1, 2]", dict(sweep.parameters))
     s = sweep.scheduler
@@ -184,18 +184,45 @@ def load_sweep(source: Any, overrides: list[str] | tuple = ()) -> tuple[DictConf
     return sweep, job
 
 
-def _absolute_files(algorithm: DictConfig) -> dict[str, str]:
-    """Parts named by a relative .py path, with the path made absolute: a trial's working
-    directory is not the caller's (on a cluster the file must be on shared storage; a part
-    named by module name is shipped instead, ``pack_modules``)."""
-    from fedray.cluster.submit import algorithm_refs
+def _absolute_ref(ref: Any) -> Any:
+    """An import path whose module is a relative .py path, with the path made absolute;
+    anything else as it is."""
+    if not isinstance(ref, str) or ":" not in ref:
+        return ref
+    module, _, attr = ref.rpartition(":")
+    if (module.endswith(".py") or os.sep in module) and not os.path.isabs(module):
+        return f"{os.path.abspath(module)}:{attr}"
+    return ref
 
-    out = {}
-    for key, ref in algorithm_refs(algorithm):
-        module, _, attr = ref.rpartition(":")
-        if (module.endswith(".py") or os.sep in module) and not os.path.isabs(module):
-            out[key.split(".", 1)[1]] = f"{os.path.abspath(module)}:{attr}"
+
+def _absolute_files(job: DictConfig) -> dict[str, dict[str, str]]:
+    """Parts and the model named by a relative .py path, with the path made absolute: a
+    trial's working directory is not the caller's (on a cluster the file must be on shared
+    storage; a module named by module name is shipped instead, ``pack_modules``)."""
+    from fedray.cluster.submit import algorithm_refs, model_refs
+
+    out: dict[str, dict[str, str]] = {}
+    for key, ref in algorithm_refs(job.algorithm) + model_refs(job):
+        section, _, name = key.partition(".")
+        if _absolute_ref(ref) != ref:
+            out.setdefault(section, {})[name] = (  # algorithm.stages: a list of them
+                [_absolute_ref(r) for r in job.algorithm.stages] if name == "stages"
+                else _absolute_ref(ref))
     return out
+
+
+def _ref_keys() -> set[str]:
+    """The config keys whose values may be import paths of the user's modules."""
+    from fedray.cluster.submit import PART_KEYS
+
+    return {f"algorithm.{k}" for k in PART_KEYS} | {"model.name"}
+
+
+def _absolute_values(parameters: dict[str, Any]) -> dict[str, Any]:
+    """Swept import paths (``model.name: [a.py:Net, b.py:Net]``) with relative .py paths
+    made absolute, as ``_absolute_files`` does for the job's own."""
+    return {k: [_absolute_ref(v) for v in spec] if k in _ref_keys() and isinstance(
+        spec, list | ListConfig) else spec for k, spec in parameters.items()}
 
 
 def _flat_parameters(node: DictConfig, prefix: str = "") -> dict[str, Any]:
@@ -311,13 +338,13 @@ def _trial(config: dict, *, plan: dict[str, dict], job: dict, sweep_dir: str, wo
 
 
 def _module_refs(sweep: DictConfig, job: DictConfig) -> list[tuple[str, str]]:
-    """The import paths the job names (fedray.cluster.submit.job_refs), and the algorithm parts a
-    sweep parameter sets."""
-    from fedray.cluster.submit import PART_KEYS, job_refs
+    """The import paths the job names (fedray.cluster.submit.job_refs), and the algorithm parts
+    and models a sweep parameter sets."""
+    from fedray.cluster.submit import job_refs
 
     refs = job_refs(job)
     for key, spec in sweep.parameters.items():
-        if key in {f"algorithm.{k}" for k in PART_KEYS} and not isinstance(spec, DictConfig):
+        if key in _ref_keys() and not isinstance(spec, DictConfig):
             refs += [(key, v) for v in spec if isinstance(v, str) and ":" in v]
     return refs
 

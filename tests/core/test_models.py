@@ -209,3 +209,151 @@ def test_constant_image_is_finite():
 def test_preprocess_has_no_state():
     pre = CifarPreprocess()
     assert list(pre.parameters()) == [] and list(pre.buffers()) == []
+
+
+# -- a user's model by import path (model.name: module:Class or file.py:Class) --------------
+
+USER_MODELS = '''
+import torch
+from torch import nn
+
+
+class Net(nn.Module):
+    def __init__(self, input_shape, num_classes, width: int = 3):
+        super().__init__()
+        self.seen = (tuple(input_shape), num_classes, width)
+        self.fc = nn.Linear(input_shape[-1], num_classes)
+
+    def forward(self, x):
+        return self.fc(x)
+
+
+class Fixed(nn.Module):
+    def __init__(self, num_classes: int = 2, **kwargs):  # **kwargs: no input_shape given
+        super().__init__()
+        self.seen = (num_classes, kwargs)
+        self.fc = nn.Linear(4, num_classes)
+
+
+class Picky(nn.Module):
+    def __init__(self, width: int = 3):
+        super().__init__()
+        if not isinstance(width, int):
+            raise TypeError(f"width must be an int, not {type(width).__name__}")
+
+
+def factory(hidden: int = 2):
+    return nn.Linear(4, hidden)
+
+
+def not_a_model():
+    return torch.zeros(3)
+
+
+class Plain:
+    pass
+
+
+CONSTANT = 7
+'''
+
+
+@pytest.fixture
+def user_file(tmp_path, monkeypatch):
+    """A user's models file, named by its path; the import path it adds to sys.path (its
+    directory, for its neighbours) is undone after the test."""
+    monkeypatch.setattr("sys.path", list(__import__("sys").path))
+    path = tmp_path / f"usermodels_{tmp_path.name.replace('-', '_')}.py"
+    path.write_text(USER_MODELS)
+    return str(path)
+
+
+def test_a_user_model_gets_its_args_and_the_data_where_its_signature_names_them(user_file):
+    from fedray.core.models import model_factory
+
+    net = model_factory(f"{user_file}:Net", {"width": 5}, (1, 4), 3)()
+    assert net.seen == ((1, 4), 3, 5)
+    net = model_factory(f"{user_file}:Net", {"num_classes": 9}, (1, 4), 3)()
+    assert net.seen == ((1, 4), 9, 3)  # model.args wins over the data's
+    fixed = model_factory(f"{user_file}:Fixed", {}, (1, 4), 3)()
+    assert fixed.seen == (3, {})  # named: num_classes; caught by **kwargs only: nothing
+    assert isinstance(model_factory(f"{user_file}:factory", {"hidden": 6}, (1, 4), 3)(),
+                      nn.Linear)
+
+
+def test_a_registered_model_is_built_as_before():
+    """A registered name takes the unchanged path: the same factory, the same draws."""
+    from fedray.core.models import model_factory
+
+    torch.manual_seed(0)
+    want = build_model("mlp", (1, 28, 28), 10).state_dict()
+    torch.manual_seed(0)
+    got = model_factory("mlp", {}, (1, 28, 28), 10)().state_dict()
+    assert all(torch.equal(got[k], want[k]) for k in want)
+
+
+@pytest.mark.parametrize("attr, args, key, needle", [
+    ("Nope", {}, "model.name", r"module .*usermodels_\w+\.py has no Nope"),
+    ("Plain", {}, "model.name", r"must name a torch\.nn\.Module subclass or a function that "
+                                r"returns one; Plain is a class that is not one"),
+    ("CONSTANT", {}, "model.name", r"CONSTANT is a int object"),
+    ("Net", {"depth": 2}, "model.args", r"Net does not take them: got an unexpected keyword "
+                                        r"argument 'depth', got \{'depth': 2\}"),
+    ("Picky", {"width": 1, "input_shape": [3]}, "model.args", r"Picky does not take them"),
+])
+def test_what_cannot_be_a_model_is_refused_in_one_line(user_file, attr, args, key, needle):
+    from fedray.core.models import user_model
+    from fedray.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=rf"^config key '{key}': .*{needle}") as exc:
+        user_model(f"{user_file}:{attr}", args)
+    assert "\n" not in str(exc.value)
+
+
+def test_what_fails_only_when_built_names_its_key(user_file):
+    """A constructor that refuses a value's type (only a call finds it), and a function that
+    returns something other than a module."""
+    from fedray.core.models import model_factory
+    from fedray.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=r"^config key 'model\.args': .*Picky refused them: "
+                                          r"width must be an int, not str, got \{'width'"):
+        model_factory(f"{user_file}:Picky", {"width": "3"}, (1, 4), 3)()
+    with pytest.raises(ConfigError, match=r"^config key 'model\.name': must build a torch\.nn"
+                                          r"\.Module; it returned a Tensor, got '.*:not_a_model'"):
+        model_factory(f"{user_file}:not_a_model", {}, (1, 4), 3)()
+    with pytest.raises(ConfigError, match=r"^config key 'model\.name': no such file"):
+        model_factory(f"{user_file}x:Net", {}, (1, 4), 3)
+
+
+def test_a_model_file_and_the_helper_beside_it_travel_by_value(tmp_path, monkeypatch):
+    """A model in ``dir/net.py`` that imports ``dir/layers_*.py``: imported by path, the
+    helper resolves as it does for `python dir/net.py`, and both are pickled by value, so a
+    process that has neither file on its path (a Ray worker) unpickles the model's class."""
+    import pickle
+    import subprocess
+    import sys
+
+    from ray import cloudpickle
+
+    from fedray.core.models import model_factory
+
+    monkeypatch.setattr("sys.path", list(sys.path))
+    helper = f"layers_{tmp_path.name.replace('-', '_')}"  # a name no process has imported
+    folder = tmp_path / "mine"
+    folder.mkdir()
+    (folder / f"{helper}.py").write_text("from torch import nn\n\n\ndef head(n):\n"
+                                         "    return nn.Linear(4, n)\n")
+    (folder / "net.py").write_text(f"from torch import nn\n\nimport {helper}\n\n\n"
+                                   "class Net(nn.Sequential):\n"
+                                   "    def __init__(self, num_classes):\n"
+                                   f"        super().__init__({helper}.head(num_classes))\n")
+    make = model_factory(f"{folder / 'net.py'}:Net", {}, (4,), 3)
+    blob = cloudpickle.dumps(make)
+    code = ("import pickle, sys; make = pickle.loads(sys.stdin.buffer.read()); "
+            "print(type(make()).__name__, make()[0].out_features)")
+    out = subprocess.run([sys.executable, "-c", code], input=blob, capture_output=True,
+                         cwd=tmp_path, timeout=120)
+    assert out.returncode == 0, out.stderr.decode()[-2000:]
+    assert out.stdout.decode().split() == ["Net", "3"]
+    assert pickle.loads(blob)()[0].out_features == 3
