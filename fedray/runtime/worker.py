@@ -41,7 +41,7 @@ from fedray.core.seeding import TAG_PHASE, client_seed, derive_seed, personalize
 from fedray.core.tensors import readonly_tensor
 from fedray.data.per_round import PerRound, apply_per_round
 from fedray.data.source import ClientCache, ClientSource, sizes_of
-from fedray.errors import FedrayError
+from fedray.errors import FedrayError, PartError
 from fedray.kernels.sequential import client_batch_size, local_sgd
 from fedray.kernels.vectorized import group_size, group_sizes, vmap_local_sgd
 from fedray.runtime.messages import (
@@ -795,9 +795,9 @@ class ClientWorker:
                 what = (f"{own.numel()} values" + ("" if own.numel() != size else
                                                    ", not all finite")
                         if isinstance(own, torch.Tensor) else type(own).__name__)
-                raise FedrayError(f"client part {_part_name(self.client)}: eval_weights("
-                                  f"client {cid}) returned {what}, not the model's {size} "
-                                  "finite float values (or None)")
+                raise PartError(f"{_parts(self).who(self.client)}: eval_weights(client "
+                                f"{cid}) returned {what}; it must be None or the model's "
+                                f"{size} finite values (flat)")
             return own.reshape(-1).to(self.device, torch.float32)
         if state is None or not self.client.local or "local" not in state:
             return self._weights
@@ -805,10 +805,10 @@ class ClientWorker:
             self._local_at = self.model.positions(self.client.local)
         local = state["local"].reshape(-1)
         if local.numel() != self._local_at.numel():
-            raise FedrayError(f"client part {_part_name(self.client)}: client {cid}'s stored "
-                              f"\"local\" has {local.numel()} values for the "
-                              f"{self._local_at.numel()} of its local parameters "
-                              f"{self.client.local}")
+            raise PartError(f"{_parts(self).who(self.client)}: client {cid}'s stored "
+                            f"\"local\" has {local.numel()} values for the "
+                            f"{self._local_at.numel()} of its local parameters "
+                            f"{self.client.local}")
         out = self._weights.clone()
         out[self._local_at] = local.to(self.device, out.dtype)
         return out
