@@ -30,6 +30,17 @@ and, on 1,000 Shakespeare-shaped clients of 20-60 token sequences (80 ids of TFF
 sequences per role on average), 1 local epoch, batch 4 (seed 002's Shakespeare batch):
   lstm-10: seed 002's character LSTM (sequential only), 10 per round, with the masked
   sequence cross-entropy (fedray's model.loss: sequence_cross_entropy).
+
+Algorithm API v2's examples (issue 40), against built-in FedAvg in the same invocation:
+  examples-logreg, examples-mlp: logistic regression or the MLP, 100 clients per round, the
+  same job with algorithm fedavg, examples/local_head.py (FedPer; the head is logreg's bias
+  or the MLP's output layer), examples/personal_model.py (Ditto, lam 0.1, a personal phase
+  as long as the global one) and examples/median.py (coordinate-wise median over individual
+  updates), each through fedray's vectorized kernels (runtime.worker.vectorize=on), no raw
+  loop. An update is a client's round (what it sends up); Ditto's clients train twice per
+  update, so its rate is also given per pass of local training (x2).
+
+    python benchmarks/throughput.py --workload examples-logreg examples-mlp --repeat 3
 """
 
 from __future__ import annotations
@@ -64,7 +75,30 @@ WORKLOADS = {
     "b": {"model": "logreg", "clients_per_round": 100, "lr": 0.01, "rounds": SMALL},
     "lstm-10": {"model": "shakespeare_lstm", "clients_per_round": 10, "lr": 1.0,
                 "rounds": LARGE, "data": "text"},
+    "examples-logreg": {"model": "logreg", "clients_per_round": 100, "lr": 0.01,
+                        "rounds": SMALL, "algorithms": True},
+    "examples-mlp": {"model": "mlp", "clients_per_round": 100, "lr": 0.05, "rounds": SMALL,
+                     "algorithms": True},
 }
+
+
+def example_algorithm(name: str, model: str) -> dict:
+    """The ``algorithm`` section of the examples workloads (import paths from the
+    repository root, which this script puts on sys.path)."""
+    if name == "fedavg":
+        return {"name": "fedavg"}
+    if name == "local_head":  # logreg has one layer: keep its bias local, share its weights
+        return {"client": "examples.local_head:LocalHead",
+                "local_head": {"prefix": "1.bias" if model == "logreg" else "3."}}
+    if name == "personal_model":
+        return {"client": "examples.personal_model:Ditto", "ditto": {"lam": 0.1}}
+    if name == "median":
+        return {"aggregator": "examples.median:Median"}
+    raise ValueError(name)
+
+
+EXAMPLES = ["fedavg", "local_head", "personal_model", "median"]
+PASSES = {"personal_model": 2}  # passes of local training per update (Ditto: two phases)
 # what each kind of data looks like to the model: (input shape, classes, batch, loss)
 DATA = {"images": ((1, 28, 28), 62, 20, "cross_entropy"),
         "text": ((80,), 90, 4, "sequence_cross_entropy")}
@@ -166,12 +200,13 @@ def _raw_loop(clients, model_name: str, k: int, lr: float, rounds: int) -> tuple
 
 
 def fedray_run(clients, model_name: str, k: int, lr: float, rounds: int, workers: int | None,
-               out_dir: str, vectorize: str, worker_cpus: float = 1.0) -> tuple[list, dict, dict]:
+               out_dir: str, vectorize: str, worker_cpus: float = 1.0,
+               algorithm: dict | None = None) -> tuple[list, dict, dict]:
     import fedray
 
     _, _, batch, loss = DATA[data_kind(model_name)]
     cfg = {"name": f"bench-{model_name}", "seed": SEED, "rounds": rounds,
-           "model": {"loss": loss},
+           "model": {"loss": loss}, "algorithm": algorithm or {"name": "fedavg"},
            "client": {"lr": lr, "batch_size": batch, "local_epochs": 1},
            "sampling": {"clients_per_round": k},
            "runtime": {"num_workers": workers,
@@ -311,6 +346,54 @@ def measure(name: str, clients, args) -> dict:
     return row
 
 
+def measure_algorithms(name: str, clients, args) -> dict:
+    """An examples workload: fedray vectorized with FedAvg and each example algorithm on the
+    same model, clients and sampled ids, ``args.repeat`` times interleaved (every algorithm,
+    then again); each rate is a median over the repeats, and each example's ratio is its
+    rate over FedAvg's."""
+    import tempfile
+
+    w = WORKLOADS[name]
+    k, lr, model = w["clients_per_round"], w["lr"], w["model"]
+    rounds, warmup = (args.rounds, args.warmup) if args.rounds else w["rounds"]
+    row = {"workload": name, "model": model, "clients_per_round": k, "rounds": rounds,
+           "warmup": warmup, "repeat": args.repeat}
+    rates: dict[str, list[float]] = {}
+    for _ in range(args.repeat):
+        for algo in EXAMPLES:
+            with tempfile.TemporaryDirectory() as tmp:
+                times, _, summary = fedray_run(clients, model, k, lr, rounds, args.workers,
+                                               f"{tmp}/run", "on",
+                                               args.vectorized_worker_cpus,
+                                               example_algorithm(algo, model))
+            rates.setdefault(algo, []).append(steady_rate(times, k, warmup))
+            row[f"{algo}_vectorized"] = summary["vectorized"]
+            row[f"{algo}_workers"] = summary["num_workers"]
+    base = float(np.median(rates["fedavg"]))
+    parts = []
+    for algo in EXAMPLES:
+        rate = float(np.median(rates[algo]))
+        row[f"{algo}_updates_per_s"], row[f"{algo}_runs"] = rate, rates[algo]
+        row[f"{algo}_vs_fedavg"] = rate / base
+        passes = PASSES.get(algo, 1)
+        row[f"{algo}_passes_per_update"] = passes
+        spread = (f" [{min(rates[algo]):.1f}-{max(rates[algo]):.1f}]"
+                  if len(rates[algo]) > 1 else "")
+        text = f"{algo} {rate:7.1f}/s{spread}"
+        if algo != "fedavg":
+            text += f" = {rate / base:.2f}x fedavg"
+            if passes > 1:
+                text += (f" ({rate * passes:.1f} passes/s = "
+                         f"{rate * passes / base:.2f}x per pass)")
+        if not row[f"{algo}_vectorized"]:
+            text += " (NOT vectorized)"
+        parts.append(text)
+    print(f"{name:15s} ({model}, {k} clients/round, {rounds - warmup} timed rounds"
+          f"{f', median of {args.repeat}' if args.repeat > 1 else ''}, vectorized, "
+          f"{row['fedavg_workers']} workers): " + " | ".join(parts), flush=True)
+    return row
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--workload", nargs="+", choices=[*WORKLOADS, "all"], default=ISSUE_8,
@@ -364,8 +447,8 @@ def main(argv: list[str] | None = None) -> int:
     ray.init(num_cpus=args.num_cpus, include_dashboard=False, logging_level="ERROR")
     print(f"ray start-up: {time.perf_counter() - t0:.1f}s (not counted below)", flush=True)
     try:
-        results = [measure(name, datasets[data_kind(WORKLOADS[name]["model"])], args)
-                   for name in names]
+        results = [(measure_algorithms if WORKLOADS[name].get("algorithms") else measure)(
+            name, datasets[data_kind(WORKLOADS[name]["model"])], args) for name in names]
     finally:
         ray.shutdown()
     if args.json:
