@@ -58,6 +58,23 @@ class DivergedError(FedrayError):
         return (type(self), (str(self), self.round, self.checkpoint))
 
 
+class PartError(FedrayError):
+    """A part of the job's algorithm (a user's client part, aggregator, update stage or
+    server optimizer) that failed, or returned what the runtime cannot use; the message
+    names it as the job does (``algorithm.aggregator my_algos:Median: ...``). ``detail``
+    is the part's own traceback where it raised one, shown with ``--debug`` (a note of the
+    exception) -- the one line is what a Ray worker's error becomes on the way to the user."""
+
+    def __init__(self, message: str, detail: str = ""):
+        super().__init__(message)
+        self.detail = detail
+        if detail and hasattr(self, "add_note"):  # Python >= 3.11
+            self.add_note(detail)
+
+    def __reduce__(self) -> tuple:  # pickled through Ray with its traceback text
+        return (type(self), (str(self), self.detail))
+
+
 def key_error(key: str, problem: str, value: Any = _UNSET, *,
               what: str = "config") -> ConfigError:
     """``{what} key 'KEY': PROBLEM[, got VALUE]``: what is wrong with one key's value.

@@ -254,13 +254,22 @@ class Resolved:
         return (self.client, self.aggregator, *self.stages)
 
 
-def _params(cls: type, section_cfg: Any, key: str) -> Any:
-    """``cls.Params`` from the job's section (defaults filled, types checked)."""
+def _params(cls: type, section_cfg: Any, key: str, part: str = "") -> Any:
+    """``cls.Params`` from the job's section (defaults filled, types checked). ``part``:
+    how errors name the part (``algorithm.aggregator my_algos:Median``)."""
+    import dataclasses
+
     from omegaconf import OmegaConf
     from omegaconf.errors import OmegaConfBaseException
 
     if cls.Params is None:
         return None
+    if not (isinstance(cls.Params, type) and dataclasses.is_dataclass(cls.Params)):
+        what = getattr(cls.Params, "__qualname__", repr(cls.Params))
+        raise ConfigError(f"{part or cls.__qualname__}: its Params ({what}) must be a "
+                          f"dataclass, whose fields {key} sets")
+    if isinstance(section_cfg, dict):
+        _check_section(cls.Params, section_cfg, key)
     try:
         node = OmegaConf.structured(cls.Params)
         if section_cfg is not None:
@@ -276,6 +285,51 @@ def _params(cls: type, section_cfg: Any, key: str) -> Any:
             raise ConfigError(f"unknown config key '{key}.{sub}' (allowed under '{key}': "
                               f"{allowed})") from None
         raise key_error(f"{key}.{sub}" if sub else key, msg) from None
+
+
+def _optional(hint: Any) -> tuple[Any, bool]:
+    """``X | None`` (or ``Optional[X]``) -> (X, True); any other hint -> (hint, False)."""
+    import types
+    import typing
+
+    if typing.get_origin(hint) in (typing.Union, types.UnionType):
+        args = [a for a in typing.get_args(hint) if a is not type(None)]
+        if len(args) == 1 and len(typing.get_args(hint)) == 2:
+            return args[0], True
+    return hint, False
+
+
+def _check_section(params: type, values: dict, key: str) -> None:
+    """A part's section against its Params, where OmegaConf's merge would take a mistake
+    silently (a number for a string: ``mode: 5`` read as '5') or word it in its own terms
+    (a nested section's unknown key listed against the outer one, a number for a nested
+    section, a value for a list): each refused in one line naming ``key.<field>``."""
+    import dataclasses
+    import typing
+
+    try:
+        hints = typing.get_type_hints(params)
+    except Exception:  # an annotation that does not resolve: OmegaConf words what it can
+        return
+    fields = [f.name for f in dataclasses.fields(params)]
+    for name, value in values.items():
+        where = f"{key}.{name}"
+        if name not in fields:
+            raise ConfigError(f"unknown config key '{where}' (allowed under '{key}': "
+                              f"{', '.join(fields)})")
+        hint, optional = _optional(hints.get(name, Any))
+        if value is None and optional:
+            continue
+        if isinstance(hint, type) and dataclasses.is_dataclass(hint):
+            if not isinstance(value, dict):
+                inner = ", ".join(f.name for f in dataclasses.fields(hint))
+                raise key_error(where, f"must be a section of keys ({inner})", value)
+            _check_section(hint, value, where)
+        elif hint is str and isinstance(value, bool | int | float):
+            raise key_error(where, "must be a string (quote it)", value)
+        elif (hint in (list, tuple) or typing.get_origin(hint) in (list, tuple)) \
+                and value is not None and not isinstance(value, list | tuple):
+            raise key_error(where, "must be a list", value)
 
 
 def _build(cls: type, params: Any, key: str, server: Any) -> Any:
@@ -347,7 +401,8 @@ def resolve(algorithm: Any, server: Any = None, *, notes: list[str] | None = Non
         if section and section in params_of and type(params_of[section]) is cls.Params:
             params = params_of[section]  # the parts of one family share their section
         else:
-            params = _params(cls, tree.get(section) if section else None, key)
+            params = _params(cls, tree.get(section) if section else None, key,
+                             f"algorithm.{kind} {names[kind]}")
         built[kind] = _build(cls, params, key, server)
         if section and params is not None:
             params_of[section] = params
@@ -357,7 +412,8 @@ def resolve(algorithm: Any, server: Any = None, *, notes: list[str] | None = Non
     stages = []
     for ref, cls in zip(stage_refs, stage_classes, strict=True):
         key = f"algorithm.{cls.section}" if cls.section else "algorithm.stages"
-        params = _params(cls, tree.get(cls.section) if cls.section else None, key)
+        params = _params(cls, tree.get(cls.section) if cls.section else None, key,
+                         f"algorithm.stages {ref}")
         stages.append(_build(cls, params, key, server))
         if cls.section and params is not None:
             sections[cls.section] = stages[-1].describe()

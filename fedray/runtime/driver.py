@@ -64,10 +64,12 @@ from fedray.core.seeding import TAG_INIT, derive_seed
 from fedray.core.tensors import readonly_tensor
 from fedray.data.per_round import parse_per_round
 from fedray.data.source import ClientSource, sizes_of
-from fedray.errors import ConfigError, DivergedError, FedrayError, key_error
+from fedray.errors import ConfigError, DivergedError, FedrayError, PartError, key_error
 from fedray.kernels.vectorized import batch_failure, vectorize_plan
 from fedray.runtime.inline import InlinePool, frozen, frozen_tree
 from fedray.runtime.messages import Broadcast, ClientUpdates, RoundResult, RoundTask
+from fedray.runtime.part_errors import PartNames, check_sum, check_update, names_part_errors
+from fedray.runtime.part_errors import finite as all_finite
 from fedray.runtime.pool import WorkerPool
 from fedray.runtime.reduction_tree import slot_groups
 from fedray.runtime.session import private_mb
@@ -175,11 +177,33 @@ class _RoundRows:
             torch.from_numpy(self.losses[keep]))
 
 
+def _parts(driver: Driver) -> PartNames | None:
+    """The driver's parts as errors name them, as the job does (fedray.runtime.part_errors);
+    None before setup has resolved them."""
+    alg = getattr(driver, "algorithm", None)
+    if alg is None:
+        return None
+    return PartNames.of(alg.client, alg.aggregator, alg.stages,
+                        (alg.names["client"], alg.names["aggregator"], *alg.stage_names),
+                        alg.server_opt, alg.names["server_opt"])
+
+
 class Driver:
+    _finite_after: bool | None = None  # the last server step's weights had no NaN or Inf
+    _blame: str | None = None  # the part a non-finite global model is traced to, if one
+
+    @property
+    def one_line_part_errors(self) -> bool:
+        """A user's part's exception leaves the driver as a one-line PartError; with the
+        inline backend (debugging in the caller's process) as itself, with a note."""
+        cfg = getattr(self, "cfg", None)
+        return cfg is None or cfg.runtime.backend != "inline"
+
     def __init__(self) -> None:
         # the driver merges and steps; workers do the heavy work
         torch.set_num_threads(1)
 
+    @names_part_errors(_parts)
     def setup(self, cfg: dict, source: ClientSource, make_model: Callable[[], nn.Module],
               num_workers: int, run_dir: str, resume: bool = False,
               launched: list | None = None, algorithm: Resolved | None = None) -> list[str]:
@@ -293,7 +317,9 @@ class Driver:
                                       state_cache_mb=w.state_cache_mb,
                                       vectorize=self._vectorize_plan(client)),
             client=worker_parts[0], aggregator=worker_parts[1], state_url=state_url,
-            per_round=parse_per_round(c.data.get("per_round")), stages=worker_parts[2])
+            per_round=parse_per_round(c.data.get("per_round")), stages=worker_parts[2],
+            labels=(self.algorithm.names["client"], self.algorithm.names["aggregator"],
+                    *self.algorithm.stage_names))
         reduce = c.runtime.reduce
         if reduce.group_size is not None and self.merger is not None:
             raise key_error("runtime.reduce.group_size", f"the update stage "
@@ -356,7 +382,8 @@ class Driver:
         budget = c.runtime.individual_updates_mb
         if mb > budget:
             raise ConfigError(f"config key 'runtime.individual_updates_mb': aggregator {name} "
-                              f"needs every client's update: {k} x {d} float32 = {mb:.1f} MB "
+                              f"needs every client's update: {k} x {d} float32 = "
+                              f"{f'{mb:.1f}' if mb >= 0.1 else f'{mb:.2g}'} MB "
                               f"> {budget:g} MB; raise it or sample fewer clients")
 
     def _vectorize_plan(self, client: ClientWork) -> bool:
@@ -450,7 +477,9 @@ class Driver:
         checkpointed. ``guard.non_finite: stop`` raises DivergedError (the last checkpoint,
         written while the model was finite, stays as it is); ``warn`` marks the first such
         round in its metrics (``diverged``, which fedray.run says once) and goes on."""
-        if _finite(self.weights):
+        finite, self._finite_after = self._finite_after, None  # this round's, if it stepped
+        blame, self._blame = self._blame, None
+        if finite if finite is not None else _finite(self.weights):
             n = self._nonfinite
             if not n or m["examples"] > 0:
                 return
@@ -458,26 +487,32 @@ class Driver:
                     "all dropped by the guard)" if n == m["dropped_updates"] else
                     f"every client update was dropped by the guard, {n} of "
                     f"{m['clients']} as non-finite")
+        elif blame is not None:  # a part's result, not a learning rate: said as such
+            what = (f"the global model has non-finite weights (NaN or Inf) after the server "
+                    f"update: {blame}")
         else:
             what = "the global model has non-finite weights (NaN or Inf) after the server update"
         if self.cfg.guard.non_finite == "warn":
             if self.diverged_at is None:
                 self.diverged_at = r
-                m["diverged"] = self._why(r, what)
+                m["diverged"] = self._why(r, what, blame is None)
             return
-        raise self._diverged(r, what)
+        raise self._diverged(r, what, blame is None)
 
-    def _why(self, r: int, what: str) -> str:
-        """Round ``r`` diverged (``what`` went non-finite), and its likely cause."""
+    def _why(self, r: int, what: str, cause: bool = True) -> str:
+        """Round ``r`` diverged (``what`` went non-finite), and its likely cause (unless
+        ``what`` names the part that made it so)."""
         c = self.cfg
+        if not cause:
+            return f"round {r}: {what}"
         return (f"round {r}: {what}; likely cause: a learning rate too large (client.lr "
                 f"{c.client.lr:g}, server.lr {c.server.lr:g}) or non-finite data")
 
-    def _diverged(self, r: int, what: str) -> DivergedError:
+    def _diverged(self, r: int, what: str, cause: bool = True) -> DivergedError:
         """guard.non_finite=stop's error: why, and which checkpoint a resume continues from."""
         kept = (f"; the checkpoint after round {self.last_checkpoint} is intact"
                 if self.last_checkpoint else "")
-        return DivergedError(self._why(r, what) + kept, round=r,
+        return DivergedError(self._why(r, what, cause) + kept, round=r,
                              checkpoint=self.last_checkpoint)
 
     def _non_finite_state(self, state: dict[str, torch.Tensor]) -> str | None:
@@ -630,6 +665,8 @@ class Driver:
         if refused is None:
             for stage in reversed(self.stages):  # as layers unwrap: decode, then add noise
                 stage.finish_sum(acc, r)
+                check_sum(lambda stage=stage: _parts(self).who(stage), "finish_sum()",
+                          acc.total, acc.weight, self.weights.numel())
         if rows is not None:  # every kept client's update at once (Aggregator.individual)
             updates, clients = rows.assemble()
             del rows
@@ -639,7 +676,8 @@ class Driver:
                 part_metrics = self.aggregator.round_metrics()
             del updates
         elif acc.weight > 0:  # a round without examples (or all dropped) leaves the model as is
-            self.weights = self.server_opt.step(self.weights, self.aggregator.finish(acc))
+            self.weights = self._step(self._check_update("finish()",
+                                                         self.aggregator.finish(acc)), acc)
             part_metrics = self.aggregator.round_metrics()
         for stage in self.stages:
             part_metrics |= stage.round_metrics()
@@ -668,6 +706,51 @@ class Driver:
             raise FedrayError(f"aggregator {self.algorithm.names['aggregator']}: aggregate() "
                               f"returned {got}, not a tensor of the model's {d} values")
         return out.to(torch.float64)
+
+    def _check_update(self, method: str, update: Any) -> torch.Tensor:
+        """The aggregator's round update as ``method`` (``finish()``, ``aggregate()``)
+        returned it, refused in one line naming the aggregator unless it is a flat float
+        tensor of the model's size: else it would fail in the server optimizer, which an
+        error would then blame."""
+        return check_update(lambda: _parts(self).who(self.aggregator), method, update,
+                            self.weights.numel())
+
+    def _step(self, update: torch.Tensor, acc: PartialSum,
+              method: str = "finish()") -> torch.Tensor:
+        """The server optimizer's step from the round's ``update``, its result checked
+        like the update. Weights gone non-finite are traced, here and only then, to the
+        part that made them so (``_nonfinite_source``), for ``_check_finite`` to name."""
+        who = lambda: _parts(self).who(self.server_opt)  # noqa: E731
+        new = check_update(who, "step()", self.server_opt.step(self.weights, update),
+                           self.weights.numel(), "the new global weights")
+        if new.dtype != self.weights.dtype:
+            raise PartError(f"{who()}: step() returned {str(new.dtype)[6:]} weights; the "
+                            f"model's are {str(self.weights.dtype)[6:]}")
+        self._finite_after = _finite(new)
+        if not self._finite_after:
+            self._blame = self._nonfinite_source(update, acc, method)
+        return new
+
+    def _nonfinite_source(self, update: torch.Tensor, acc: PartialSum,
+                          method: str) -> str | None:
+        """Which part made the global model non-finite: none (None) when the round's
+        update was finite -- the server step overflowed, a divergence -- else the
+        aggregator, whose ``method`` made a non-finite update from finite inputs, or the
+        parts that made the round's sum, which the guard's finite client updates cannot
+        make non-finite by themselves (a float64 sum of float32 values does not overflow)."""
+        if all_finite(update):
+            return None
+        names = _parts(self)
+        agg = names.who(self.aggregator)
+        if method != "finish()" or all_finite(acc.total):
+            inputs = "finite client updates" if method != "finish()" else "a finite sum"
+            return f"{agg}: {method} returned non-finite values (NaN or Inf) from {inputs}"
+        stages = ", ".join(names.who(s) for s in self.stages)
+        return (f"the round's sum of client updates is non-finite (NaN or Inf) before "
+                f"{agg}'s finish(), though every client update the guard admitted was "
+                f"finite: made so by its accumulate() or weight()"
+                + (f", or by the update stages ({stages}: client_update(), finish_sum())"
+                   if stages else ""))
 
     def _keep_version(self, r: int) -> None:
         """Buffered training: keep the model after step ``r`` (version ``r``) while a later
@@ -741,6 +824,7 @@ class Driver:
                 "stopped_by": self.stopped_by,
                 "past_metrics": [json.loads(line) for line in self.run_dir.metrics_lines]}
 
+    @names_part_errors(_parts)
     def run_round(self, r: int, with_weights: bool = False
                   ) -> tuple[dict[str, Any], dict[str, torch.Tensor] | None]:
         """Round ``r`` (the one after the last): train, evaluate when due, append its
@@ -780,6 +864,7 @@ class Driver:
             self._checkpoint(r)
         return m, (self.state_dict() if with_weights else None)
 
+    @names_part_errors(_parts)
     def finish(self, stopped_after: int | None = None) -> dict[str, Any]:
         """After the last round, or after round ``stopped_after`` when a callback stopped
         the run there (its checkpoint is written now if it was not due, so that

@@ -50,7 +50,11 @@ def frozen_tree(obj: Any) -> Any:
 
 class InlineWorker(ClientWorker):
     """A worker of the calling process: it asks Ray nothing, even where the caller has
-    started Ray for something else (a Ray worker's GPUs are the ones Ray assigned it)."""
+    started Ray for something else (a Ray worker's GPUs are the ones Ray assigned it).
+    A user part's exception leaves it as itself (with a note naming the part), not as
+    a one-line PartError: pdb's post-mortem then lands in the part's code."""
+
+    one_line_part_errors = False
 
     def assigned_gpus(self) -> list:
         return []
