@@ -107,25 +107,39 @@ class PartNames:
         user's part raised, and for a FedrayError, which is already meant for the user."""
         if isinstance(exc, FedrayError) or not isinstance(exc, Exception):
             return None
-        tb = exc.__traceback__
+        tb, r = exc.__traceback__, None
         while tb is not None:
             part = self._owner(tb.tb_frame)
             if part is not None:
                 return PartError(f"{self.who(part)}: {tb.tb_frame.f_code.co_name}() raised "
                                  f"{type(exc).__name__}: {one_line(exc)}"
-                                 f"{_where(tb.tb_frame.f_locals)}",
+                                 f"{_where(tb.tb_frame.f_locals, r)}",
                                  "".join(traceback.format_exception(exc)))
+            r = _round(tb.tb_frame) or r
             tb = tb.tb_next
         return None
 
 
-def _where(local: dict[str, Any]) -> str:
+def _round(frame: Any) -> int | None:
+    """The round a frame of fedray's runtime works on (the driver's ``r``, a worker's
+    task), if it says."""
+    if frame.f_globals.get("__name__", "").partition(".")[0] != "fedray":
+        return None
+    local = frame.f_locals
+    for r in (local.get("r"), local.get("round_idx"), getattr(local.get("task"), "round", None)):
+        if isinstance(r, int) and not isinstance(r, bool):
+            return r
+    return None
+
+
+def _where(local: dict[str, Any], r: int | None) -> str:
+    """Where a part's frame was: the round and client of its ClientContext, else the
+    round its callers worked on."""
     ctx = local.get("ctx")
-    cid, r = getattr(ctx, "cid", None), getattr(ctx, "round", None)
-    if isinstance(cid, int) and isinstance(r, int):
-        return f" (round {r}, client {cid})"
-    r = local.get("round_idx")
-    return f" (round {r})" if isinstance(r, int) else ""
+    cid, own = getattr(ctx, "cid", None), getattr(ctx, "round", None)
+    if isinstance(cid, int) and isinstance(own, int):
+        return f" (round {own}, client {cid})"
+    return f" (round {r})" if r is not None else ""
 
 
 F = TypeVar("F", bound=Callable[..., Any])

@@ -3,7 +3,7 @@ them by this file's path (``.../bad_parts.py:ShortFinish``), as a user's job nam
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -133,3 +133,30 @@ class ShortStep(ServerSGD):
 
     def step(self, weights, mean_delta):
         return super().step(weights, mean_delta)[: -self.drop]
+
+
+@dataclass
+class Inner:
+    depth: int = 2
+
+
+@dataclass
+class SectionParams:
+    mode: str = "a"
+    ids: list = field(default_factory=list)
+    inner: Inner = field(default_factory=Inner)
+    tag: str | None = None
+
+
+class SectionAgg(Aggregator):
+    """Hyper-parameters of every kind a job can get wrong, in ``algorithm.sec``."""
+
+    section = "sec"
+    Params = SectionParams
+
+
+class NotADataclass(Aggregator):
+    section = "sec"
+
+    class Params:
+        k: int = 1
