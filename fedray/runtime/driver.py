@@ -779,10 +779,12 @@ class Driver:
             groups = assign_balanced(ids, self.sizes_of(ids, "test"), n)
             # a part whose clients are evaluated with their own state (local parameters, a
             # personal model): each client's current version, as of this round, goes along
-            own = self.versions is not None and evaluates_with_state(self.algorithm.client)
+            # (all 0 for a part that keeps none: eval_weights then sees no state)
+            v = self.versions
+            own = evaluates_with_state(self.algorithm.client)
             pending["fed_test"] = ("evaluate_clients", [
                 (slot, (weights_ref, g, r, self.personalize)
-                 + ((self.versions.get(g).tolist(),) if own else ()),
+                 + (((v.get(g).tolist() if v is not None else [0] * len(g)),) if own else ()),
                  f"round {r} evaluation: clients {g}")
                 for slot, g in enumerate(groups) if g])
         out: dict[str, float] = {}

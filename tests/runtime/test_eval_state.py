@@ -80,6 +80,16 @@ class LocalBias(ClientWork):
     state = ("local",)
 
 
+class Stateless(ClientWork):
+    """eval_weights without any state: called with None for every client."""
+
+    name = "stateless_test"
+
+    def eval_weights(self, env, cid, state):
+        assert state is None
+        return torch.zeros(env.model.size) if cid % 2 == 0 else None
+
+
 class WrongLength(ClientWork):
     name = "wrong_length_test"
     state = ("x",)
@@ -188,6 +198,16 @@ def test_personalize_fine_tunes_the_clients_own_model(tmp_path):
         want = evaluate(model.module, *_split(cid, "test"), EVAL_BATCH, torch.device("cpu"))
         assert (rows[cid]["personalized_loss_sum"], rows[cid]["personalized_correct"]) == \
             (want.loss_sum, want.correct), cid
+
+
+def test_eval_weights_of_a_part_without_state(tmp_path):
+    res = _run(tmp_path, "stateless", f"{__file__}:Stateless", rounds=1)
+    model = _global(res)
+    glob = model.flat.clone()
+    for cid, row in _table(res, 1).items():
+        w = torch.zeros_like(glob) if cid % 2 == 0 else glob
+        assert (row["loss_sum"], row["correct"]) == _evaluated(model, w, cid), cid
+    assert _evaluated(model, glob, 0) != _evaluated(model, torch.zeros_like(glob), 0)
 
 
 def test_a_part_without_the_hooks_reads_no_state_to_evaluate(tmp_path, monkeypatch):
