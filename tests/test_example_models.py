@@ -171,3 +171,50 @@ def test_the_examples_build_for_their_data(importable):
     mlp = tiny_mlp((1, 28, 28), 10, hidden=5, layers=2)
     assert [p.shape[0] for p in mlp.parameters() if p.dim() == 2] == [5, 5, 10]
     assert np.prod(mlp(torch.zeros(3, 1, 28, 28)).shape) == 30
+
+
+def test_what_submit_and_sweep_ship_for_a_model_and_a_module_file(tmp_path, monkeypatch):
+    """Without a cluster: model.name is among the job's import paths; a module that is a
+    file (named by module or by path) takes the .py files beside it and nothing under them;
+    a sweep makes the job's and the swept relative .py paths absolute; too large a set of
+    neighbours is refused in one line naming the key."""
+    import io
+    import zipfile
+
+    from fedray.cluster import sweep as sweep_module
+    from fedray.cluster.submit import _stage_file, job_refs, user_modules
+    from fedray.cluster.sweep import load_sweep, pack_modules
+    from fedray.errors import ConfigError
+
+    assert job_refs({"model": {"name": BY_FILE}, "algorithm": {"aggregator": "median"}}) == [
+        ("model.name", BY_FILE)]
+    assert job_refs({"model": {"name": "logreg"}}) == []
+    proj = tmp_path / "proj"
+    (proj / "algos" / "sub").mkdir(parents=True)
+    for rel in ("mymodels.py", "helpers.py", "notes.txt", "algos/q.py", "algos/util.py",
+                "algos/sub/deep.py"):
+        (proj / rel).write_text("x = 1\n")
+    monkeypatch.chdir(proj)
+    by_module = user_modules([("model.name", "mymodels:Net")], cwd=str(proj))
+    assert sorted(m.path for m in by_module) == [str(proj / "helpers.py"),
+                                                 str(proj / "mymodels.py")]
+    packed = pack_modules([("model.name", "mymodels:Net")])
+    assert sorted(zipfile.ZipFile(io.BytesIO(packed)).namelist()) == ["helpers.py",
+                                                                       "mymodels.py"]
+    (by_file,) = user_modules([("model.name", "algos/q.py:Net")], cwd=str(proj))
+    staging = tmp_path / "staging"
+    _stage_file(by_file, str(staging))
+    assert sorted(p.name for p in (staging / "algos").iterdir()) == ["q.py", "util.py"]
+
+    sweep, job = load_sweep({"job": {"model": {"name": "algos/q.py:Net"}},
+                             "parameters": {"model.name": ["algos/q.py:Net", "mymodels:Net"]},
+                             "output": str(tmp_path / "s")})
+    assert job.model.name == f"{proj}/algos/q.py:Net"
+    assert list(sweep.parameters["model.name"]) == [f"{proj}/algos/q.py:Net", "mymodels:Net"]
+    assert ("model.name", "mymodels:Net") in sweep_module._module_refs(sweep, job)
+
+    monkeypatch.setattr(sweep_module, "MAX_MODULES_MB", 0)
+    with pytest.raises(ConfigError, match=r"^config key 'model\.name': the 2 \.py files beside "
+                                          r"q\.py that travel with it take 0 MiB, more than 0 "
+                                          r"MiB: move the module into a directory of its own"):
+        user_modules([("model.name", "algos/q.py:Net")], cwd=str(proj))
