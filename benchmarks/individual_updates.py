@@ -14,7 +14,8 @@ Reported per path: the (k, d) float32 buffer's size (k x d x 4 bytes; none for t
 the process's peak resident memory (ru_maxrss) and its resident memory sampled every 2 ms
 during the rounds after the first (peak above what it held when round 2 began), the median
 round time (train_s) and driver merge time (merge_s) over the rounds after the first, and
-the median time of the aggregation step itself (``finish`` on the merged sum, or
+the workers' busy time (metric worker_busy_s: training, and copying each update into its
+row), the median time of the aggregation step itself (``finish`` on the merged sum, or
 ``aggregate`` on the rows: timed around the call).
 
     python benchmarks/individual_updates.py                    # 100 clients a round, 4 rounds
@@ -113,6 +114,7 @@ def child(aggregator: str, clients: int, rounds: int, out: str) -> dict:
             "round_rss_above_mb": sampler.peak - (sampler.base or 0.0),
             "train_s": statistics.median(m["train_s"] for m in later),
             "merge_s": statistics.median(m["merge_s"] for m in later),
+            "worker_s": statistics.median(m["worker_busy_s"] for m in later),
             "aggregate_s": statistics.median(times[1:] or times),
             "vectorized": res.summary["vectorized"]}
 
@@ -140,11 +142,12 @@ def main() -> int:
     print(f"MLP d={first['d']:,}, k={a.clients} clients a round, {a.rounds} rounds, inline "
           f"backend, 2 workers (vectorized: {first['vectorized']}); medians over rounds 2..")
     print("| path | (k, d) buffer MB | peak RSS MB | RSS above round 2's start MB | "
-          "round s | merge s | aggregation step s |")
-    print("|---|---|---|---|---|---|---|")
+          "round s | workers' busy s | merge s | aggregation step s |")
+    print("|---|---|---|---|---|---|---|---|")
     for label, r in rows.items():
         print(f"| {label} | {r['buffer_mb']:.1f} | {r['peak_rss_mb']:.0f} | "
-              f"{r['round_rss_above_mb']:.0f} | {r['train_s']:.2f} | {r['merge_s']:.3f} | "
+              f"{r['round_rss_above_mb']:.0f} | {r['train_s']:.2f} | {r['worker_s']:.2f} | "
+              f"{r['merge_s']:.3f} | "
               f"{r['aggregate_s']:.3f} |")
     return 0
 
