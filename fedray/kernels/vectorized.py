@@ -43,7 +43,7 @@ import torch
 from torch import nn
 from torch.func import functional_call, grad, vmap
 
-from fedray.algorithms.base import NO_TERMS, LocalTerms
+from fedray.algorithms.base import NO_TERMS, ClientOptimizer, GradTransform, LocalTerms
 from fedray.core.flat_model import FlatModel
 from fedray.core.losses import PER_POSITION, loss_fn
 from fedray.errors import key_error
@@ -210,6 +210,9 @@ class GroupResult:
     steps: list[int]
     path: str = "torch.func"  # the step taken: "torch.func"; chain_sgd_step with the first
     # layer's weights stacked ("stacks") or as FirstLayerSums ("sums")
+    # the clients' optimizer state after training ("m": [G, P], adam's "v": [G, P] and
+    # "t": [G, 1]), rows like ``deltas`` (client i's is row rows[i]); None for plain SGD
+    opt_state: dict[str, torch.Tensor] | None = None
 
     def delta(self, i: int) -> torch.Tensor:
         """Client i's y - x (a view)."""
@@ -380,7 +383,8 @@ def defer_first_layer(sizes: list[int], seen: list[int], out_features: int) -> b
 def chain_sgd_step(chain: LinearChain, loss: str, ws: list[torch.Tensor], xb: torch.Tensor | None,
                    yb: torch.Tensor, m: torch.Tensor, lr: torch.Tensor,
                    extra_grad: Callable[[int, torch.Tensor], torch.Tensor | None],
-                   first: FirstLayerSums | None = None, t: int = 0) -> torch.Tensor:
+                   first: FirstLayerSums | None = None, t: int = 0,
+                   trainable: list[bool] | None = None) -> torch.Tensor:
     """One local SGD step of a group of LinearChain models, in place, by hand: the gradient
     of each client's masked mean batch loss (what ``vmap(grad(client_loss))`` gives), plus
     ``extra_grad(k, w)`` (the LocalTerms), times the client's lr, taken from its weights.
@@ -394,7 +398,11 @@ def chain_sgd_step(chain: LinearChain, loss: str, ws: list[torch.Tensor], xb: to
 
     ``first``: the first layer's weight is not in ``ws`` but kept as sums over the clients'
     examples (``FirstLayerSums``), which give its outputs at step ``t`` and take its update;
-    ``xb`` is then not read."""
+    ``xb`` is then not read.
+
+    ``trainable`` (per parameter, None: all): a frozen parameter takes no step, not even its
+    terms' (a phase that trains the head alone), and the backward pass stops below the
+    lowest layer that trains, as nothing under it would use its gradient."""
     a, b = m.shape
     h = None if first is not None else xb.reshape(a, b, -1)
     inputs = []
@@ -421,6 +429,9 @@ def chain_sgd_step(chain: LinearChain, loss: str, ws: list[torch.Tensor], xb: to
     losses = (per_example * share).sum(1)
     d = d * share.unsqueeze(-1)
     rate = lr.view(a, 1, 1)
+    if trainable is not None:
+        _frozen_chain_backward(chain, ws, inputs, d, lr, extra_grad, trainable, first)
+        return losses
     for k in range(len(chain.layers) - 1, -1, -1):
         wi, bi = chain.layers[k]
         x = inputs[k]
@@ -443,12 +454,152 @@ def chain_sgd_step(chain: LinearChain, loss: str, ws: list[torch.Tensor], xb: to
     return losses
 
 
+def _frozen_chain_backward(chain: LinearChain, ws: list[torch.Tensor],
+                           inputs: list[torch.Tensor], d: torch.Tensor, lr: torch.Tensor,
+                           extra_grad: Callable[[int, torch.Tensor], torch.Tensor | None],
+                           trainable: list[bool], first: FirstLayerSums | None) -> None:
+    """chain_sgd_step's backward pass and update with some parameters frozen: the same
+    products as its own loop for the parameters that train, none for the others."""
+    if first is not None:
+        raise ValueError("FirstLayerSums trains the first layer: no frozen parameters with it")
+    rate = lr.view(len(lr), 1, 1)
+    trains = [[j is not None and trainable[j] for j in layer] for layer in chain.layers]
+    lowest = next((k for k, t in enumerate(trains) if any(t)), len(trains))
+    for k in range(len(chain.layers) - 1, lowest - 1, -1):
+        wi, bi = chain.layers[k]
+        x = inputs[k]
+        extras = [(j, extra_grad(j, ws[j])) for j, on in zip((wi, bi), trains[k], strict=True)
+                  if on]
+        d_in = torch.bmm(d, ws[wi]).mul_(x > 0) if k > lowest else None
+        d_lr = d * rate
+        if trains[k][0]:
+            ws[wi].baddbmm_(d_lr.transpose(1, 2), x, alpha=-1.0)
+        if trains[k][1]:
+            ws[bi].sub_(d_lr.sum(1))
+        for j, e in extras:
+            if e is not None:
+                _sgd_(ws[j], lr, e)
+        d = d_in
+
+
+def _materialized_step(module: nn.Module, names: list[str], criterion: Callable,
+                       trainable: list[bool] | None, transform: GradTransform | None):
+    """The group's gradients as tensors (and each client's mean batch loss): ``vmap`` over
+    the clients of their masked mean batch loss's gradient; with a ``per_example``
+    transform, of the mean of each example's transformed gradient (a second ``vmap``, over
+    the batch), the padding weighted 0 and a frozen parameter's gradient zero before the
+    transform (it sees what trains, as a clipping norm over the trained parameters would)."""
+    def client_loss(ws: tuple[torch.Tensor, ...], xb: torch.Tensor, yb: torch.Tensor,
+                    m: torch.Tensor):
+        out = functional_call(module, dict(zip(names, ws, strict=True)), (xb,))
+        mean = (criterion(out, yb, reduction="none") * m).sum() / m.sum()
+        return mean, mean.detach()
+
+    if transform is None or not transform.per_example:
+        return vmap(grad(client_loss, has_aux=True))
+
+    def example_loss(ws: tuple[torch.Tensor, ...], x: torch.Tensor, y: torch.Tensor):
+        out = functional_call(module, dict(zip(names, ws, strict=True)), (x.unsqueeze(0),))
+        value = criterion(out, y.unsqueeze(0), reduction="none").sum()
+        return value, value.detach()
+
+    per_example = vmap(grad(example_loss, has_aux=True), in_dims=(None, 0, 0))
+    each = vmap(transform)
+
+    def client_step(ws: tuple[torch.Tensor, ...], xb: torch.Tensor, yb: torch.Tensor,
+                    m: torch.Tensor):
+        grads, losses = per_example(ws, xb, yb)
+        if trainable is not None:
+            grads = tuple(gr if on else torch.zeros_like(gr)
+                          for gr, on in zip(grads, trainable, strict=True))
+        grads = each(tuple(grads))
+        share = m / m.sum()
+        mean = tuple((gr * share.view(-1, *([1] * (gr.dim() - 1)))).sum(0) for gr in grads)
+        return mean, (losses * share).sum()
+
+    return vmap(client_step)
+
+
+class _OptimizerState:
+    """A group's ClientOptimizer tensors, [G, P] (adam's step count [G, 1]) in training
+    order, with a [G, *shape] view of each parameter's columns, which the steps update in
+    place: the result is then the stack, rows as the deltas'."""
+
+    def __init__(self, kind: str, optimizer: ClientOptimizer | None,
+                 given: dict[str, torch.Tensor] | None, order: list[int],
+                 params: list[torch.Tensor], device: torch.device):
+        self.kind, self.optimizer = kind, optimizer
+        g = len(order)
+        shapes = [tuple(p.shape[1:]) for p in params]
+        sizes = [int(np.prod(s, dtype=np.int64)) for s in shapes]
+        total = sum(sizes)
+        keys = {"sgd": (), "momentum": ("m",), "adam": ("m", "v", "t")}[kind]
+        self.tensors: dict[str, torch.Tensor] = {}
+        for key in keys:
+            width = 1 if key == "t" else total
+            src = None if given is None else given.get(key)
+            if src is None:
+                self.tensors[key] = torch.zeros((g, width), device=device)
+            else:
+                if tuple(src.shape) != (g, width):
+                    raise ValueError(f"opt_state[{key!r}] has shape {tuple(src.shape)}, "
+                                     f"expected {(g, width)}")
+                self.tensors[key] = src[order].to(device=device, dtype=torch.float32)
+        self.views: dict[str, list[torch.Tensor]] = {}
+        for key in ("m", "v"):
+            if key in self.tensors:
+                cols = self.tensors[key].split(sizes, dim=1)
+                self.views[key] = [c.view(g, *s) for c, s in zip(cols, shapes, strict=True)]
+
+    def step(self, ws: list[torch.Tensor], grads: list[torch.Tensor], lr: torch.Tensor,
+             trainable: list[bool] | None) -> None:
+        """One step of the first len(lr) clients; a frozen parameter's weights and state
+        stay as they are."""
+        a = len(lr)
+        on = [trainable is None or trainable[k] for k in range(len(ws))]
+        if self.kind == "sgd":
+            for k, (w, gr) in enumerate(zip(ws, grads, strict=True)):
+                if on[k]:
+                    _sgd_(w, lr, gr)
+            return
+        opt = self.optimizer
+        if self.kind == "momentum":
+            for k, (w, gr) in enumerate(zip(ws, grads, strict=True)):
+                if on[k]:
+                    m = self.views["m"][k][:a]
+                    m.mul_(opt.momentum).add_(gr)
+                    _sgd_(w, lr, m)
+            return
+        b1, b2 = opt.betas
+        t = self.tensors["t"][:a]
+        t.add_(1.0)
+        # the bias corrections in float64, rounded once: 1 - 0.999 in float32 is 1.3e-5 off
+        c1 = (1.0 - torch.pow(b1, t.double())).float()
+        c2 = (1.0 - torch.pow(b2, t.double())).float()
+        for k, (w, gr) in enumerate(zip(ws, grads, strict=True)):
+            if not on[k]:
+                continue
+            m, v = self.views["m"][k][:a], self.views["v"][k][:a]
+            m.mul_(b1).add_(gr, alpha=1.0 - b1)
+            v.mul_(b2).addcmul_(gr, gr, value=1.0 - b2)
+            shape = (a, *([1] * (w.dim() - 1)))
+            denom = (v / c2.view(shape)).sqrt_().add_(opt.eps)
+            _sgd_(w, lr, (m / c1.view(shape)).div_(denom))
+
+    def result(self) -> dict[str, torch.Tensor] | None:
+        return self.tensors or None
+
+
 def vmap_local_sgd(model: FlatModel, global_weights: torch.Tensor,
                    data: list[tuple[torch.Tensor, torch.Tensor]], *, lrs: list[float],
                    batch_size: int | list[int], local_epochs: int, local_steps: int | None,
                    seeds: list[int], terms: LocalTerms = NO_TERMS,
                    full_batch: bool = False, loss: str = "cross_entropy",
-                   closed_form: bool = True, defer_first: bool | None = None) -> GroupResult:
+                   closed_form: bool = True, defer_first: bool | None = None,
+                   starts: torch.Tensor | None = None, trainable: list[bool] | None = None,
+                   optimizer: ClientOptimizer | None = None,
+                   opt_state: dict[str, torch.Tensor] | None = None,
+                   transform: GradTransform | None = None) -> GroupResult:
     """Local SGD of every client in ``data`` from ``global_weights``, batched.
 
     Per client i: its (x, y), lr ``lrs[i]``, batch size (one for all, or one each), batch
@@ -467,7 +618,27 @@ def vmap_local_sgd(model: FlatModel, global_weights: torch.Tensor,
     ``closed_form`` is False; every other model, from torch.func's ``vmap(grad(...))``.
     ``defer_first``: keep the chain's first layer as ``FirstLayerSums`` (True) or stacked
     (False); None decides by ``defer_first_layer``, and only for single-layer chains (see
-    below). ``GroupResult.path`` says which step was taken."""
+    below). ``GroupResult.path`` says which step was taken.
+
+    A phase's hooks (fedray.algorithms.base.Phase), as ``sequential.local_sgd`` takes them:
+    ``starts`` [G, model.size], row i client i's starting weights (None: ``global_weights``
+    for all); the deltas stay y - ``global_weights``, and the proximal anchor is
+    ``global_weights``. ``trainable`` (per parameter, in ``module.parameters()`` order): a
+    frozen parameter takes no step, its gradient is zero for the transform, and its
+    optimizer state stays as it was. ``optimizer`` (``ClientOptimizer``: sgd, momentum,
+    adam) with ``opt_state`` ("m", "v": [G, num_params], "t": [G, 1], row i client i's; zeros
+    when None or missing); the state after training is ``GroupResult.opt_state``.
+    ``transform`` (a ``GradTransform``, run under ``vmap`` over the group) changes each
+    step's gradient, terms included, before the optimizer's step; a ``per_example`` one
+    changes each example's gradient (a second ``vmap`` over the batch, padding excluded),
+    whose mean over the client's examples the terms are then added to.
+
+    Why these paths: a start other than the global model voids ``FirstLayerSums`` (its sums
+    describe W + D_i with W the global weight), so the chain then keeps its first layer
+    stacked; a frozen parameter only drops its update from ``chain_sgd_step``. A stateful
+    optimizer or a transform needs the whole gradient before any weight moves, which the
+    chain step never materializes (it writes each gradient straight into its weight), so
+    those take torch.func's step. Unused, every hook leaves the code path as it was."""
     reason = unsupported_reason(model.module)
     if reason is not None:
         raise ValueError(f"cannot train this model vectorized: {reason}")
@@ -492,10 +663,10 @@ def vmap_local_sgd(model: FlatModel, global_weights: torch.Tensor,
     # so a step's batches are one gather
     plan = np.zeros((g, max(1, horizon), width), dtype=np.int64)
     mask = np.zeros((g, max(1, horizon), width), dtype=np.float32)
-    starts = np.zeros(g, dtype=np.int64)
+    firsts = np.zeros(g, dtype=np.int64)  # where each client's examples begin in xs
     start = 0
     for row, i in enumerate(order):
-        plan[row] = starts[row] = start
+        plan[row] = firsts[row] = start
         if steps[i]:
             lengths = np.fromiter((len(idx) for idx in schedules[i]), np.int64, steps[i])
             at = np.repeat(np.arange(steps[i]), lengths)  # (step, column) of each index
@@ -511,7 +682,16 @@ def vmap_local_sgd(model: FlatModel, global_weights: torch.Tensor,
     mask = torch.from_numpy(mask).to(device, non_blocking=True)
     active = [sum(1 for i in order if steps[i] > t) for t in range(horizon)]
 
-    chain = linear_chain(module, loss) if closed_form else None
+    kind = "sgd" if optimizer is None else optimizer.kind
+    if kind not in ("sgd", "momentum", "adam"):
+        raise ValueError(f"client optimizer kind must be sgd, momentum or adam, got {kind!r}")
+    if trainable is not None and all(trainable):
+        trainable = None
+    if trainable is not None and len(trainable) != len(model.param_list):
+        raise ValueError(f"trainable has {len(trainable)} entries for the model's "
+                         f"{len(model.param_list)} parameters")
+    materialize = kind != "sgd" or transform is not None
+    chain = linear_chain(module, loss) if closed_form and not materialize else None
     if chain is not None and not chain.flatten and xs.dim() != 2:
         chain = None  # a Linear applied to the last axis of multi-axis inputs
     lr = torch.tensor([lrs[i] for i in order], dtype=torch.float32, device=device)
@@ -523,6 +703,8 @@ def vmap_local_sgd(model: FlatModel, global_weights: torch.Tensor,
         # 5 epochs; none with the stack, whose products round as sequential training's do)
         defer_first = len(chain.layers) == 1 and defer_first_layer(
             sizes, [width * k for k in steps], out_features)
+    if starts is not None or trainable is not None:
+        defer_first = False  # FirstLayerSums trains the first layer from the global weight
     defer = chain.layers[0][0] if defer_first and chain is not None and horizon else None
 
     names = [n for n, _ in module.named_parameters()]
@@ -531,17 +713,22 @@ def vmap_local_sgd(model: FlatModel, global_weights: torch.Tensor,
     # weight in place (a strided view of one [G, P] tensor made it copy)
     params, anchors, corr, offset = [], [], [], 0
     c = None if linear is None else linear[order].to(device)
+    begin = None if starts is None else starts[order, : model.num_params].to(device)
     for k, (_, p) in enumerate(module.named_parameters()):
         span = slice(offset, offset + p.numel())
         anchors.append(anchor[span].view(p.shape))
-        params.append(None if k == defer else anchors[-1].expand(g, *p.shape).clone())
+        if begin is not None:
+            params.append(begin[:, span].reshape(g, *p.shape).clone(
+                memory_format=torch.contiguous_format))
+        else:
+            params.append(None if k == defer else anchors[-1].expand(g, *p.shape).clone())
         if c is not None:
             corr.append(c[:, span].view(g, *p.shape))
         offset += p.numel()
     first = None
     if defer is not None:
         first = FirstLayerSums(anchors[defer], xs.reshape(len(xs), -1), plan[:, :horizon],
-                               starts.tolist(), [sizes[i] for i in order], lr, proximal,
+                               firsts.tolist(), [sizes[i] for i in order], lr, proximal,
                                corr[defer] if c is not None else None)
 
     def extra_grad(k: int, w: torch.Tensor) -> torch.Tensor | None:
@@ -555,21 +742,52 @@ def vmap_local_sgd(model: FlatModel, global_weights: torch.Tensor,
         mean = (criterion(out, yb, reduction="none") * m).sum() / m.sum()
         return mean, mean.detach()
 
-    step_fn = None if chain is not None else vmap(grad(client_loss, has_aux=True))
     step_losses = torch.zeros((g, max(1, horizon)), dtype=torch.float32, device=device)
-    for t in range(horizon):
+    if materialize:
+        state = _OptimizerState(kind, optimizer, opt_state, order, params, device)
+        step_fn = _materialized_step(module, names, criterion, trainable, transform)
+        for t in range(horizon):
+            a = active[t]
+            index = plan[:a, t]
+            ws = [p[:a] for p in params]
+            grads, step_losses[:a, t] = step_fn(tuple(ws), xs[index], ys[index],
+                                                mask[:a, t])
+            with torch.no_grad():
+                grads = list(grads)
+                if transform is not None and not transform.per_example:
+                    for k, w in enumerate(ws):  # the transform sees the terms
+                        e = extra_grad(k, w)
+                        if e is not None:
+                            grads[k] = grads[k] + e
+                    if trainable is not None:
+                        grads = [gr if on else torch.zeros_like(gr)
+                                 for gr, on in zip(grads, trainable, strict=True)]
+                    grads = list(vmap(transform)(tuple(grads)))
+                else:  # plain or per-example gradients (transformed already): the terms
+                    for k, w in enumerate(ws):
+                        e = extra_grad(k, w)
+                        if e is not None:
+                            grads[k] = grads[k] + e
+                state.step(ws, grads, lr[:a], trainable)
+    else:
+        state = None
+        step_fn = None if chain is not None else vmap(grad(client_loss, has_aux=True))
+    for t in range(0 if state is None else horizon, horizon):
         a = active[t]
         index = plan[:a, t]
         if chain is not None:
             ws = [None if p is None else p[:a] for p in params]
             xb = xs[index] if first is None else None
             step_losses[:a, t] = chain_sgd_step(chain, loss, ws, xb, ys[index],
-                                                mask[:a, t], lr[:a], extra_grad, first, t)
+                                                mask[:a, t], lr[:a], extra_grad, first, t,
+                                                trainable)
             continue
         ws = [p[:a] for p in params]
         grads, step_losses[:a, t] = step_fn(tuple(ws), xs[index], ys[index], mask[:a, t])
         with torch.no_grad():
             for k, (w, gr) in enumerate(zip(ws, grads, strict=True)):
+                if trainable is not None and not trainable[k]:
+                    continue
                 e = extra_grad(k, w)
                 if e is not None:
                     gr += e
@@ -592,4 +810,5 @@ def vmap_local_sgd(model: FlatModel, global_weights: torch.Tensor,
                        loss_sums=[float(loss_sums[row_of[i]]) for i in range(g)],
                        examples_seen=seen, steps=steps,
                        path="torch.func" if chain is None else
-                       "stacks" if first is None else "sums")
+                       "stacks" if first is None else "sums",
+                       opt_state=None if state is None else state.result())

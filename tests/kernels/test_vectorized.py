@@ -10,7 +10,7 @@ import torch
 from tolerance import ULPS_PER_STEP, f32_atol
 from torch import nn
 
-from fedray.algorithms.base import LocalTerms
+from fedray.algorithms.base import ClientOptimizer, ClipNorm, LocalTerms, Normalize
 from fedray.core.flat_model import FlatModel
 from fedray.core.models import build_model
 from fedray.kernels.sequential import local_sgd
@@ -425,3 +425,214 @@ def test_a_client_trains_the_same_in_any_group(name, path):
         atol = _atol(w0, everyone.delta(i), some.steps[k])
         assert torch.allclose(some.delta(k), everyone.delta(i), atol=atol, rtol=0), (
             float((some.delta(k) - everyone.delta(i)).abs().max()), atol)
+
+
+# ---- a phase's hooks (fedray.algorithms.base.Phase): starts, trainable, optimizer, transform
+
+BEFORE_HOOKS = "554df7e"  # the last vectorized.py without the phase hooks
+
+
+def _vectorized_before(tmp_path):
+    """fedray/kernels/vectorized.py as it was before the phase hooks, imported from git."""
+    import importlib.util
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    try:
+        src = subprocess.run(["git", "show", f"{BEFORE_HOOKS}:fedray/kernels/vectorized.py"],
+                             cwd=root, capture_output=True, text=True, check=True).stdout
+    except (OSError, subprocess.CalledProcessError):
+        pytest.skip("the repository's history is not here")
+    path = tmp_path / "vectorized_before.py"
+    path.write_text(src)
+    spec = importlib.util.spec_from_file_location("vectorized_before", path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["vectorized_before"] = module  # dataclasses look their module up
+    try:
+        spec.loader.exec_module(module)
+    finally:
+        del sys.modules["vectorized_before"]
+    return module
+
+
+def test_without_hooks_every_path_is_bit_identical_to_before(tmp_path):
+    """Every preset's final weights are pinned: unused, the hooks leave each path's float
+    operations as they were, so a group trains bit for bit as the kernel before them did
+    (and a start equal to the global model, or every parameter trainable, changes nothing
+    on the stacked path)."""
+    before = _vectorized_before(tmp_path)
+    for name, path in [("logreg", "sums"), ("logreg", "stacks"), ("mlp", "stacks"),
+                       ("mlp", "torch.func"), ("cnn", "torch.func")]:
+        torch.manual_seed(1)
+        model = FlatModel(_phase_model(name))
+        w0 = model.flat.clone()
+        data = _clients(MODELS.get(name, (1, 8, 8)), 5, [13, 3, 9, 25])
+        linear = 1e-3 * torch.randn(4, model.num_params,
+                                    generator=torch.Generator().manual_seed(3))
+        kw = {"lrs": [0.1, 0.05, 0.2, 0.08], "seeds": [1, 2, 3, 4], "batch_size": 4,
+              "local_epochs": 2, "local_steps": None,
+              "terms": LocalTerms(proximal=0.1, linear=linear), **PATH_OPTIONS[path]}
+        old = before.vmap_local_sgd(model, w0, data, **kw)
+        new = vmap_local_sgd(model, w0, data, **kw)
+        assert new.path == old.path == path
+        assert torch.equal(new.deltas, old.deltas) and new.rows == old.rows, (name, path)
+        assert new.loss_sums == old.loss_sums and new.opt_state is None
+        if path == "sums":
+            continue
+        same = [vmap_local_sgd(model, w0, data, starts=w0.expand(4, -1), **kw),
+                vmap_local_sgd(model, w0, data, trainable=[True] * len(model.param_list),
+                               **kw),
+                vmap_local_sgd(model, w0, data, optimizer=ClientOptimizer("sgd"), **kw)]
+        for got in same:
+            assert torch.equal(got.deltas, old.deltas), (name, path)
+
+
+def _phase_sequential(model, w0, data, lrs, seeds, *, starts=None, opt_state=None, **kw):
+    """Each client through sequential.local_sgd with the same hooks (one start and one
+    optimizer state each: row i of the group's)."""
+    deltas, results = [], []
+    terms = kw.pop("terms", LocalTerms())
+    for i, ((x, y), lr, seed) in enumerate(zip(data, lrs, seeds, strict=True)):
+        linear = None if terms.linear is None else terms.linear[i]
+        state = None if opt_state is None else {k: v[i] for k, v in opt_state.items()}
+        res = local_sgd(model, w0, x, y, lr=lr, seed=seed, delta_out=torch.empty_like(w0),
+                        terms=LocalTerms(proximal=terms.proximal, linear=linear),
+                        start=None if starts is None else starts[i], opt_state=state, **kw)
+        deltas.append(res.delta.clone())
+        results.append(res)
+    return torch.stack(deltas), results
+
+
+def _phase_model(name):
+    """logreg and the MLP (LinearChains), or a conv net small enough for a fast test (the
+    torch.func step)."""
+    if name != "cnn":
+        return build_model(name, MODELS[name], 5)
+    return nn.Sequential(nn.Conv2d(1, 3, 3), nn.ReLU(), nn.MaxPool2d(2), nn.Flatten(),
+                         nn.Linear(3 * 3 * 3, 5))
+
+
+def _phase_case(name, sizes=(13, 3, 0, 9, 25)):
+    torch.manual_seed(1)
+    model = FlatModel(_phase_model(name))
+    w0 = model.flat.clone()
+    data = _clients(MODELS.get(name, (1, 8, 8)), 5, list(sizes))
+    g = torch.Generator().manual_seed(7)
+    # each client starts elsewhere: the global model moved by a personal offset
+    starts = w0 + 0.05 * torch.randn(len(sizes), model.size, generator=g)
+    linear = 1e-3 * torch.randn(len(sizes), model.num_params, generator=g)
+    kw = {"lrs": [0.1, 0.05, 0.1, 0.2, 0.08][:len(sizes)],
+          "seeds": [11, 12, 13, 14, 15][:len(sizes)], "batch_size": 4, "local_epochs": 2,
+          "local_steps": None, "terms": LocalTerms(proximal=0.1, linear=linear)}
+    return model, w0, data, starts, kw
+
+
+def _check(model, w0, data, kw, vector_kw, steps_slack=0, **hooks):
+    """The group against each client trained alone with the same hooks, at ULPS_PER_STEP
+    ulps of the weights' size per local step (as every other path of this kernel): the two
+    ways sum the same gradient in another order, and the hooks add only elementwise
+    arithmetic (a momentum buffer, Adam's moments, a norm's scale), which rounds alike in
+    both up to an ulp of what it scales."""
+    expected, results = _phase_sequential(model, w0, data, kw["lrs"], kw["seeds"],
+                                          **{k: v for k, v in kw.items()
+                                             if k not in ("lrs", "seeds")}, **hooks)
+    got = vmap_local_sgd(model, w0, data, **kw, **vector_kw, **hooks)
+    deltas = torch.stack([got.delta(i) for i in range(len(data))])
+    atol = _atol(w0, expected, max(r.steps for r in results) + steps_slack)
+    assert torch.allclose(deltas, expected, atol=atol, rtol=0), (
+        float((deltas - expected).abs().max()), atol)
+    assert got.loss_sums == pytest.approx([r.loss_sum for r in results], rel=1e-5, abs=1e-6)
+    assert got.steps == [r.steps for r in results]
+    return got, results, expected
+
+
+@pytest.mark.parametrize(("name", "path"), [("logreg", "stacks"), ("mlp", "stacks"),
+                                            ("mlp", "torch.func"), ("cnn", "torch.func")])
+def test_each_client_starts_from_its_own_weights(name, path):
+    """``starts``: row i is client i's start; the delta is still y - x and the proximal
+    pull still toward x (the broadcast model). FirstLayerSums, which describes the first
+    layer as the global weight plus a delta, is not used even when asked for."""
+    model, w0, data, starts, kw = _phase_case(name)
+    options = {"defer_first": True} if path == "stacks" else PATH_OPTIONS[path]
+    got, _, expected = _check(model, w0, data, kw, options, starts=starts)
+    assert got.path == path
+    # the client without examples reports where it started (it took no step)
+    assert torch.equal(got.delta(2), starts[2] - w0)
+    plain = vmap_local_sgd(model, w0, data, **kw, **options)
+    assert (plain.deltas - got.deltas).abs().max() > 1e-2  # the starts mattered
+
+
+@pytest.mark.parametrize(("name", "path", "frozen"), [
+    ("logreg", "stacks", "1.weight"),  # the bias alone trains
+    ("mlp", "stacks", "1."),  # the first Linear frozen: backward stops above it
+    ("mlp", "stacks", "3."),  # the output layer frozen: backward passes through it
+    ("mlp", "torch.func", "1."),
+    ("cnn", "torch.func", "0."),  # the convolution frozen: the dense head trains
+])
+def test_frozen_parameters_take_no_step(name, path, frozen):
+    """``trainable``: a frozen parameter does not move (its terms included: both the
+    proximal pull and the linear term are on), the others train as the sequential kernel
+    trains them."""
+    model, w0, data, starts, kw = _phase_case(name)
+    names = [n for n, _ in model.module.named_parameters()]
+    trainable = [not n.startswith(frozen) for n in names]
+    assert 0 < sum(trainable) < len(trainable), names
+    got, _, expected = _check(model, w0, data, kw, PATH_OPTIONS[path], starts=starts,
+                              trainable=trainable)
+    assert got.path == path
+    for k, part in enumerate(model.split(torch.arange(model.num_params))):
+        cols = part.reshape(-1)
+        moved = (got.deltas[got.rows][:, cols] - (starts[:, cols] - w0[cols])).abs().max()
+        assert (moved == 0) != trainable[k], (names[k], float(moved))
+
+
+@pytest.mark.parametrize("name", ["mlp", "cnn"])
+@pytest.mark.parametrize("kind", ["momentum", "adam"])
+def test_client_optimizer_state_carries_over(name, kind):
+    """``optimizer`` with ``opt_state``: a heavy-ball or Adam step from each client's own
+    stored tensors (row i client i's; the clients' moments differ), returned afterwards in
+    the rows of the deltas, as the sequential kernel returns one client's. Adam's eps is
+    1e-3 here: with the default 1e-8 its step is lr m/sqrt(v), the size of lr whatever the
+    gradient's size, so a gradient entry that is 0 up to rounding (1e-9 one way, -1e-9 the
+    other) steps by +lr or -lr; any two ways of summing the gradient may differ there."""
+    model, w0, data, starts, kw = _phase_case(name)
+    g = torch.Generator().manual_seed(9)
+    n, p = len(data), model.num_params
+    state = {"m": 0.01 * torch.randn(n, p, generator=g)}
+    if kind == "adam":
+        state["v"] = 1e-4 * torch.rand(n, p, generator=g)
+        state["t"] = torch.tensor([[3.0], [0.0], [1.0], [7.0], [2.0]])
+    optimizer = ClientOptimizer(kind, momentum=0.8, eps=1e-3)
+    trainable = [True, True, False, True] if name == "mlp" else None
+    got, results, _ = _check(model, w0, data, kw, {}, starts=starts, trainable=trainable,
+                             optimizer=optimizer, opt_state=state)
+    assert got.path == "torch.func"  # the moments need the whole gradient
+    assert set(got.opt_state) == set(state)
+    for key, stacked in got.opt_state.items():
+        for i, r in enumerate(results):
+            want = r.opt_state[key].reshape(-1)
+            atol = 0 if key == "t" else f32_atol(want, ulps=ULPS_PER_STEP * (r.steps + 1))
+            assert torch.allclose(stacked[got.rows[i]], want, atol=atol, rtol=0), (key, i)
+    if kind == "adam":
+        assert got.opt_state["t"][got.rows[3], 0] == 7.0 + results[3].steps
+    if trainable is not None:  # a frozen parameter's moments stay as they came
+        cols = torch.arange(p).split([q.numel() for q in model.param_list])[2]
+        assert torch.equal(got.opt_state["m"][got.rows][:, cols], state["m"][:, cols])
+    plain = vmap_local_sgd(model, w0, data, **kw, starts=starts, trainable=trainable)
+    assert (plain.deltas - got.deltas).abs().max() > 1e-3  # the optimizer mattered
+
+
+@pytest.mark.parametrize("name", ["logreg", "mlp", "cnn"])
+@pytest.mark.parametrize("transform", [ClipNorm(0.5), Normalize(), ClipNorm(0.3, per_example=True)],
+                         ids=["clip", "normalize", "clip-per-example"])
+def test_gradient_transform_per_batch_and_per_example(name, transform):
+    """``transform`` under vmap over the group: per batch on the gradient with the terms,
+    per example on each example's gradient (padding left out of the mean) before the
+    terms, as sequential.local_sgd applies it. The thresholds bind: the result differs from
+    training without the transform."""
+    model, w0, data, starts, kw = _phase_case(name)
+    trainable = [True] * (len(model.param_list) - 1) + [False]
+    got, _, _ = _check(model, w0, data, kw, {}, trainable=trainable, transform=transform)
+    assert got.path == "torch.func"
+    plain = vmap_local_sgd(model, w0, data, **kw, trainable=trainable)
+    assert (plain.deltas - got.deltas).abs().max() > 1e-3
