@@ -129,14 +129,20 @@ def import_object(ref: str, key: str) -> Any:
             name = "fedray_user_" + os.path.splitext(os.path.basename(path))[0]
             module = sys.modules.get(name)
             if module is None or getattr(module, "__file__", None) != path:
+                spec = importlib.util.spec_from_file_location(name, path)
+                if spec is None:  # not a Python source file
+                    raise key_error(key, f"cannot import {module_name}: not a .py file", ref)
                 # its sibling files import as they do for `python dir/file.py`; appended,
                 # so that no installed or standard module is shadowed by a user's file
                 if os.path.dirname(path) not in sys.path:
                     sys.path.append(os.path.dirname(path))
-                spec = importlib.util.spec_from_file_location(name, path)
                 module = importlib.util.module_from_spec(spec)
                 sys.modules[name] = module
-                spec.loader.exec_module(module)
+                try:
+                    spec.loader.exec_module(module)
+                except BaseException:  # not left half-run for the next import to find
+                    sys.modules.pop(name, None)
+                    raise
         else:
             if os.getcwd() not in sys.path and "" not in sys.path:
                 sys.path.insert(0, os.getcwd())  # as `python -m` would: modules beside the job

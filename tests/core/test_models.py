@@ -357,3 +357,25 @@ def test_a_model_file_and_the_helper_beside_it_travel_by_value(tmp_path, monkeyp
     assert out.returncode == 0, out.stderr.decode()[-2000:]
     assert out.stdout.decode().split() == ["Net", "3"]
     assert pickle.loads(blob)()[0].out_features == 3
+
+
+def test_a_model_file_that_failed_to_import_is_imported_again_once_fixed(tmp_path,
+                                                                         monkeypatch):
+    """A file whose import raised is not left half-run in sys.modules (where the next
+    import would find it and say it has no such class); a path that is not Python source
+    is refused without running anything."""
+    from fedray.core.models import user_model
+    from fedray.errors import ConfigError
+
+    monkeypatch.setattr("sys.path", list(__import__("sys").path))
+    path = tmp_path / f"fixme_{tmp_path.name.replace('-', '_')}.py"
+    path.write_text("raise RuntimeError('not yet')\n")
+    with pytest.raises(ConfigError, match=r"cannot import .*: RuntimeError: not yet"):
+        user_model(f"{path}:Net")
+    path.write_text("from torch import nn\n\n\nclass Net(nn.Linear):\n"
+                    "    def __init__(self):\n        super().__init__(2, 2)\n")
+    assert user_model(f"{path}:Net").__name__ == "Net"
+    (tmp_path / "weights.bin").write_bytes(b"\0")
+    with pytest.raises(ConfigError, match=r"^config key 'model\.name': cannot import .*"
+                                          r"weights\.bin: not a \.py file"):
+        user_model(f"{tmp_path / 'weights.bin'}:Net")
