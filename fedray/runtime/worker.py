@@ -41,7 +41,7 @@ from fedray.core.seeding import TAG_PHASE, client_seed, derive_seed, personalize
 from fedray.core.tensors import readonly_tensor
 from fedray.data.per_round import PerRound, apply_per_round
 from fedray.data.source import ClientCache, ClientSource, sizes_of
-from fedray.errors import FedrayError, PartError
+from fedray.errors import PartError
 from fedray.kernels.sequential import client_batch_size, local_sgd
 from fedray.kernels.vectorized import group_size, group_sizes, vmap_local_sgd
 from fedray.runtime.messages import (
@@ -255,9 +255,9 @@ class ClientWorker:
                           else None)
         if self._local_at is not None and not self._local_at.numel():
             names = ", ".join(name for name, _, _ in self.model.spans)
-            raise FedrayError(f"algorithm.client {_part_name(self.client)}: local "
-                              f"{self.client.local} names no parameter or buffer of the "
-                              f"model (its names: {names})")
+            raise PartError(f"{_parts(self).who(self.client)}: local {self.client.local} "
+                            f"names no parameter or buffer of the model (its names: "
+                            f"{names})")
         self._writable = set(self.client.state) | ({"local"} if self.client.local else set())
         self._trainable: dict[tuple[str, ...], list[bool]] = {}  # Phase.trainable's flags
         self._stored: list[int] = []  # clients whose state this round's train() wrote
@@ -367,10 +367,10 @@ class ClientWorker:
             self._prefetcher = ThreadPoolExecutor(1, thread_name_prefix="fedray-prefetch")
         return self._prefetcher
 
-    def _refuse(self, what: str) -> FedrayError:
-        return FedrayError(f"algorithm.client {_part_name(self.client)}: {what}")
+    def _refuse(self, what: str) -> PartError:
+        return PartError(f"{_parts(self).who(self.client)}: {what}")
 
-    def _undeclared(self, key: str, where: str) -> FedrayError:
+    def _undeclared(self, key: str, where: str) -> PartError:
         return self._refuse(f"{where} writes the state key {key!r}, which its state "
                             f"{tuple(self.client.state)} does not declare (list it there)")
 
@@ -429,9 +429,9 @@ class ClientWorker:
                         update.delta, self.model.flat)
             for key in own:
                 if key not in stage.client_state:
-                    raise FedrayError(f"update stage {_part_name(stage)} writes the state "
-                                      f"key {key!r}, which its client_state "
-                                      f"{tuple(stage.client_state)} does not declare")
+                    raise PartError(f"{_parts(self).who(stage)}: client_update() writes the "
+                                    f"state key {key!r}, which its client_state "
+                                    f"{tuple(stage.client_state)} does not declare")
             new |= own
             update.in_replica = False  # the delta may no longer be the replica's
         self._contribute(ctx, update, acc)

@@ -28,7 +28,7 @@ from fedray.algorithms.registry import resolve
 from fedray.config import ServerConfig
 from fedray.core.flat_model import FlatModel
 from fedray.core.seeding import TAG_PHASE, client_seed, derive_seed
-from fedray.errors import FedrayError
+from fedray.errors import PartError
 from fedray.kernels.sequential import local_sgd
 from fedray.runtime.messages import Broadcast, RoundTask
 from fedray.runtime.worker import ClientWorker, LocalTraining, WorkerResources, WorkerSpec
@@ -263,10 +263,11 @@ class _BadStart(ClientWork):
 ])
 def test_refused_in_one_line_naming_the_part(tmp_path, part, message):
     w = _worker(tmp_path, part())
-    with pytest.raises(FedrayError) as info:
+    with pytest.raises(PartError) as info:
         _round(w, w.model.flat.clone(), 1)
     text = str(info.value)
-    assert "\n" not in text and text.startswith(f"algorithm.client {part.name} (")
+    who = f"algorithm.client {part.__module__}:{part.__qualname__}: "  # as the job names it
+    assert "\n" not in text and text.startswith(who)
     assert message in text
 
 
@@ -275,7 +276,7 @@ def test_a_local_prefix_that_names_nothing_is_refused_at_setup(tmp_path):
         name = "typo"
         local = ("head.",)
 
-    with pytest.raises(FedrayError, match=r"local \('head.',\) names no parameter or buffer "
+    with pytest.raises(PartError, match=r"local \('head.',\) names no parameter or buffer "
                                           r"of the model \(its names: 0.weight, 0.bias"):
         _worker(tmp_path, Typo())
 
