@@ -119,10 +119,12 @@ def test_an_aggregator_returning_nan_never_overwrites_the_last_good_checkpoint(t
     job = _job(tmp_path, algorithm__aggregator=_nan_aggregator(tmp_path))
     with pytest.raises(DivergedError) as err:
         _run(job, [snap])
+    # the aggregator made it so, and is named (issue 40, item 6), not a learning rate
     assert str(err.value) == (
         "round 3: the global model has non-finite weights (NaN or Inf) after the server "
-        "update; likely cause: a learning rate too large (client.lr 0.1, server.lr 1) or "
-        "non-finite data; the checkpoint after round 2 is intact")
+        f"update: algorithm.aggregator {tmp_path / 'nan_aggregator.py'}:NanAfterTwo: "
+        "finish() returned non-finite values (NaN or Inf) from a finite sum; the "
+        "checkpoint after round 2 is intact")
     assert (err.value.round, err.value.checkpoint) == (3, 2)
     assert (tmp_path / "run" / CHECKPOINT_FILE).read_bytes() == snap.after[2]
 
