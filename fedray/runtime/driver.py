@@ -295,8 +295,8 @@ class Driver:
         self.version_weights: dict[int, torch.Tensor] = {}  # the models stale clients need
         if c.sampling.concurrency:
             if stateful:
-                who = (f"algorithm.client {self.algorithm.names['client']}" if client.state
-                       else "an update stage (algorithm.stages)")
+                who = (f"algorithm.client {self.algorithm.names['client']}"
+                       if client.state or client.local else "an update stage (algorithm.stages)")
                 raise key_error("sampling.concurrency", f"{who} keeps per-client state, "
                                 "which buffered asynchronous training does not support",
                                 c.sampling.concurrency)
