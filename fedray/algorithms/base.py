@@ -480,6 +480,10 @@ class ClientWork(Part):
         personal-model algorithm returns the stored personal model here."""
         return None
 
+    # a part's own local training, in place of the phases: the worker calls it after
+    # torch.manual_seed(ctx.seed), so the loop's torch draws (dropout, shuffles) come from
+    # the client's round seed whatever worker trains it; it owns everything the phases
+    # would do (``local`` parameters included: the update it returns is sent as it is)
     train: Callable[[WorkerEnv, ClientContext], LocalUpdate] | None = None
 
     def finish(self, env: WorkerEnv, ctx: ClientContext, update: LocalUpdate,
