@@ -265,6 +265,19 @@ class NoAggregate(Aggregator):
     individual = True
 
 
+class WrongLength(Aggregator):
+    individual = True
+
+    def aggregate(self, updates, clients, acc):
+        return updates.double().median(dim=0).values[:-1]
+
+
+def test_a_wrong_length_result_names_the_aggregator(tmp_path):
+    with pytest.raises(FedrayError, match=rf"aggregator {HERE}:WrongLength.*: aggregate\(\) "
+                                          r"returned .*must be a flat float tensor of 3 "):
+        _run_linear(tmp_path, "wrong", {"aggregator": f"{HERE}:WrongLength"}, 1)
+
+
 def test_what_works_on_sums_only_is_refused(tmp_path):
     msg = _refused(tmp_path, {"aggregator": MEDIAN}, runtime__reduce={"group_size": 2})
     assert msg.startswith("config key 'runtime.reduce.group_size': aggregator "

@@ -671,8 +671,9 @@ class Driver:
             updates, clients = rows.assemble()
             del rows
             if len(clients.ids):  # none kept: as a round without examples, below
-                self.weights = self.server_opt.step(self.weights,
-                                                    self._aggregate(updates, clients, acc))
+                update = self.aggregator.aggregate(updates, clients, acc)
+                self.weights = self._step(self._check_update("aggregate()", update), acc,
+                                          "aggregate()")
                 part_metrics = self.aggregator.round_metrics()
             del updates
         elif acc.weight > 0:  # a round without examples (or all dropped) leaves the model as is
@@ -694,18 +695,6 @@ class Driver:
                 "worker_busy_s": stats["busy_s"], "worker_mem_mb": worker_mem, "merge_s": merge_s,
                 "upload_bytes": int(stats["updates"]) * self.update_bytes,
                 **clocked, **part_metrics}
-
-    def _aggregate(self, updates: torch.Tensor, clients: ClientRows,
-                   acc: PartialSum) -> torch.Tensor:
-        """An individual aggregator's round update from the round's (k, d) rows, checked to
-        be one float64 value per model entry, as ``finish``'s is."""
-        out = self.aggregator.aggregate(updates, clients, acc)
-        d = self.weights.numel()
-        if not isinstance(out, torch.Tensor) or out.shape != (d,):
-            got = tuple(out.shape) if isinstance(out, torch.Tensor) else type(out).__name__
-            raise FedrayError(f"aggregator {self.algorithm.names['aggregator']}: aggregate() "
-                              f"returned {got}, not a tensor of the model's {d} values")
-        return out.to(torch.float64)
 
     def _check_update(self, method: str, update: Any) -> torch.Tensor:
         """The aggregator's round update as ``method`` (``finish()``, ``aggregate()``)
