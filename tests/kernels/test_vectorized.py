@@ -461,12 +461,12 @@ def test_without_hooks_every_path_is_bit_identical_to_before(tmp_path):
     (and a start equal to the global model, or every parameter trainable, changes nothing
     on the stacked path)."""
     before = _vectorized_before(tmp_path)
-    for name, path in [("logreg", "sums"), ("logreg", "stacks"), ("mlp", "stacks"),
-                       ("mlp", "torch.func"), ("cnn", "torch.func")]:
+    for name, path in [("logreg", "sums"), ("mlp", "stacks"), ("mlp", "torch.func"),
+                       ("cnn", "torch.func")]:
         torch.manual_seed(1)
         model = FlatModel(_phase_model(name))
         w0 = model.flat.clone()
-        data = _clients(MODELS.get(name, (1, 8, 8)), 5, [13, 3, 9, 25])
+        data = _clients(MODELS.get(name, (1, 6, 6)), 5, [9, 3, 6, 14])
         linear = 1e-3 * torch.randn(4, model.num_params,
                                     generator=torch.Generator().manual_seed(3))
         kw = {"lrs": [0.1, 0.05, 0.2, 0.08], "seeds": [1, 2, 3, 4], "batch_size": 4,
@@ -477,12 +477,12 @@ def test_without_hooks_every_path_is_bit_identical_to_before(tmp_path):
         assert new.path == old.path == path
         assert torch.equal(new.deltas, old.deltas) and new.rows == old.rows, (name, path)
         assert new.loss_sums == old.loss_sums and new.opt_state is None
-        if path == "sums":
+        if name != "mlp":
             continue
-        same = [vmap_local_sgd(model, w0, data, starts=w0.expand(4, -1), **kw),
-                vmap_local_sgd(model, w0, data, trainable=[True] * len(model.param_list),
-                               **kw),
-                vmap_local_sgd(model, w0, data, optimizer=ClientOptimizer("sgd"), **kw)]
+        same = [vmap_local_sgd(model, w0, data, trainable=[True] * len(model.param_list),
+                               optimizer=ClientOptimizer("sgd"), **kw)]
+        if path == "stacks":  # a start equal to x: only FirstLayerSums would change
+            same.append(vmap_local_sgd(model, w0, data, starts=w0.expand(4, -1), **kw))
         for got in same:
             assert torch.equal(got.deltas, old.deltas), (name, path)
 
@@ -509,14 +509,14 @@ def _phase_model(name):
     if name != "cnn":
         return build_model(name, MODELS[name], 5)
     return nn.Sequential(nn.Conv2d(1, 3, 3), nn.ReLU(), nn.MaxPool2d(2), nn.Flatten(),
-                         nn.Linear(3 * 3 * 3, 5))
+                         nn.Linear(3 * 2 * 2, 5))
 
 
-def _phase_case(name, sizes=(13, 3, 0, 9, 25)):
+def _phase_case(name, sizes=(9, 3, 0, 6, 14)):
     torch.manual_seed(1)
     model = FlatModel(_phase_model(name))
     w0 = model.flat.clone()
-    data = _clients(MODELS.get(name, (1, 8, 8)), 5, list(sizes))
+    data = _clients(MODELS.get(name, (1, 6, 6)), 5, list(sizes))
     g = torch.Generator().manual_seed(7)
     # each client starts elsewhere: the global model moved by a personal offset
     starts = w0 + 0.05 * torch.randn(len(sizes), model.size, generator=g)
@@ -622,9 +622,11 @@ def test_client_optimizer_state_carries_over(name, kind):
     assert (plain.deltas - got.deltas).abs().max() > 1e-3  # the optimizer mattered
 
 
-@pytest.mark.parametrize("name", ["logreg", "mlp", "cnn"])
-@pytest.mark.parametrize("transform", [ClipNorm(0.5), Normalize(), ClipNorm(0.3, per_example=True)],
-                         ids=["clip", "normalize", "clip-per-example"])
+@pytest.mark.parametrize(("name", "transform"), [
+    ("logreg", ClipNorm(0.5)), ("mlp", Normalize()), ("cnn", ClipNorm(0.5)),
+    ("mlp", ClipNorm(0.3, per_example=True)), ("cnn", ClipNorm(0.3, per_example=True))],
+    ids=["logreg-clip", "mlp-normalize", "cnn-clip", "mlp-clip-per-example",
+         "cnn-clip-per-example"])
 def test_gradient_transform_per_batch_and_per_example(name, transform):
     """``transform`` under vmap over the group: per batch on the gradient with the terms,
     per example on each example's gradient (padding left out of the mean) before the
