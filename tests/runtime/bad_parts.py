@@ -160,3 +160,14 @@ class NotADataclass(Aggregator):
 
     class Params:
         k: int = 1
+
+
+class WrongWidth(torch.nn.Module):
+    """A model with 2 outputs, named by model.name, for data of 3 classes."""
+
+    def __init__(self, input_shape=(5,), num_classes=3):
+        super().__init__()
+        self.fc = torch.nn.Linear(input_shape[0], 2)
+
+    def forward(self, x):
+        return self.fc(x)

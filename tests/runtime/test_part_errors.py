@@ -151,6 +151,39 @@ def test_a_workers_part_exception_is_one_line_naming_it(tmp_path, monkeypatch):
     assert 'in _fold' in info.value.detail and "raise KeyError" in info.value.detail
 
 
+def test_a_models_wrong_output_names_model_name(tmp_path):
+    """A model named by import path (model.name) whose output does not fit the data: the
+    message names model.name with the path as the job wrote it."""
+    job = {"name": "model", "rounds": 1, "model": {"name": f"{P}:WrongWidth"},
+           "sampling": {"clients_per_round": 3},
+           "runtime": {"backend": "inline", "num_workers": 1},
+           "output": {"dir": str(tmp_path / "model")}}
+    with pytest.raises(FedrayError) as info:
+        fedray.run(job, client_data=CLIENTS)
+    assert str(info.value) == (f"config key 'model.name': the {P}:WrongWidth model outputs 2 "
+                               "logits per example, but client_data has 3 classes (labels "
+                               "0..2)")
+
+
+@pytest.mark.slow
+def test_on_ray_a_workers_part_exception_reaches_the_caller_as_one_line(tmp_path,
+                                                                         ray_cluster):
+    """The same through Ray's processes: the worker's PartError crosses the driver actor
+    and fedray.run's unwrapping of RayTaskError as itself, with the part's traceback."""
+    job = {"name": "ray", "seed": 2, "rounds": 1,
+           "algorithm": {"name": "fedavg", "aggregator": f"{P}:RaisingAccumulate"},
+           "client": {"lr": 0.1, "batch_size": 4, "local_steps": 2},
+           "sampling": {"clients_per_round": 3},
+           "runtime": {"backend": "ray", "num_workers": 1, "worker": {"num_cpus": 0.5}},
+           "output": {"dir": str(tmp_path / "ray")}}
+    with pytest.raises(PartError) as info:
+        fedray.run(job, model_fn=fixed_linear()[0], client_data=CLIENTS)
+    text = str(info.value)
+    assert text.startswith(f"algorithm.aggregator {P}:RaisingAccumulate: accumulate() raised "
+                           "KeyError: 'bucket ") and "\n" not in text
+    assert "(round 1, client " in text and "in _fold" in info.value.detail
+
+
 def test_the_drivers_part_exception_is_one_line_naming_it(tmp_path, monkeypatch):
     monkeypatch.setattr(Driver, "one_line_part_errors", True)
     with pytest.raises(PartError) as info:
