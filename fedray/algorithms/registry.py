@@ -29,7 +29,7 @@ import sysconfig
 from dataclasses import dataclass, field
 from typing import Any
 
-from fedray.errors import ConfigError, key_error
+from fedray.errors import ConfigError, FedrayError, key_error
 
 KINDS = ("client", "aggregator", "server_opt")
 _BASES = {"client": "ClientWork", "aggregator": "Aggregator", "server_opt": "ServerOptimizer",
@@ -338,7 +338,10 @@ def _check_section(params: type, values: dict, key: str) -> None:
             raise key_error(where, "must be a list", value)
 
 
-def _build(cls: type, params: Any, key: str, server: Any) -> Any:
+def _build(cls: type, params: Any, key: str, server: Any, part: str = "") -> Any:
+    """The part, built from its checked ``params``. A user's class that fails otherwise
+    than with ParamError (its ``check`` comparing a value it did not expect, say) is named
+    in one line, ``part`` as the job names it; fedray's own keep their traceback (a bug)."""
     from fedray.algorithms.base import ParamError
 
     try:
@@ -347,6 +350,16 @@ def _build(cls: type, params: Any, key: str, server: Any) -> Any:
         return cls(params)
     except ParamError as exc:
         raise key_error(f"{key}.{exc.key}", exc.rule, exc.value) from None
+    except FedrayError:
+        raise
+    except Exception as exc:
+        if not part or cls.__module__.partition(".")[0] == "fedray":
+            raise
+        from fedray.errors import PartError
+
+        text = str(exc).strip()
+        raise PartError(f"{part}: building it raised {type(exc).__name__}"
+                        f"{': ' + text.splitlines()[0] if text else ''}") from exc
 
 
 def resolve(algorithm: Any, server: Any = None, *, notes: list[str] | None = None) -> Resolved:
@@ -409,7 +422,7 @@ def resolve(algorithm: Any, server: Any = None, *, notes: list[str] | None = Non
         else:
             params = _params(cls, tree.get(section) if section else None, key,
                              f"algorithm.{kind} {names[kind]}")
-        built[kind] = _build(cls, params, key, server)
+        built[kind] = _build(cls, params, key, server, f"algorithm.{kind} {names[kind]}")
         if section and params is not None:
             params_of[section] = params
             sections[section] = built[kind].describe() if kind != "server_opt" else \
@@ -420,7 +433,7 @@ def resolve(algorithm: Any, server: Any = None, *, notes: list[str] | None = Non
         key = f"algorithm.{cls.section}" if cls.section else "algorithm.stages"
         params = _params(cls, tree.get(cls.section) if cls.section else None, key,
                          f"algorithm.stages {ref}")
-        stages.append(_build(cls, params, key, server))
+        stages.append(_build(cls, params, key, server, f"algorithm.stages {ref}"))
         if cls.section and params is not None:
             sections[cls.section] = stages[-1].describe()
         _check_stage(ref, stages[-1], names, client, aggregator)

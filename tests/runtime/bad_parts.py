@@ -171,3 +171,19 @@ class WrongWidth(torch.nn.Module):
 
     def forward(self, x):
         return self.fc(x)
+
+
+@dataclass
+class LimitParams:
+    limit: int = 1
+
+
+class BadCheck(Aggregator):
+    """check() compares its value with a string: a TypeError, not a ParamError."""
+
+    section = "limit"
+    Params = LimitParams
+
+    def check(self, params):
+        if params.limit > "3":
+            raise ValueError("unreachable")

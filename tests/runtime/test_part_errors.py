@@ -265,6 +265,15 @@ def test_params_that_are_not_a_dataclass_name_the_part():
                                "algorithm.sec sets")
 
 
+def test_a_part_that_fails_to_build_is_named():
+    """Before: the TypeError's traceback from the part's check()."""
+    with pytest.raises(PartError) as info:
+        resolve({"name": "fedavg", "aggregator": f"{P}:BadCheck"}, ServerConfig())
+    assert str(info.value) == (f"algorithm.aggregator {P}:BadCheck: building it raised "
+                               "TypeError: '>' not supported between instances of 'int' and "
+                               "'str'")
+
+
 def test_a_valid_section_is_read():
     """The checks refuse only mistakes: None for an optional string, a list for a list."""
     parts = resolve({"name": "fedavg", "aggregator": f"{P}:SectionAgg",
