@@ -105,6 +105,23 @@ class Momentum(_Recording):
         return [Phase(optimizer=ClientOptimizer("momentum", momentum=0.9, state="opt"))]
 
 
+class Adam(_Recording):
+    name = "adam"
+    state = ("opt.m", "opt.v", "opt.t")
+
+    def phases(self, env, ctx):
+        return [Phase(optimizer=ClientOptimizer("adam", state="opt"), lr=0.01)]
+
+
+class HeadThenBody(_Recording):  # FedRep: the local head's epoch, then the body's
+    name = "head_then_body"
+    local = ("2.",)
+
+    def phases(self, env, ctx):
+        return [Phase(trainable=("2.",), epochs=1, send=False),
+                Phase(start="previous", trainable=("0.",))]
+
+
 def _worker(tmp_path, client, make=_mlp, vectorize=False, name="w") -> ClientWorker:
     parts = resolve({"name": "fedavg"}, ServerConfig())
     training = LocalTraining(lr=LR, batch_size=BATCH, local_epochs=EPOCHS, local_steps=None,
@@ -214,6 +231,33 @@ def test_momentum_persists_across_a_clients_rounds(tmp_path):
     assert torch.equal(store.get(4, 2)["opt.m"], second.opt_state["m"])
 
 
+def test_head_then_body_trains_each_part_in_turn(tmp_path):
+    """FedRep's shape: phase 0 trains only the head (one epoch, from the client's round
+    seed), phase 1 only the body from where phase 0 left off (its own seed); the update
+    sent is phase 1's with the head zeroed, and the head trained in phase 0 is kept."""
+    part = HeadThenBody()
+    w = _worker(tmp_path, part)
+    at = w.model.positions(part.local)
+    g = w.model.flat.clone()
+    _round(w, g, 1)
+    store = ClientStateStore(str(tmp_path / "w"), 0)
+    x, y = (torch.from_numpy(a) for a in _Clients().client(4))
+    m = FlatModel(w.spec.make_model())
+    seed = client_seed(SEED, 1, 4)
+    local_sgd(m, g, x, y, lr=LR, batch_size=BATCH, local_epochs=1, local_steps=None,
+              seed=seed, delta_out=torch.empty_like(g), trainable=[False, False, True, True])
+    head = m.flat.clone()
+    body = local_sgd(m, g, x, y, lr=LR, batch_size=BATCH, local_epochs=EPOCHS,
+                     local_steps=None, seed=derive_seed(seed, TAG_PHASE, 1),
+                     delta_out=torch.empty_like(g), start=head,
+                     trainable=[True, True, False, False])
+    expected = body.delta.clone()
+    expected[at] = 0
+    assert torch.equal(part.sent[4], expected)
+    assert torch.equal(store.get(4, 1)["local"], head[at])
+    assert torch.equal(m.flat[at], head[at])  # phase 1 left the head as phase 0 trained it
+
+
 class _Undeclared(ClientWork):
     name = "undeclared"
     state = ("c",)
@@ -312,8 +356,8 @@ def test_a_custom_train_draws_from_the_clients_seed(tmp_path):
     assert torch.equal(a.sent[3], torch.randn(g.numel()))
 
 
-@pytest.mark.parametrize("part", [LocalHead, Personal, Momentum],
-                         ids=["local-head", "personal", "momentum"])
+@pytest.mark.parametrize("part", [LocalHead, Personal, Momentum, Adam, HeadThenBody],
+                         ids=["local-head", "personal", "momentum", "adam", "head-then-body"])
 def test_phases_vectorized_match_sequential(tmp_path, part, monkeypatch):
     """Each phase as one batched call for the group (vmap_local_sgd) gives each client the
     sequential result up to float32 rounding (the batched kernels sum in another order:
@@ -341,7 +385,7 @@ def test_phases_vectorized_match_sequential(tmp_path, part, monkeypatch):
         versions = [1 if c in rs.stored else 0 for c in IDS]
     # two rounds of two groups (3 + 3 clients), one batched call per phase: none trained
     # one after another
-    assert calls == [3] * (2 * 2 * (2 if part is Personal else 1))
+    assert calls == [3] * (2 * 2 * (2 if part in (Personal, HeadThenBody) else 1))
 
 
 def _count_batched(monkeypatch) -> list[int]:
