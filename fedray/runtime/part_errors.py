@@ -13,7 +13,7 @@ Two mechanisms, both free on the normal path:
   only once the global model has gone non-finite (the driver's diagnosis);
 * an exception escaping a worker or driver entry point (``names_part_errors``) is traced
   back to the outermost frame of a user's part in its traceback, and becomes a one-line
-  ``PartError``: ``algorithm.aggregator my_algos:Median: finish() raised ValueError: ...``.
+  ``PartError``: ``algorithm.aggregator my_algos:Robust: finish() raised ValueError: ...``.
   fedray's own parts are left alone: their exception is a bug, and keeps its traceback.
   The ``inline`` backend, whose point is debugging in the caller's process (pdb's
   post-mortem in the part's code), keeps the exception as it is and adds the part's name
