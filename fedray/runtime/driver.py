@@ -487,6 +487,11 @@ class Driver:
                     "all dropped by the guard)" if n == m["dropped_updates"] else
                     f"every client update was dropped by the guard, {n} of "
                     f"{m['clients']} as non-finite")
+            client = self.algorithm.client
+            if client.train is not None and type(client).__module__.partition(".")[0] \
+                    != "fedray":  # a user's own loop made them: said beside the learning rate
+                what += (f", trained by algorithm.client {self.algorithm.names['client']}'s "
+                         "own train()")
         elif blame is not None:  # a part's result, not a learning rate: said as such
             what = (f"the global model has non-finite weights (NaN or Inf) after the server "
                     f"update: {blame}")

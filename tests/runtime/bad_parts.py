@@ -187,3 +187,12 @@ class BadCheck(Aggregator):
     def check(self, params):
         if params.limit > "3":
             raise ValueError("unreachable")
+
+
+class NaNTrain(ClientWork):
+    """train() returns a NaN delta for every client."""
+
+    def train(self, env, ctx):
+        update = _sgd(env, ctx)
+        update.delta.fill_(float("nan"))
+        return update

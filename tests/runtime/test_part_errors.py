@@ -123,6 +123,17 @@ def test_a_non_finite_sum_names_the_parts_that_made_it(tmp_path):
         "guard admitted was finite: made so by its accumulate() or weight()")
 
 
+def test_non_finite_updates_of_a_users_train_name_it(tmp_path):
+    """The guard drops them all (they may be a learning rate's doing: its hint stays), and
+    the message says whose loop made them. Before: the learning rate alone."""
+    with pytest.raises(DivergedError) as info:
+        run(tmp_path, "nantrain", client=f"{P}:NaNTrain")
+    assert str(info.value) == (
+        "round 1: every client update was non-finite (3 of 3 clients, all dropped by the "
+        f"guard), trained by algorithm.client {P}:NaNTrain's own train(); likely cause: a "
+        "learning rate too large (client.lr 0.1, server.lr 1) or non-finite data")
+
+
 def test_a_divergence_keeps_its_learning_rate_message(tmp_path):
     """A finite update that the server step overflows is a divergence, as before."""
     with pytest.raises(DivergedError, match=r"round 1: the global model has non-finite "
