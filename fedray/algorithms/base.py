@@ -270,8 +270,9 @@ class WorkerEnv:
         them there if nothing has been loaded since (another part's measurement at the
         global model, say), else rebuilt as x + delta."""
         if not (update.in_replica and self.model.loads == update.replica_mark):
-            p = self.num_params
-            self.model.load_(torch.add(self.global_weights[:p], update.delta))
+            # the whole model, float buffers included, as the delta is (the runtime checks
+            # a part's own train() returns it so)
+            self.model.load_(torch.add(self.global_weights, update.delta))
             update.in_replica, update.replica_mark = True, self.model.loads
         return self.model.flat
 

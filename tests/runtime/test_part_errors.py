@@ -213,6 +213,26 @@ def test_inline_keeps_the_exception_and_notes_the_part(tmp_path):
     assert any(entry.path == pathlib.Path(P) for entry in info.traceback)
 
 
+def test_trained_weights_are_rebuilt_with_the_float_buffers():
+    """The delta a client's update carries (and train() is held to) covers the whole model,
+    a BatchNorm layer's running statistics included: the weights rebuilt from it are x +
+    delta over all of it. Before: x's parameters alone were added to it, a shape error."""
+    import torch
+
+    from fedray.algorithms.base import LocalUpdate, WorkerEnv
+    from fedray.core.flat_model import FlatModel
+
+    torch.manual_seed(0)
+    model = FlatModel(torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.BatchNorm1d(3)))
+    assert model.size > model.num_params  # running mean and variance after the parameters
+    env = WorkerEnv(model=model, device=torch.device("cpu"), lr=0.1, loss="cross_entropy",
+                    eval_batch_size=4, batch_size_for=lambda n: n)
+    env.global_weights = torch.randn(model.size)
+    delta = torch.randn(model.size)
+    out = env.trained_weights(LocalUpdate(delta, 1, 0.0, 1, 1))
+    assert torch.equal(out, env.global_weights + delta)
+
+
 def test_part_error_travels_with_its_traceback():
     """Through pickling (Ray's) and fedray.api's unwrapping of a RayTaskError's causes."""
     err = pickle.loads(pickle.dumps(PartError("algorithm.client x:Y: boom", "Traceback ...")))
