@@ -37,8 +37,9 @@ Algorithm API v2's examples (issue 40), against built-in FedAvg in the same invo
   or the MLP's output layer), examples/personal_model.py (Ditto, lam 0.1, a personal phase
   as long as the global one) and examples/median.py (coordinate-wise median over individual
   updates), each through fedray's vectorized kernels (runtime.worker.vectorize=on), no raw
-  loop. An update is a client's round (what it sends up); Ditto's clients train twice per
-  update, so its rate is also given per pass of local training (x2).
+  loop; and built-in SCAFFOLD, a built-in part with per-client state, for reference. An
+  update is a client's round (what it sends up); Ditto's clients train twice per update, so
+  its rate is also given per pass of local training (x2).
 
     python benchmarks/throughput.py --workload examples-logreg examples-mlp --repeat 3
 """
@@ -94,10 +95,14 @@ def example_algorithm(name: str, model: str) -> dict:
         return {"client": "examples.personal_model:Ditto", "ditto": {"lam": 0.1}}
     if name == "median":
         return {"aggregator": "examples.median:Median"}
+    if name == "scaffold":
+        return {"name": "scaffold"}
     raise ValueError(name)
 
 
-EXAMPLES = ["fedavg", "local_head", "personal_model", "median"]
+# built-in SCAFFOLD is there as a reference: a built-in part that keeps per-client state
+# (c_i) in the client state store, whose writes local_head and personal_model pay too
+EXAMPLES = ["fedavg", "local_head", "personal_model", "median", "scaffold"]
 PASSES = {"personal_model": 2}  # passes of local training per update (Ditto: two phases)
 # what each kind of data looks like to the model: (input shape, classes, batch, loss)
 DATA = {"images": ((1, 28, 28), 62, 20, "cross_entropy"),
