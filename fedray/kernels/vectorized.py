@@ -384,7 +384,8 @@ def chain_sgd_step(chain: LinearChain, loss: str, ws: list[torch.Tensor], xb: to
                    yb: torch.Tensor, m: torch.Tensor, lr: torch.Tensor,
                    extra_grad: Callable[[int, torch.Tensor], torch.Tensor | None],
                    first: FirstLayerSums | None = None, t: int = 0,
-                   trainable: list[bool] | None = None) -> torch.Tensor:
+                   trainable: list[bool] | None = None,
+                   grads_out: list[torch.Tensor] | None = None) -> torch.Tensor:
     """One local SGD step of a group of LinearChain models, in place, by hand: the gradient
     of each client's masked mean batch loss (what ``vmap(grad(client_loss))`` gives), plus
     ``extra_grad(k, w)`` (the LocalTerms), times the client's lr, taken from its weights.
@@ -402,7 +403,11 @@ def chain_sgd_step(chain: LinearChain, loss: str, ws: list[torch.Tensor], xb: to
 
     ``trainable`` (per parameter, None: all): a frozen parameter takes no step, not even its
     terms' (a phase that trains the head alone), and the backward pass stops below the
-    lowest layer that trains, as nothing under it would use its gradient."""
+    lowest layer that trains, as nothing under it would use its gradient.
+
+    ``grads_out`` ([a, *shape] each, contiguous): no step is taken; each parameter's
+    gradient of the mean batch loss (without the terms) is written there instead, for a
+    step that needs all of it first (a stateful optimizer, a gradient transform)."""
     a, b = m.shape
     h = None if first is not None else xb.reshape(a, b, -1)
     inputs = []
@@ -428,6 +433,16 @@ def chain_sgd_step(chain: LinearChain, loss: str, ws: list[torch.Tensor], xb: to
         per_example = 0.5 * d.pow(2).sum(-1)
     losses = (per_example * share).sum(1)
     d = d * share.unsqueeze(-1)
+    if grads_out is not None:
+        for k in range(len(chain.layers) - 1, -1, -1):
+            wi, bi = chain.layers[k]
+            x = inputs[k]
+            d_in = torch.bmm(d, ws[wi]).mul_(x > 0) if k else None
+            torch.bmm(d.transpose(1, 2), x, out=grads_out[wi])
+            if bi is not None:
+                torch.sum(d, 1, out=grads_out[bi])
+            d = d_in
+        return losses
     rate = lr.view(a, 1, 1)
     if trainable is not None:
         _frozen_chain_backward(chain, ws, inputs, d, lr, extra_grad, trainable, first)
@@ -636,9 +651,10 @@ def vmap_local_sgd(model: FlatModel, global_weights: torch.Tensor,
     Why these paths: a start other than the global model voids ``FirstLayerSums`` (its sums
     describe W + D_i with W the global weight), so the chain then keeps its first layer
     stacked; a frozen parameter only drops its update from ``chain_sgd_step``. A stateful
-    optimizer or a transform needs the whole gradient before any weight moves, which the
-    chain step never materializes (it writes each gradient straight into its weight), so
-    those take torch.func's step. Unused, every hook leaves the code path as it was."""
+    optimizer or a transform needs the whole gradient before any weight moves, so the chain
+    step then writes the gradients out (``grads_out``) instead of into the weights; a
+    per-example transform needs each example's gradient, which only torch.func's nested
+    ``vmap`` gives. Unused, every hook leaves the code path as it was."""
     reason = unsupported_reason(model.module)
     if reason is not None:
         raise ValueError(f"cannot train this model vectorized: {reason}")
@@ -691,7 +707,8 @@ def vmap_local_sgd(model: FlatModel, global_weights: torch.Tensor,
         raise ValueError(f"trainable has {len(trainable)} entries for the model's "
                          f"{len(model.param_list)} parameters")
     materialize = kind != "sgd" or transform is not None
-    chain = linear_chain(module, loss) if closed_form and not materialize else None
+    per_example = transform is not None and transform.per_example
+    chain = linear_chain(module, loss) if closed_form and not per_example else None
     if chain is not None and not chain.flatten and xs.dim() != 2:
         chain = None  # a Linear applied to the last axis of multi-axis inputs
     lr = torch.tensor([lrs[i] for i in order], dtype=torch.float32, device=device)
@@ -703,7 +720,7 @@ def vmap_local_sgd(model: FlatModel, global_weights: torch.Tensor,
         # 5 epochs; none with the stack, whose products round as sequential training's do)
         defer_first = len(chain.layers) == 1 and defer_first_layer(
             sizes, [width * k for k in steps], out_features)
-    if starts is not None or trainable is not None:
+    if starts is not None or trainable is not None or materialize:
         defer_first = False  # FirstLayerSums trains the first layer from the global weight
     defer = chain.layers[0][0] if defer_first and chain is not None and horizon else None
 
@@ -745,13 +762,21 @@ def vmap_local_sgd(model: FlatModel, global_weights: torch.Tensor,
     step_losses = torch.zeros((g, max(1, horizon)), dtype=torch.float32, device=device)
     if materialize:
         state = _OptimizerState(kind, optimizer, opt_state, order, params, device)
-        step_fn = _materialized_step(module, names, criterion, trainable, transform)
+        step_fn = (None if chain is not None else
+                   _materialized_step(module, names, criterion, trainable, transform))
+        buffers = [torch.empty_like(p) for p in params] if chain is not None else []
         for t in range(horizon):
             a = active[t]
             index = plan[:a, t]
             ws = [p[:a] for p in params]
-            grads, step_losses[:a, t] = step_fn(tuple(ws), xs[index], ys[index],
-                                                mask[:a, t])
+            if chain is not None:
+                grads = [b[:a] for b in buffers]
+                step_losses[:a, t] = chain_sgd_step(chain, loss, ws, xs[index], ys[index],
+                                                    mask[:a, t], lr[:a], extra_grad,
+                                                    grads_out=grads)
+            else:
+                grads, step_losses[:a, t] = step_fn(tuple(ws), xs[index], ys[index],
+                                                    mask[:a, t])
             with torch.no_grad():
                 grads = list(grads)
                 if transform is not None and not transform.per_example:

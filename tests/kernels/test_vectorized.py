@@ -586,9 +586,9 @@ def test_frozen_parameters_take_no_step(name, path, frozen):
         assert (moved == 0) != trainable[k], (names[k], float(moved))
 
 
-@pytest.mark.parametrize("name", ["mlp", "cnn"])
+@pytest.mark.parametrize(("name", "path"), [("mlp", "stacks"), ("cnn", "torch.func")])
 @pytest.mark.parametrize("kind", ["momentum", "adam"])
-def test_client_optimizer_state_carries_over(name, kind):
+def test_client_optimizer_state_carries_over(name, path, kind):
     """``optimizer`` with ``opt_state``: a heavy-ball or Adam step from each client's own
     stored tensors (row i client i's; the clients' moments differ), returned afterwards in
     the rows of the deltas, as the sequential kernel returns one client's. Adam's eps is
@@ -604,9 +604,9 @@ def test_client_optimizer_state_carries_over(name, kind):
         state["t"] = torch.tensor([[3.0], [0.0], [1.0], [7.0], [2.0]])
     optimizer = ClientOptimizer(kind, momentum=0.8, eps=1e-3)
     trainable = [True, True, False, True] if name == "mlp" else None
-    got, results, _ = _check(model, w0, data, kw, {}, starts=starts, trainable=trainable,
-                             optimizer=optimizer, opt_state=state)
-    assert got.path == "torch.func"  # the moments need the whole gradient
+    got, results, _ = _check(model, w0, data, kw, PATH_OPTIONS[path], starts=starts,
+                             trainable=trainable, optimizer=optimizer, opt_state=state)
+    assert got.path == path  # the chain writes its gradients out for the optimizer
     assert set(got.opt_state) == set(state)
     for key, stacked in got.opt_state.items():
         for i, r in enumerate(results):
@@ -622,19 +622,23 @@ def test_client_optimizer_state_carries_over(name, kind):
     assert (plain.deltas - got.deltas).abs().max() > 1e-3  # the optimizer mattered
 
 
-@pytest.mark.parametrize(("name", "transform"), [
-    ("logreg", ClipNorm(0.5)), ("mlp", Normalize()), ("cnn", ClipNorm(0.5)),
-    ("mlp", ClipNorm(0.3, per_example=True)), ("cnn", ClipNorm(0.3, per_example=True))],
+@pytest.mark.parametrize(("name", "transform", "path"), [
+    ("logreg", ClipNorm(0.5), "stacks"), ("mlp", Normalize(), "stacks"),
+    ("cnn", ClipNorm(0.5), "torch.func"),
+    ("mlp", ClipNorm(0.3, per_example=True), "torch.func"),
+    ("cnn", ClipNorm(0.3, per_example=True), "torch.func")],
     ids=["logreg-clip", "mlp-normalize", "cnn-clip", "mlp-clip-per-example",
          "cnn-clip-per-example"])
-def test_gradient_transform_per_batch_and_per_example(name, transform):
+def test_gradient_transform_per_batch_and_per_example(name, transform, path):
     """``transform`` under vmap over the group: per batch on the gradient with the terms,
     per example on each example's gradient (padding left out of the mean) before the
-    terms, as sequential.local_sgd applies it. The thresholds bind: the result differs from
-    training without the transform."""
+    terms, as sequential.local_sgd applies it; a chain writes its gradients out for a
+    per-batch transform, and leaves per-example ones to torch.func, whether asked for the
+    closed form or not. The thresholds bind: the result differs from training without the
+    transform."""
     model, w0, data, starts, kw = _phase_case(name)
     trainable = [True] * (len(model.param_list) - 1) + [False]
     got, _, _ = _check(model, w0, data, kw, {}, trainable=trainable, transform=transform)
-    assert got.path == "torch.func"
+    assert got.path == path
     plain = vmap_local_sgd(model, w0, data, **kw, trainable=trainable)
     assert (plain.deltas - got.deltas).abs().max() > 1e-3
