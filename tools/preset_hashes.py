@@ -28,7 +28,7 @@ EXTRAS = {"fedavg+topk": ["algorithm.stages=[topk]"],
           "fedavg+secagg": ["algorithm.aggregator=uniform", "algorithm.stages=[secagg]"],
           "fedavg+qffl": ["algorithm.aggregator=examples.qffl:QFedAvg"],
           "scaffold-option1": ["algorithm.name=scaffold", "algorithm.scaffold.option=1"]}
-CASES = (("logistic_regression", "on"), ("logistic_regression", "off"), ("mlp", "on"),
+CASES = (("logreg", "on"), ("logreg", "off"), ("mlp", "on"),
          ("mlp", "off"), ("leaf_cnn", "off"))
 
 
