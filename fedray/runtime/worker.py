@@ -190,12 +190,6 @@ def evaluates_with_state(client: ClientWork) -> bool:
     return bool(client.local) or type(client).eval_weights is not ClientWork.eval_weights
 
 
-def _part_name(part: object) -> str:
-    """A part as messages name it: its ``name`` and where its class is defined."""
-    cls = type(part)
-    return f"{getattr(part, 'name', '') or cls.__name__} ({cls.__module__}:{cls.__qualname__})"
-
-
 def _parts(worker: ClientWorker) -> PartNames | None:
     """A worker's parts as errors name them (fedray.runtime.part_errors); None before it
     has a spec."""
@@ -500,14 +494,21 @@ class ClientWorker:
     def _global_start(self, ctx: ClientContext) -> torch.Tensor | None:
         """A "global" start: the broadcast model with the client's own ``local`` values
         (None: the broadcast model as it is -- no local parameters, or none stored yet)."""
-        if self._local_at is None or not ctx.state or "local" not in ctx.state:
+        return self._with_local(self.env.global_weights, ctx.cid, ctx.state)
+
+    def _with_local(self, weights: torch.Tensor, cid: int,
+                    state: dict[str, torch.Tensor] | None) -> torch.Tensor | None:
+        """``weights`` (a copy) with client ``cid``'s stored ``local`` values in place of
+        theirs: where a "global" phase starts, and the model it is evaluated with. None
+        when there is nothing to put in (no local parameters, or none stored yet)."""
+        if self._local_at is None or not state or "local" not in state:
             return None
-        local = ctx.state["local"].reshape(-1)
+        local = state["local"].reshape(-1)
         if local.numel() != self._local_at.numel():
-            raise self._refuse(f"client {ctx.cid}'s stored \"local\" has {local.numel()} "
+            raise self._refuse(f"client {cid}'s stored \"local\" has {local.numel()} "
                                f"values for the {self._local_at.numel()} of its local "
                                f"parameters {self.client.local}")
-        out = self.env.global_weights.clone()
+        out = weights.clone()
         out[self._local_at] = local.to(self.device, out.dtype)
         return out
 
@@ -799,16 +800,5 @@ class ClientWorker:
                                 f"{cid}) returned {what}; it must be None or the model's "
                                 f"{size} finite values (flat)")
             return own.reshape(-1).to(self.device, torch.float32)
-        if state is None or not self.client.local or "local" not in state:
-            return self._weights
-        if getattr(self, "_local_at", None) is None:  # once per worker
-            self._local_at = self.model.positions(self.client.local)
-        local = state["local"].reshape(-1)
-        if local.numel() != self._local_at.numel():
-            raise PartError(f"{_parts(self).who(self.client)}: client {cid}'s stored "
-                            f"\"local\" has {local.numel()} values for the "
-                            f"{self._local_at.numel()} of its local parameters "
-                            f"{self.client.local}")
-        out = self._weights.clone()
-        out[self._local_at] = local.to(self.device, out.dtype)
-        return out
+        own = self._with_local(self._weights, cid, state)
+        return self._weights if own is None else own
