@@ -730,13 +730,14 @@ def vmap_local_sgd(model: FlatModel, global_weights: torch.Tensor,
     # weight in place (a strided view of one [G, P] tensor made it copy)
     params, anchors, corr, offset = [], [], [], 0
     c = None if linear is None else linear[order].to(device)
-    begin = None if starts is None else starts[order, : model.num_params].to(device)
+    # each start's rows gathered straight into its contiguous stack: one pass over them,
+    # as the global model's expand().clone()
+    rows = None if starts is None else torch.tensor(order, device=starts.device)
     for k, (_, p) in enumerate(module.named_parameters()):
         span = slice(offset, offset + p.numel())
         anchors.append(anchor[span].view(p.shape))
-        if begin is not None:
-            params.append(begin[:, span].reshape(g, *p.shape).clone(
-                memory_format=torch.contiguous_format))
+        if rows is not None:
+            params.append(starts[:, span].index_select(0, rows).to(device).view(g, *p.shape))
         else:
             params.append(None if k == defer else anchors[-1].expand(g, *p.shape).clone())
         if c is not None:
