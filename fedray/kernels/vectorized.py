@@ -535,6 +535,15 @@ def _materialized_step(module: nn.Module, names: list[str], criterion: Callable,
     return vmap(client_step)
 
 
+def _in_chunks(step_fn: Callable, chunk: int, ws: list[torch.Tensor], xb: torch.Tensor,
+               yb: torch.Tensor, m: torch.Tensor) -> tuple[list[torch.Tensor], torch.Tensor]:
+    """``step_fn`` over the clients ``chunk`` at a time (each client's result is its own)."""
+    parts = [step_fn(tuple(w[i:i + chunk] for w in ws), xb[i:i + chunk], yb[i:i + chunk],
+                     m[i:i + chunk]) for i in range(0, len(m), chunk)]
+    grads = [torch.cat([part[0][k] for part in parts]) for k in range(len(ws))]
+    return grads, torch.cat([part[1] for part in parts])
+
+
 class _OptimizerState:
     """A group's ClientOptimizer tensors, [G, P] (adam's step count [G, 1]) in training
     order, with a [G, *shape] view of each parameter's columns, which the steps update in
@@ -766,6 +775,11 @@ def vmap_local_sgd(model: FlatModel, global_weights: torch.Tensor,
         step_fn = (None if chain is not None else
                    _materialized_step(module, names, criterion, trainable, transform))
         buffers = [torch.empty_like(p) for p in params] if chain is not None else []
+        # per-example gradients are [clients, width, P]: as many clients at once as keep
+        # them within a group's budget (the whole group's, 125 MB for 32 logistic
+        # regressions, trained 2.3x slower than one client after another on the CPU)
+        budget = GROUP_BYTES["gpu" if device.type == "cuda" else "cpu"]
+        chunk = max(1, budget // (4 * width * max(1, model.num_params)))
         for t in range(horizon):
             a = active[t]
             index = plan[:a, t]
@@ -775,6 +789,9 @@ def vmap_local_sgd(model: FlatModel, global_weights: torch.Tensor,
                 step_losses[:a, t] = chain_sgd_step(chain, loss, ws, xs[index], ys[index],
                                                     mask[:a, t], lr[:a], extra_grad,
                                                     grads_out=grads)
+            elif per_example and a > chunk:
+                grads, step_losses[:a, t] = _in_chunks(step_fn, chunk, ws, xs[index],
+                                                       ys[index], mask[:a, t])
             else:
                 grads, step_losses[:a, t] = step_fn(tuple(ws), xs[index], ys[index],
                                                     mask[:a, t])

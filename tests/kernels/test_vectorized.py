@@ -642,3 +642,15 @@ def test_gradient_transform_per_batch_and_per_example(name, transform, path):
     assert got.path == path
     plain = vmap_local_sgd(model, w0, data, **kw, trainable=trainable)
     assert (plain.deltas - got.deltas).abs().max() > 1e-3
+
+
+def test_per_example_gradients_of_a_large_group_are_taken_in_chunks(monkeypatch):
+    """A group whose per-example gradients ([clients, batch, P]) exceed GROUP_BYTES takes
+    them a few clients at a time (here one: a budget of 1 byte); each client's result is
+    still its sequential one."""
+    import fedray.kernels.vectorized as vectorized
+
+    monkeypatch.setattr(vectorized, "GROUP_BYTES", {"cpu": 1, "gpu": 1})
+    model, w0, data, _, kw = _phase_case("mlp")
+    got, _, _ = _check(model, w0, data, kw, {}, transform=ClipNorm(0.3, per_example=True))
+    assert got.path == "torch.func"
