@@ -12,7 +12,10 @@ padded to the group's batch size and its padding masked out of the mean loss; cl
 longest-first, so a step computes only the ones that still have steps to take. The result
 is each client's local SGD, equal to ``sequential.local_sgd`` up to float rounding (the
 batched kernels sum in another order), with the algorithm's ``LocalTerms`` (a proximal pull,
-a per-client linear term) and ``full_batch`` as the sequential kernel takes them. What an
+a per-client linear term) and ``full_batch`` as the sequential kernel takes them, and a
+phase's hooks (fedray.algorithms.base.Phase: per-client starting weights, frozen
+parameters, a client optimizer with its state, a gradient transform per batch or per
+example) as ``sequential.local_sgd`` takes them. What an
 aggregator measures around the local update (sensitivity, risks) the worker measures per
 client.
 
