@@ -651,6 +651,6 @@ def test_per_example_gradients_of_a_large_group_are_taken_in_chunks(monkeypatch)
     import fedray.kernels.vectorized as vectorized
 
     monkeypatch.setattr(vectorized, "GROUP_BYTES", {"cpu": 1, "gpu": 1})
-    model, w0, data, _, kw = _phase_case("mlp")
+    model, w0, data, _, kw = _phase_case("logreg")
     got, _, _ = _check(model, w0, data, kw, {}, transform=ClipNorm(0.3, per_example=True))
     assert got.path == "torch.func"
