@@ -745,11 +745,15 @@ def vmap_local_sgd(model: FlatModel, global_weights: torch.Tensor,
     # each start's rows gathered straight into its contiguous stack: one pass over them,
     # as the global model's expand().clone()
     rows = None if starts is None else torch.tensor(order, device=starts.device)
+    if starts is not None and (starts.dim() != 2 or len(starts) != g
+                               or starts.shape[1] < model.num_params):
+        raise ValueError(f"starts has shape {tuple(starts.shape)}, expected {(g, model.size)}")
     for k, (_, p) in enumerate(module.named_parameters()):
         span = slice(offset, offset + p.numel())
         anchors.append(anchor[span].view(p.shape))
         if rows is not None:
-            params.append(starts[:, span].index_select(0, rows).to(device).view(g, *p.shape))
+            params.append(starts[:, span].index_select(0, rows).to(device, anchor.dtype)
+                          .view(g, *p.shape))
         else:
             params.append(None if k == defer else anchors[-1].expand(g, *p.shape).clone())
         if c is not None:
