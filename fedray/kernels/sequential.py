@@ -1,11 +1,11 @@
 """The sequential kernel: one client's local training on the worker's model replica.
 
-FedAvg's local update (McMahan et al., Alg. 1 ClientUpdate): starting from the global
+A client's local update (McMahan et al. 2017, Alg. 1 ClientUpdate): starting from the global
 weights x, run minibatch SGD on the client's data -- ``local_epochs`` passes, or exactly
 ``local_steps`` steps when set (cycling through reshuffled epochs) -- and report the model
 delta y - x with the client's example count. What an algorithm adds to the local objective
 arrives as ``LocalTerms`` (fedray.algorithms.base: a proximal pull, a linear term), applied to
-every step's gradient; one full-batch step (FedSGD) is ``full_batch``. The
+every step's gradient; one full-batch step is ``full_batch``. The
 vectorized kernel (fedray/kernels/vectorized.py) consumes the same terms. Batch order and dropout
 come from the client's own seed, so the result is the same on any worker.
 """
