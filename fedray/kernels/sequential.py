@@ -52,7 +52,7 @@ def batch_schedule(n: int, batch_size: int, local_epochs: int, local_steps: int 
                    independent: bool = False) -> list[torch.Tensor]:
     """The example indices of each local step, in order: minibatches of ``batch_size`` cut
     from a fresh permutation (drawn from ``seed``) each time the previous one is used up --
-    ``local_epochs`` passes, or exactly ``local_steps`` steps. full_batch (FedSGD): one step
+    ``local_epochs`` passes, or exactly ``local_steps`` steps. full_batch: one step
     on all ``n`` examples. Sequential and vectorized training both follow it, so a client's
     batches do not depend on how it is trained. Each permutation is moved to ``device`` once,
     and the steps' indices are views of it.
@@ -91,7 +91,7 @@ def local_sgd(model: FlatModel, global_weights: torch.Tensor, x: torch.Tensor, y
 
     ``terms``, the client part's extra local-objective terms (a proximal pull toward x, a
     linear term), are added to every step's gradient. full_batch: one step on all of the
-    client's data (FedSGD). lr = 0 takes every step's gradient at the global model.
+    client's data. lr = 0 takes every step's gradient at the global model.
 
     ``gradient_sum`` (one value per parameter), with ``step_weights`` theta_1, theta_2, ...:
     receives sum_k theta_k g_k over the steps, g_k the k-th step's gradient, terms included
