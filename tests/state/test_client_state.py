@@ -226,11 +226,12 @@ def test_writes_are_atomic_and_leave_no_temporary_files(tmp_path, monkeypatch):
     assert all(re.fullmatch(r"\d{6}/\d+\.r1\.safetensors", f) for f in files), files
     assert len(files) == len(range(0, 3000, 7))
 
-    # a write that fails before the rename leaves nothing behind
+    # a write that fails before the rename leaves nothing behind (on a local disk the store
+    # writes with os calls: ClientStateStore._write)
     def broken_mv(*args, **kwargs):
         raise OSError("disk full")
 
-    monkeypatch.setattr(store._fs, "mv", broken_mv)
+    monkeypatch.setattr("fedray.state.client_state.os.replace", broken_mv)
     with pytest.raises(OSError, match="disk full"):
         store.put(14, 2, _state(100, n=3))
     monkeypatch.undo()
@@ -238,6 +239,18 @@ def test_writes_are_atomic_and_leave_no_temporary_files(tmp_path, monkeypatch):
     with pytest.raises(FedrayError, match="missing"):
         store.get(14, 2)
     _assert_same(ClientStateStore(str(root)).get(14, 1), _state(14, n=3))
+
+
+def test_a_shard_folder_removed_under_a_writer_is_made_again(tmp_path):
+    """The store remembers the shard folders it made (no makedirs per write); one removed
+    since (a user's cleanup) is made again rather than failing the round."""
+    import shutil
+
+    store = ClientStateStore(str(tmp_path / "cs"))
+    store.put(3, 1, _state(3))
+    shutil.rmtree(tmp_path / "cs" / "000000")
+    store.put(4, 1, _state(4))
+    _assert_same(ClientStateStore(str(tmp_path / "cs")).get(4, 1), _state(4))
 
 
 @pytest.mark.parametrize("damage", [lambda b: b[: len(b) // 2], lambda b: b"garbage",
