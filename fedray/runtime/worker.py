@@ -501,6 +501,17 @@ class ClientWorker:
         """``weights`` (a copy) with client ``cid``'s stored ``local`` values in place of
         theirs: where a "global" phase starts, and the model it is evaluated with. None
         when there is nothing to put in (no local parameters, or none stored yet)."""
+        local = self._local_values(cid, state)
+        if local is None:
+            return None
+        out = weights.clone()
+        out[self._local_at] = local
+        return out
+
+    def _local_values(self, cid: int,
+                      state: dict[str, torch.Tensor] | None) -> torch.Tensor | None:
+        """Client ``cid``'s stored ``local`` values (flat, on the device), checked against
+        the part's local positions; None without local parameters or before it has any."""
         if self._local_at is None or not state or "local" not in state:
             return None
         local = state["local"].reshape(-1)
@@ -508,9 +519,32 @@ class ClientWorker:
             raise self._refuse(f"client {cid}'s stored \"local\" has {local.numel()} "
                                f"values for the {self._local_at.numel()} of its local "
                                f"parameters {self.client.local}")
-        out = weights.clone()
-        out[self._local_at] = local.to(self.device, out.dtype)
-        return out
+        return local.to(self.device, torch.float32)
+
+    def _group_starts(self, mine: list[Phase],
+                      ctxs: list[ClientContext]) -> torch.Tensor | None:
+        """A group's starts for a phase that does not continue the previous one: [G, size],
+        row k client k's (its tensor, or the broadcast model with its stored ``local``
+        values); None when every client starts from the broadcast model as it is. Written
+        into one stack, without a model-sized copy per client."""
+        rows: dict[int, tuple[bool, torch.Tensor]] = {}
+        for k, (q, ctx) in enumerate(zip(mine, ctxs, strict=True)):
+            if isinstance(q.start, torch.Tensor):
+                rows[k] = (True, q.start.reshape(-1).to(self.device, torch.float32))
+            else:
+                local = self._local_values(ctx.cid, ctx.state)
+                if local is not None:
+                    rows[k] = (False, local)
+        if not rows:
+            return None
+        g = self.env.global_weights
+        starts = g.expand(len(ctxs), -1).clone()
+        for k, (whole, values) in rows.items():
+            if whole:
+                starts[k] = values
+            else:
+                starts[k, self._local_at] = values
+        return starts
 
     def _opt_in(self, ph: Phase, ctx: ClientContext,
                 kept: dict[str, torch.Tensor]) -> dict[str, torch.Tensor] | None:
@@ -624,19 +658,15 @@ class ClientWorker:
         t = self.spec.training
         g, p, n = self.env.global_weights, self.model.num_params, len(ctxs)
         kept: list[dict[str, torch.Tensor]] = [{} for _ in ctxs]
-        trained: list[torch.Tensor] | None = None  # each client's weights after a phase
+        last = None  # the previous phase's GroupResult
         sent: list[LocalUpdate] = []
         for i in range(len(phases[0])):
             ph = phases[0][i]
             mine = [phs[i] for phs in phases]
             if isinstance(ph.start, str) and ph.start == "previous":
-                starts = torch.stack(trained)
+                starts = g + last.deltas[[last.rows[k] for k in range(n)]]
             else:
-                own = [q.start.reshape(-1).to(self.device, torch.float32)
-                       if isinstance(q.start, torch.Tensor) else self._global_start(ctx)
-                       for q, ctx in zip(mine, ctxs, strict=True)]
-                starts = (None if all(s is None for s in own) else
-                          torch.stack([g if s is None else s for s in own]))
+                starts = self._group_starts(mine, ctxs)
             linear = None
             if any(q.terms.linear is not None for q in mine):
                 linear = torch.zeros((n, p), device=self.device)
@@ -666,10 +696,10 @@ class ClientWorker:
                                    starts=starts, trainable=self._flags(ph.trainable),
                                    optimizer=ph.optimizer, opt_state=opt_state,
                                    transform=ph.transform)
-            trained = [g + group.delta(k) for k in range(n)]
+            last = group
             for k in range(n):
-                if ph.keep is not None:
-                    kept[k][ph.keep] = trained[k]
+                if ph.keep is not None:  # the trained weights, rebuilt as x + delta
+                    kept[k][ph.keep] = g + group.delta(k)
                 if group.opt_state is not None and ph.optimizer is not None:
                     for key in ph.optimizer.state_keys():
                         kept[k][key] = group.opt_state[key.rsplit(".", 1)[1]][group.rows[k]]
@@ -680,8 +710,8 @@ class ClientWorker:
         out = []
         for k, ctx in enumerate(ctxs):
             update = sent[k]
-            if self._local_at is not None:
-                kept[k]["local"] = trained[k][self._local_at].clone()
+            if self._local_at is not None:  # where the last phase left them
+                kept[k]["local"] = g[self._local_at] + last.delta(k)[self._local_at]
                 update.delta[self._local_at] = 0.0
             out.append((update, self._finish(ctx, update, acc, kept[k])))
         return out
