@@ -436,7 +436,7 @@ class ClientWorker:
                 raise self._undeclared(key, "finish()")
         new |= own
         if new and self.state is not None:  # a part that wrote nothing keeps its tensors
-            self.state.put(ctx.cid, ctx.round, (ctx.state or {}) | new)
+            self.state.put_async(ctx.cid, ctx.round, (ctx.state or {}) | new)
             self._stored.append(ctx.cid)
         return True
 
@@ -739,13 +739,17 @@ class ClientWorker:
                        for r in self._train_group(chunk, acc))
         else:
             results = (self._train_client(ctx, acc) for ctx in jobs)
-        for res, kept in results:
-            if not kept:  # its loss may be NaN too: the round's train_loss leaves it out
-                dropped += 1
-                continue
-            loss_sum += res.loss_sum
-            seen += res.examples_seen
-            examples += res.num_examples
+        try:
+            for res, kept in results:
+                if not kept:  # its loss may be NaN too: the round's train_loss leaves it out
+                    dropped += 1
+                    continue
+                loss_sum += res.loss_sum
+                seen += res.examples_seen
+                examples += res.num_examples
+        finally:  # the clients' state files are written before the round reports them
+            if self.state is not None:  # (or, after a failure, before it is re-run)
+                self.state.flush()
         return RoundResult(partial=acc.to_message(), clients=len(ids), examples=examples,
                            loss_sum=loss_sum, examples_seen=seen, dropped=dropped,
                            updates=len(ids) - dropped, nonfinite=self._nonfinite,

@@ -37,6 +37,7 @@ import threading
 import uuid
 from collections import OrderedDict
 from collections.abc import Callable, Iterable
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
 import fsspec
@@ -96,6 +97,8 @@ class ClientStateStore:
         self._fs_path: tuple[fsspec.AbstractFileSystem, str] | None = None
         self._local: bool | None = None  # a local filesystem: plain os calls (_write, _read)
         self._made: set[str] = set()  # shard directories this process has created
+        self._writer: ThreadPoolExecutor | None = None  # put_async's one thread
+        self._pending: list[Future] = []
         self._cache: OrderedDict[Key, tuple[Tensors, int]] = OrderedDict()
         self._cache_bytes = 0
         self._lock = threading.Lock()
@@ -212,6 +215,39 @@ class ClientStateStore:
         self._drop((cid, v))
         self._write(cid, v, data)  # a temporary file, then a rename
         self._remember((cid, v), owned)
+
+    def put_async(self, client_id: int, version: int, tensors: Tensors) -> None:
+        """``put``, with the file written on this process's writer thread: the tensors are
+        copied and encoded now (the caller may reuse its buffers at once) and the cache
+        serves them at once; ``flush`` waits for the files. Why: creating a file is the
+        slow part of a put (several ms when two workers create files in one shard folder,
+        most of a small client's round: docs/performance.md, "Algorithm API v2
+        examples"), and it waits on the filesystem, not the CPU, so the next clients train
+        meanwhile."""
+        cid, v = _check_id(client_id), _check_version(version, 1)
+        if not isinstance(tensors, dict) or not all(
+                isinstance(k, str) and isinstance(t, torch.Tensor) for k, t in tensors.items()):
+            raise TypeError("tensors must be a dict of str -> torch.Tensor")
+        owned = {k: t.detach().to("cpu", memory_format=torch.contiguous_format, copy=True)
+                 for k, t in tensors.items()}
+        data = save_safetensors(owned)
+        self._drop((cid, v))
+        self._remember((cid, v), owned)
+        if self._writer is None:
+            self._writer = ThreadPoolExecutor(1, thread_name_prefix="fedray-state-writer")
+        self._pending.append(self._writer.submit(self._write, cid, v, data))
+
+    def flush(self) -> None:
+        """Wait for every ``put_async`` file; raise the first write's error, if any (the
+        others are waited for all the same, so none is still being written)."""
+        pending, self._pending = self._pending, []
+        error = None
+        for future in pending:
+            exc = future.exception()
+            if exc is not None and error is None:
+                error = exc
+        if error is not None:
+            raise error
 
     def _is_local(self, fs: fsspec.AbstractFileSystem) -> bool:
         if self._local is None:
