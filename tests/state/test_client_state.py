@@ -330,3 +330,34 @@ def test_memory_does_not_grow_with_the_population(tmp_path):
         assert len(store.clients()) == clients
     finally:
         shutil.rmtree(root, ignore_errors=True)
+
+
+def test_put_async_serves_at_once_writes_by_flush_and_raises_a_failed_write(tmp_path,
+                                                                            monkeypatch):
+    """put_async copies the tensors at once (the caller reuses its buffer), the cache serves
+    them before the file exists, flush waits for the files, and a write that failed is
+    raised by flush, with no temporary file left and every other write finished."""
+    root = tmp_path / "cs"
+    store = ClientStateStore(str(root))
+    buffer = torch.arange(4.0)
+    store.put_async(1, 1, {"c": buffer})
+    buffer.fill_(-1.0)  # reused at once, as a client part's buffer is
+    _assert_same(store.get(1, 1), {"c": torch.arange(4.0)})
+    store.flush()
+    _assert_same(ClientStateStore(str(root), cache_mb=0).get(1, 1), {"c": torch.arange(4.0)})
+
+    real = os.replace
+
+    def failing(src, dst):
+        if dst.endswith("/2.r1.safetensors"):
+            raise OSError("disk full")
+        real(src, dst)
+
+    monkeypatch.setattr("fedray.state.client_state.os.replace", failing)
+    store.put_async(2, 1, _state(2))
+    store.put_async(3, 1, _state(3))
+    with pytest.raises(OSError, match="disk full"):
+        store.flush()
+    monkeypatch.undo()
+    assert sorted(_files(root)) == ["000000/1.r1.safetensors", "000000/3.r1.safetensors"]
+    store.flush()  # nothing pending any more
