@@ -247,11 +247,17 @@ class ClientWorker:
         # state keys the client part may write (_phases, _finish)
         self._local_at = (self.model.positions(self.client.local) if self.client.local
                           else None)
-        if self._local_at is not None and not self._local_at.numel():
+        self._local_n = 0 if self._local_at is None else self._local_at.numel()
+        if self._local_at is not None and not self._local_n:
             names = ", ".join(name for name, _, _ in self.model.spans)
             raise PartError(f"{_parts(self).who(self.client)}: local {self.client.local} "
                             f"names no parameter or buffer of the model (its names: "
                             f"{names})")
+        if self._local_n and int(self._local_at[-1] - self._local_at[0]) + 1 == self._local_n:
+            # one span (a head, the last layers): a slice reads and writes views, where an
+            # index tensor gathers and scatters, per client
+            first = int(self._local_at[0])
+            self._local_at = slice(first, first + self._local_n)
         self._writable = set(self.client.state) | ({"local"} if self.client.local else set())
         self._trainable: dict[tuple[str, ...], list[bool]] = {}  # Phase.trainable's flags
         self._stored: list[int] = []  # clients whose state this round's train() wrote
@@ -515,9 +521,9 @@ class ClientWorker:
         if self._local_at is None or not state or "local" not in state:
             return None
         local = state["local"].reshape(-1)
-        if local.numel() != self._local_at.numel():
+        if local.numel() != self._local_n:
             raise self._refuse(f"client {cid}'s stored \"local\" has {local.numel()} "
-                               f"values for the {self._local_at.numel()} of its local "
+                               f"values for the {self._local_n} of its local "
                                f"parameters {self.client.local}")
         return local.to(self.device, torch.float32)
 
