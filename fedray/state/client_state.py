@@ -204,6 +204,21 @@ class ClientStateStore:
         """Write version ``version`` (>= 1) of the state of ``client_id``, atomically; the
         cache keeps a copy. Writing an existing version replaces it (a re-run's identical
         bytes)."""
+        cid, v, data = self._encode(client_id, version, tensors)
+        self._write_or_forget(cid, v, data)
+
+    def _write_or_forget(self, cid: int, version: int, data: bytes) -> None:
+        """Write the file (a temporary file, then a rename); if that fails, the cache must
+        not serve a version the disk does not hold."""
+        try:
+            self._write(cid, version, data)
+        except BaseException:
+            self._drop((cid, version))
+            raise
+
+    def _encode(self, client_id: int, version: int, tensors: Tensors) -> tuple[int, int, bytes]:
+        """Check a put's arguments, encode the tensors and cache own copies of them (the
+        caller's may change right after); the file is still to be written."""
         cid, v = _check_id(client_id), _check_version(version, 1)
         if not isinstance(tensors, dict) or not all(
                 isinstance(k, str) and isinstance(t, torch.Tensor) for k, t in tensors.items()):
@@ -213,8 +228,8 @@ class ClientStateStore:
                  for k, t in tensors.items()}
         data = save_safetensors(owned)
         self._drop((cid, v))
-        self._write(cid, v, data)  # a temporary file, then a rename
         self._remember((cid, v), owned)
+        return cid, v, data
 
     def put_async(self, client_id: int, version: int, tensors: Tensors) -> None:
         """``put``, with the file written on this process's writer thread: the tensors are
@@ -224,18 +239,10 @@ class ClientStateStore:
         most of a small client's round: docs/performance.md, "Algorithm API v2
         examples"), and it waits on the filesystem, not the CPU, so the next clients train
         meanwhile."""
-        cid, v = _check_id(client_id), _check_version(version, 1)
-        if not isinstance(tensors, dict) or not all(
-                isinstance(k, str) and isinstance(t, torch.Tensor) for k, t in tensors.items()):
-            raise TypeError("tensors must be a dict of str -> torch.Tensor")
-        owned = {k: t.detach().to("cpu", memory_format=torch.contiguous_format, copy=True)
-                 for k, t in tensors.items()}
-        data = save_safetensors(owned)
-        self._drop((cid, v))
-        self._remember((cid, v), owned)
+        cid, v, data = self._encode(client_id, version, tensors)
         if self._writer is None:
             self._writer = ThreadPoolExecutor(1, thread_name_prefix="fedray-state-writer")
-        self._pending.append(self._writer.submit(self._write, cid, v, data))
+        self._pending.append(self._writer.submit(self._write_or_forget, cid, v, data))
 
     def flush(self) -> None:
         """Wait for every ``put_async`` file; raise the first write's error, if any (the

@@ -360,4 +360,6 @@ def test_put_async_serves_at_once_writes_by_flush_and_raises_a_failed_write(tmp_
         store.flush()
     monkeypatch.undo()
     assert sorted(_files(root)) == ["000000/1.r1.safetensors", "000000/3.r1.safetensors"]
+    with pytest.raises(FedrayError, match="missing"):  # not served from the cache either
+        store.get(2, 1)
     store.flush()  # nothing pending any more
