@@ -331,6 +331,9 @@ class ClientWorker:
         ctx = ClientContext(cid, round_idx, seed, x, y, self.env.batch_size_for(len(y)),
                             version, staleness=self._staleness)
         self.aggregator.prepare(self.env, ctx)
+        if self.state is not None and len(ctx.y):  # read ahead with the data: a stateful
+            # client's file is read while the clients before it train
+            ctx.state = self.state.get(cid, version)
         if self.device.type == "cuda":  # page-locked: the copy to the GPU runs asynchronously
             ctx.x, ctx.y = ctx.x.pin_memory(), ctx.y.pin_memory()
         return ctx
@@ -379,7 +382,7 @@ class ClientWorker:
         steps and needs none), then its phases (``ClientWork.phases``; by default one with
         its ``terms``), checked: one sends, and every key they write is declared.
         ``ctx.terms`` is the sending phase's."""
-        if self.state is not None and len(ctx.y):
+        if self.state is not None and len(ctx.y) and ctx.state is None:  # not read ahead
             ctx.state = self.state.get(ctx.cid, ctx.version)
         phases = self.client.phases(self.env, ctx)
         if not isinstance(phases, (list, tuple)) or not phases \
