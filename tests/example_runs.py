@@ -13,6 +13,8 @@ import sys
 import pytest
 import yaml
 
+from fedray.state.run_dir import load_weights
+
 REPO = pathlib.Path(__file__).resolve().parents[1]
 FEDRAY = [sys.executable, "-m", "fedray.cli"]
 
@@ -69,7 +71,19 @@ def sweep_elsewhere(tmp_path: pathlib.Path, job: dict, parameters: dict) -> list
     trials = sorted((tmp_path / "sweep" / "trials").iterdir())
     rows = (tmp_path / "sweep" / "results.csv").read_text().splitlines()
     assert len(trials) == len(rows) - 1 and all(",finished," in r for r in rows[1:]), rows
+    assert f"done: {len(trials)} trials" in out.stdout, out.stdout[-3000:]
     return trials
+
+
+def trial_weights(trials: list[pathlib.Path], rounds: int, aggregator: str) -> list[dict]:
+    """Each trial's final weights, once its summary says it ran all ``rounds`` with the user's
+    ``aggregator``: what a sweep test compares to see that the swept value mattered."""
+    finals = []
+    for trial in trials:
+        summary = json.loads((trial / "summary.json").read_text())
+        assert summary["rounds"] == rounds and summary["algorithm"]["aggregator"] == aggregator
+        finals.append(load_weights(str(trial)))
+    return finals
 
 
 def submit_to_local_head(tmp_path: pathlib.Path, job: dict) -> pathlib.Path:

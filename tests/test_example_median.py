@@ -4,22 +4,26 @@ part: its numbers (a coordinate-wise median against NumPy in float64), resume an
 counts bit for bit, a sweep, ``fedray submit``; and what the runtime refuses before round 1
 for such an aggregator (the memory budget, sums-only combinations, no ``aggregate``).
 
-The CLI, sweep and submit tests follow tests/test_examples.py (q-FedAvg's) and use its
-helpers."""
+The CLI, sweep and submit tests follow tests/test_examples.py (q-FedAvg's) and use the
+helpers it shares with the other examples' tests (tests/example_runs.py)."""
 
 from __future__ import annotations
 
 import json
 import math
-import subprocess
-import sys
 
 import numpy as np
 import pytest
 import torch
 import yaml
+from example_runs import (
+    importable,  # noqa: F401 -- a fixture
+    submit_to_local_head,
+    sweep_elsewhere,
+    tiny_job,
+    trial_weights,
+)
 from linear_regression import W0, D, linear_model_fn, regression_clients
-from test_examples import FEDRAY, REPO, _env, importable  # noqa: F401  (a fixture)
 from tolerance import ULPS_PER_STEP, f32_atol, merge_ulps
 
 import fedray
@@ -348,39 +352,15 @@ def test_the_cli_resumes_it_bit_for_bit(tmp_path):
 # -- a sweep and `fedray submit` ---------------------------------------------------------
 
 def _job(**over) -> dict:
-    job = {"name": "median", "seed": 3, "rounds": 2,
-           "data": {"synthetic": {"num_clients": 40, "min_examples": 10, "max_examples": 30,
-                                  "test_writers": 20}},
-           "model": {"name": "logreg"}, "client": {"lr": 0.05, "batch_size": 8},
-           "sampling": {"clients_per_round": 8}, "eval": {"every": 0},
-           "algorithm": {"aggregator": MEDIAN, "stages": [SIGNFLIP]},
-           "runtime": {"num_cpus": 2, "worker": {"num_cpus": 1, "vectorize": "off"}},
-           "output": {"tensorboard": False}}
-    return job | over
+    return tiny_job("median", {"aggregator": MEDIAN, "stages": [SIGNFLIP]}) | over
 
 
 def test_a_sweep_ships_it_to_its_trials(tmp_path):
     """`fedray sweep` over the attackers' fraction, run from a directory without the
     examples: the trials import examples.median because the sweep ships its files."""
-    sweep = {"name": "m", "job": _job(),
-             "parameters": {"algorithm.signflip.fraction": [0.0, 0.4]},
-             "output": str(tmp_path / "sweep")}
-    (tmp_path / "s.yaml").write_text(yaml.safe_dump(sweep))
-    work = tmp_path / "elsewhere"
-    work.mkdir()
-    code = (f"import sys; sys.path.insert(0, {str(REPO)!r}); from fedray.cli import main; "
-            f"sys.exit(main(['sweep', {str(tmp_path / 's.yaml')!r}]))")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                         env=_env(), cwd=work, timeout=400)
-    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
-    assert "done: 2 trials" in out.stdout
-    rows = (tmp_path / "sweep" / "results.csv").read_text().splitlines()
-    assert len(rows) == 3 and all(",finished," in r for r in rows[1:]), rows
-    finals = []
-    for trial in sorted((tmp_path / "sweep" / "trials").iterdir()):
-        summary = json.loads((trial / "summary.json").read_text())
-        assert summary["rounds"] == 2 and summary["algorithm"]["aggregator"] == MEDIAN
-        finals.append(load_weights(str(trial)))
+    trials = sweep_elsewhere(tmp_path, _job(), {"algorithm.signflip.fraction": [0.0, 0.4]})
+    assert len(trials) == 2
+    finals = trial_weights(trials, 2, MEDIAN)
     assert not all(torch.equal(finals[0][k], finals[1][k]) for k in finals[0])  # it mattered
 
 
@@ -390,21 +370,9 @@ def test_submit_ships_it_to_the_cluster(tmp_path):
     """`fedray submit` from the repository root to a local test head: the job's working
     directory holds only job.yaml, so it imports examples.median only because submit ships
     the user's package."""
-    from clusters import LocalHead, client_env
-
     job = _job(runtime={"num_workers": 1, "worker": {"num_cpus": 1, "vectorize": "off"}})
     job["algorithm"]["signflip"] = {"fraction": 0.4}
-    (tmp_path / "job.yaml").write_text(yaml.safe_dump(job))
-    out_dir = tmp_path / "on-cluster"
-    env = client_env()
-    env.pop("PYTHONPATH", None)
-    with LocalHead(num_cpus=2, dashboard=True) as head:
-        sub = subprocess.run(FEDRAY + ["submit", str(tmp_path / "job.yaml"),
-                                       f"output.dir=file://{out_dir}", "--address",
-                                       head.job_server, "--wait"],
-                             env=env, cwd=REPO, capture_output=True, text=True, timeout=400)
-    assert sub.returncode == 0, sub.stdout[-3000:] + sub.stderr[-3000:]
-    assert "SUCCEEDED" in sub.stdout and "done: 2 rounds" in sub.stdout
+    out_dir = submit_to_local_head(tmp_path, job)
     summary = json.loads((out_dir / "summary.json").read_text())
     assert summary["rounds"] == 2 and summary["algorithm"]["aggregator"] == MEDIAN
     cfg = yaml.safe_load((out_dir / "config.yaml").read_text())

@@ -8,15 +8,21 @@ as a module beside a job is from the directory the job is run from."""
 from __future__ import annotations
 
 import json
-import os
 import pathlib
-import subprocess
-import sys
 
 import numpy as np
 import pytest
 import torch
 import yaml
+from example_runs import (
+    REPO,
+    cli_run,
+    importable,
+    submit_to_local_head,
+    sweep_elsewhere,
+    tiny_job,
+    trial_weights,
+)
 from linear_regression import W0, D, linear_model_fn, regression_clients
 from tolerance import ULPS_PER_STEP, f32_atol
 
@@ -24,20 +30,8 @@ import fedray
 from fedray.errors import ConfigError
 from fedray.state.run_dir import load_weights, read_metrics
 
-REPO = pathlib.Path(__file__).resolve().parents[1]
 QFFL = "examples.qffl:QFedAvg"
-FEDRAY = [sys.executable, "-m", "fedray.cli"]
-
-
-@pytest.fixture
-def importable(monkeypatch):
-    """This process imports ``examples`` from the repository root, wherever pytest runs."""
-    monkeypatch.syspath_prepend(str(REPO))
-
-
-def _env(**extra: str) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if k not in ("RAY_ADDRESS", "PYTHONPATH")}
-    return {**env, "RAY_USAGE_STATS_ENABLED": "0", **extra}
+__all__ = ["importable"]  # example_runs' fixture, requested by name below
 
 
 # -- the numbers: deterministic full-batch linear regression ------------------------------
@@ -181,10 +175,7 @@ def test_the_cli_records_reports_and_resumes_it(ray_cluster, importable, tmp_pat
     from fedray.cli import main
 
     run_dir = tmp_path / "run"
-    out = subprocess.run(FEDRAY + ["run", str(REPO / "jobs" / "quickstart.yaml"), "rounds=2",
-                                   f"output.dir={run_dir}", "--quiet", *TINY],
-                         capture_output=True, text=True, env=_env(), cwd=REPO, timeout=300)
-    assert out.returncode == 0, out.stderr[-3000:]
+    cli_run(run_dir, ["rounds=2", *TINY])
     cfg = yaml.safe_load((run_dir / "config.yaml").read_text())
     assert cfg["algorithm"]["aggregator"] == QFFL
     assert cfg["algorithm"]["qffl"] == {"q": 0.5, "lipschitz": 1.0}
@@ -221,32 +212,10 @@ def test_sweep_trials_import_it_where_the_callers_files_are_not(tmp_path):
     trials' processes, started by Ray with the caller's working directory on their path --
     not the repository -- import it only because the sweep ships its files with each trial,
     as it would to another node."""
-    job = {"name": "qffl", "seed": 3, "rounds": 2,
-           "data": {"synthetic": {"num_clients": 40, "min_examples": 10, "max_examples": 30,
-                                  "test_writers": 20}},
-           "model": {"name": "logreg"}, "client": {"lr": 0.05, "batch_size": 8},
-           "sampling": {"clients_per_round": 8}, "eval": {"every": 0},
-           "algorithm": {"aggregator": QFFL},
-           "runtime": {"num_cpus": 2, "worker": {"num_cpus": 1, "vectorize": "off"}},
-           "output": {"tensorboard": False}}
-    sweep = {"name": "q", "job": job, "parameters": {"algorithm.qffl.q": [0.0, 2.0]},
-             "output": str(tmp_path / "sweep")}
-    (tmp_path / "s.yaml").write_text(yaml.safe_dump(sweep))
-    work = tmp_path / "elsewhere"
-    work.mkdir()
-    code = (f"import sys; sys.path.insert(0, {str(REPO)!r}); from fedray.cli import main; "
-            f"sys.exit(main(['sweep', {str(tmp_path / 's.yaml')!r}]))")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                         env=_env(), cwd=work, timeout=400)
-    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
-    assert "done: 2 trials" in out.stdout
-    rows = (tmp_path / "sweep" / "results.csv").read_text().splitlines()
-    assert len(rows) == 3 and all(",finished," in r for r in rows[1:]), rows
-    finals = []
-    for trial in sorted((tmp_path / "sweep" / "trials").iterdir()):
-        summary = json.loads((trial / "summary.json").read_text())
-        assert summary["rounds"] == 2 and summary["algorithm"]["aggregator"] == QFFL
-        finals.append(load_weights(str(trial)))
+    job = tiny_job("qffl", {"aggregator": QFFL})
+    trials = sweep_elsewhere(tmp_path, job, {"algorithm.qffl.q": [0.0, 2.0]})
+    assert len(trials) == 2
+    finals = trial_weights(trials, 2, QFFL)
     assert not all(torch.equal(finals[0][k], finals[1][k]) for k in finals[0])  # q mattered
 
 
@@ -258,28 +227,10 @@ def test_submit_ships_it_to_the_cluster(tmp_path):
     """`fedray submit` from the repository root: the job runs on the head in a temporary
     working directory holding only job.yaml, so it imports examples.qffl only because submit
     ships the user's package (runtime_env py_modules, to every node)."""
-    from clusters import LocalHead, client_env
-
-    job = {"name": "qffl", "seed": 3, "rounds": 2,
-           "data": {"synthetic": {"num_clients": 40, "min_examples": 10, "max_examples": 30,
-                                  "test_writers": 20}},
-           "model": {"name": "logreg"}, "client": {"lr": 0.05, "batch_size": 8},
-           "sampling": {"clients_per_round": 8}, "eval": {"every": 0},
-           "algorithm": {"aggregator": QFFL, "qffl": {"q": 2.0}},
-           # one worker: what is checked is that the job's processes import it at all
-           "runtime": {"num_workers": 1, "worker": {"num_cpus": 1, "vectorize": "off"}},
-           "output": {"tensorboard": False}}
-    (tmp_path / "job.yaml").write_text(yaml.safe_dump(job))
-    out_dir = tmp_path / "on-cluster"
-    env = client_env()
-    env.pop("PYTHONPATH", None)
-    with LocalHead(num_cpus=2, dashboard=True) as head:
-        sub = subprocess.run(FEDRAY + ["submit", str(tmp_path / "job.yaml"),
-                                       f"output.dir=file://{out_dir}", "--address",
-                                       head.job_server, "--wait"],
-                             env=env, cwd=REPO, capture_output=True, text=True, timeout=400)
-    assert sub.returncode == 0, sub.stdout[-3000:] + sub.stderr[-3000:]
-    assert "SUCCEEDED" in sub.stdout and "done: 2 rounds" in sub.stdout
+    # one worker: what is checked is that the job's processes import it at all
+    job = tiny_job("qffl", {"aggregator": QFFL, "qffl": {"q": 2.0}}) | {
+        "runtime": {"num_workers": 1, "worker": {"num_cpus": 1, "vectorize": "off"}}}
+    out_dir = submit_to_local_head(tmp_path, job)
     summary = json.loads((out_dir / "summary.json").read_text())
     assert summary["rounds"] == 2 and summary["algorithm"]["aggregator"] == QFFL
     assert yaml.safe_load((out_dir / "config.yaml").read_text())["algorithm"]["qffl"]["q"] == 2.0
