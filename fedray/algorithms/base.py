@@ -7,15 +7,21 @@ the driver and applies the server optimizer. What an algorithm adds is said thro
 small classes, each family of algorithms in one module of this package, and a user's in
 their own file (docs/algorithms.md, "Write your own algorithm"):
 
-``ClientWork``  what a client does from the global model: the extra terms of its local
-                objective (``LocalTerms``: a proximal pull, a linear correction), the
-                per-client state it keeps in the client state store (``state``), and what it
-                adds to the partial sum after training (``finish``).
+``ClientWork``  what a client does from the global model: its local training as a short
+                list of ``Phase``s that fedray's kernels run (start point, trainable
+                parameters, the extra terms of its objective -- ``LocalTerms``: a proximal
+                pull, a linear correction --, a gradient transform, a client optimizer,
+                where the result goes), the parameters that stay with the client
+                (``local``), the per-client state it keeps in the client state store
+                (``state``), the model each client is evaluated with (``eval_weights``),
+                and what it adds to the partial sum after training (``finish``).
 ``Aggregator``  aggregation as an associative reduction: what each client contributes to its
                 worker's ``PartialSum`` (``accumulate``), and, on the driver, the finishing
                 step that turns the merged sum into the round's update (``finish``), with
                 the aggregator's own server-side state (``state``), part of which it may
-                broadcast to the clients each round (``broadcast``).
+                broadcast to the clients each round (``broadcast``). One that cannot be a
+                sum (a median, Krum) sets ``individual`` and gets every client's update at
+                once (``aggregate``), within runtime.individual_updates_mb.
 ``ServerOptimizer`` (fedray.algorithms.server_opt) SERVEROPT: the next global model from the
                 round's update, with ``state_dict`` / ``load_state_dict``.
 ``UpdateStage`` what happens to every client's update on its way up and to the round's sum
@@ -441,11 +447,14 @@ class ServerState:
 class ClientWork(Part):
     """What a client does with the global model x in a round.
 
-    Override ``terms`` to add terms to the local objective (the runtime's kernels then train
-    the client, vectorized where the model allows); override ``train`` instead for local
-    work the terms cannot say (the client then trains one after another, and the run says
-    so once). ``finish`` runs after the client's contribution is in the partial sum; what it
-    returns becomes the client's state (``state`` names its tensors)."""
+    Override ``terms`` to add terms to the local objective, or ``phases`` for more (a start
+    of its own, frozen or local parameters, a gradient transform, a client optimizer, a
+    second model): the runtime's kernels then train the client, vectorized where the model
+    allows. Override ``train`` only for local work no phase can say (the client then trains
+    one after another, and the run says so once; ``env.batches`` and ``env.local_sgd`` give
+    it fedray's seeded schedule and kernel). ``finish`` runs after the client's
+    contribution is in the partial sum; what it returns becomes the client's state
+    (``state`` names its tensors)."""
 
     state: ClassVar[tuple[str, ...]] = ()  # per-client state tensors, in the state store
     full_batch: ClassVar[bool] = False  # one step on all of the client's data (FedSGD)
