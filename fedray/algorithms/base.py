@@ -180,6 +180,17 @@ class ClientOptimizer:
     eps: float = 1e-8
     state: str | None = None
 
+    def __post_init__(self) -> None:
+        """Checked once, where it is made: every kernel that runs it can rely on it."""
+        if self.kind not in CLIENT_OPTIMIZERS:
+            raise ValueError(f"ClientOptimizer kind must be one of {', '.join(CLIENT_OPTIMIZERS)}"
+                             f", got {self.kind!r}")
+        b1, b2 = self.betas
+        if not (0 <= self.momentum < 1 and 0 <= b1 < 1 and 0 <= b2 < 1 and self.eps > 0):
+            raise ValueError(f"ClientOptimizer needs 0 <= momentum, betas < 1 and eps > 0, "
+                             f"got momentum={self.momentum}, betas={self.betas}, "
+                             f"eps={self.eps}")
+
     def state_keys(self) -> tuple[str, ...]:
         """The client-state keys this optimizer keeps (none without ``state``)."""
         if self.state is None or self.kind == "sgd":

@@ -197,9 +197,6 @@ class _PhaseStep:
             raise ValueError("a per-example gradient transform needs a model without "
                              "buffers (batch-norm statistics are not per example)")
         self.kind = "sgd" if optimizer is None else optimizer.kind
-        if self.kind not in ("sgd", "momentum", "adam"):
-            raise ValueError(f"client optimizer kind must be sgd, momentum or adam, got "
-                             f"{self.kind!r}")
         self.optimizer = optimizer
         own = {"sgd": (), "momentum": ("m",), "adam": ("m", "v")}[self.kind]
         self.moments: dict[str, torch.Tensor] = {}

@@ -711,8 +711,6 @@ def vmap_local_sgd(model: FlatModel, global_weights: torch.Tensor,
     active = [sum(1 for i in order if steps[i] > t) for t in range(horizon)]
 
     kind = "sgd" if optimizer is None else optimizer.kind
-    if kind not in ("sgd", "momentum", "adam"):
-        raise ValueError(f"client optimizer kind must be sgd, momentum or adam, got {kind!r}")
     if trainable is not None and all(trainable):
         trainable = None
     if trainable is not None and len(trainable) != len(model.param_list):

@@ -451,3 +451,12 @@ def test_local_parameters_end_to_end(tmp_path):
     states = [load_file(f) for f in files]
     assert states and all(set(s) == {"local"} and s["local"].shape == (3,) for s in states)
 
+
+
+@pytest.mark.parametrize("kwargs", [{"kind": "rmsprop"}, {"momentum": 1.0},
+                                    {"kind": "adam", "betas": (0.9, 1.0)},
+                                    {"kind": "adam", "eps": 0.0}])
+def test_a_client_optimizer_is_checked_where_it_is_made(kwargs):
+    """One check, in ClientOptimizer itself, serves the sequential and vectorized kernels."""
+    with pytest.raises(ValueError, match="ClientOptimizer"):
+        ClientOptimizer(**kwargs)
