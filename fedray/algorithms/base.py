@@ -314,13 +314,7 @@ class WorkerEnv:
         only, a loop over it visits the same batches on any worker, at any worker count."""
         from fedray.kernels.sequential import batch_schedule
 
-        t = self.training
-        if steps is not None:
-            epochs, steps_ = 1, steps
-        elif epochs is not None:
-            steps_ = None
-        else:
-            epochs, steps_ = t.local_epochs, t.local_steps
+        epochs, steps_ = self.training.passes(steps, epochs)
         return batch_schedule(len(ctx.y), ctx.batch_size, epochs, steps_,
                               ctx.seed if seed is None else seed, full_batch, self.device)
 
@@ -360,12 +354,7 @@ class WorkerEnv:
         if weights is not None and weights.numel() != self.model.size:
             raise ValueError(f"local_sgd: weights has {weights.numel()} values for a model "
                              f"of {self.model.size}")
-        if ph.steps is not None:
-            epochs, steps = 1, ph.steps
-        elif ph.epochs is not None:
-            epochs, steps = ph.epochs, None
-        else:
-            epochs, steps = t.local_epochs, t.local_steps
+        epochs, steps = t.passes(ph.steps, ph.epochs)
         extra: dict[str, Any] = {}  # the phase's hooks: only when used (the plain loop else)
         if weights is not None:
             extra["start"] = weights.to(self.device)

@@ -79,6 +79,16 @@ class LocalTraining:
     def batch_size_for(self, n: int) -> int:
         return client_batch_size(n, self.batch_size, self.steps_per_epoch)
 
+    def passes(self, steps: int | None = None,
+               epochs: int | None = None) -> tuple[int, int | None]:
+        """(local epochs, local steps) for a stretch of training that may set its own
+        ``steps`` or ``epochs`` (a Phase, a part's own loop); the section's where neither."""
+        if steps is not None:
+            return 1, steps
+        if epochs is not None:
+            return epochs, None
+        return self.local_epochs, self.local_steps
+
 
 @dataclass
 class Personalize:
@@ -573,12 +583,7 @@ class ClientWorker:
     def _phase_steps(self, ph: Phase) -> tuple[float, int, int | None]:
         """A phase's lr, local epochs and local steps (the client section's where unset)."""
         t = self.spec.training
-        lr = t.lr if ph.lr is None else ph.lr
-        if ph.steps is not None:
-            return lr, t.local_epochs, ph.steps
-        if ph.epochs is not None:
-            return lr, ph.epochs, None
-        return lr, t.local_epochs, t.local_steps
+        return (t.lr if ph.lr is None else ph.lr, *t.passes(ph.steps, ph.epochs))
 
     def _run_phases(self, ctx: ClientContext,
                     phases: list[Phase]) -> tuple[LocalUpdate, dict[str, torch.Tensor]]:
