@@ -660,9 +660,9 @@ def vmap_local_sgd(model: FlatModel, global_weights: torch.Tensor,
     changes each example's gradient (a second ``vmap`` over the batch, padding excluded),
     whose mean over the client's examples the terms are then added to.
 
-    Why these paths: a start other than the global model voids ``FirstLayerSums`` (its sums
-    describe W + D_i with W the global weight), so the chain then keeps its first layer
-    stacked; a frozen parameter only drops its update from ``chain_sgd_step``. A stateful
+    Why these paths: a start whose first-layer weight is not the global one voids
+    ``FirstLayerSums`` (its sums describe W + D_i with W the global weight), so the chain
+    then keeps its first layer stacked; a frozen parameter only drops its update from ``chain_sgd_step``. A stateful
     optimizer or a transform needs the whole gradient before any weight moves, so the chain
     step then writes the gradients out (``grads_out``) instead of into the weights; a
     per-example transform needs each example's gradient, which only torch.func's nested
@@ -730,8 +730,14 @@ def vmap_local_sgd(model: FlatModel, global_weights: torch.Tensor,
         # 5 epochs; none with the stack, whose products round as sequential training's do)
         defer_first = len(chain.layers) == 1 and defer_first_layer(
             sizes, [width * k for k in steps], out_features)
-    if starts is not None or trainable is not None or materialize:
-        defer_first = False  # FirstLayerSums trains the first layer from the global weight
+    if trainable is not None or materialize:
+        defer_first = False
+    if defer_first and chain is not None and starts is not None:
+        # FirstLayerSums trains the first layer's weight from the global one: a start may
+        # differ elsewhere only (a local bias or head, FedPer's), which its stack then holds
+        at = sum(p.numel() for p in list(module.parameters())[:chain.layers[0][0]])
+        span = slice(at, at + list(module.parameters())[chain.layers[0][0]].numel())
+        defer_first = bool((starts[:, span] == global_weights[span].to(starts.device)).all())
     defer = chain.layers[0][0] if defer_first and chain is not None and horizon else None
 
     names = [n for n, _ in module.named_parameters()]
@@ -749,11 +755,13 @@ def vmap_local_sgd(model: FlatModel, global_weights: torch.Tensor,
     for k, (_, p) in enumerate(module.named_parameters()):
         span = slice(offset, offset + p.numel())
         anchors.append(anchor[span].view(p.shape))
-        if rows is not None:
+        if k == defer:
+            params.append(None)
+        elif rows is not None:
             params.append(starts[:, span].index_select(0, rows).to(device, anchor.dtype)
                           .view(g, *p.shape))
         else:
-            params.append(None if k == defer else anchors[-1].expand(g, *p.shape).clone())
+            params.append(anchors[-1].expand(g, *p.shape).clone())
         if c is not None:
             corr.append(c[:, span].view(g, *p.shape))
         offset += p.numel()

@@ -562,6 +562,22 @@ def test_each_client_starts_from_its_own_weights(name, path):
     assert (plain.deltas - got.deltas).abs().max() > 1e-2  # the starts mattered
 
 
+def test_starts_that_differ_past_the_first_weight_keep_first_layer_sums():
+    """A start that is the global model but for the bias (a local bias, FedPer's on
+    logistic regression) keeps FirstLayerSums, which trains the weight from the global one;
+    each client's bias starts from its own, and the group trains as each client alone
+    does. One changed weight entry sends the group to the stack."""
+    model, w0, data, starts, kw = _phase_case("logreg")
+    weight = model.module[1].weight.numel()
+    starts[:, :weight] = w0[:weight]  # the flat layout: 1.weight, then 1.bias
+    got, _, _ = _check(model, w0, data, kw, {"defer_first": True}, starts=starts)
+    assert got.path == "sums"
+    assert torch.equal(got.delta(2), starts[2] - w0)  # no examples: where it started
+    starts[3, 5] += 1e-3
+    assert vmap_local_sgd(model, w0, data, **kw, defer_first=True,
+                          starts=starts).path == "stacks"
+
+
 @pytest.mark.parametrize(("name", "path", "frozen"), [
     ("logreg", "stacks", "1.weight"),  # the bias alone trains
     ("mlp", "stacks", "1."),  # the first Linear frozen: backward stops above it
