@@ -165,6 +165,9 @@ class WorkerConfig:
     num_gpus: float = 0.0
     cache_mb: int = 256  # per-worker LRU of client data
     state_cache_mb: float = 64.0  # per-worker LRU of client state (SCAFFOLD's c_i)
+    # a worker writes its round's client states into files (packs) of this many MiB each;
+    # 0: one file per client (fedray.state.client_state)
+    state_pack_mb: float = 8.0
     # train a worker's clients in groups, one batched step per group (fedray/kernels/vectorized.py):
     # auto (where the model supports it and it pays off), on, off
     vectorize: str = "auto"
@@ -802,6 +805,8 @@ def validate(cfg: DictConfig, population: int, *, custom_model: bool = False) ->
       "runtime.worker.num_gpus", "must be a fraction in [0, 1] or a whole number", w.num_gpus)
     r(w.cache_mb >= 0, "runtime.worker.cache_mb", "must be >= 0", w.cache_mb)
     r(w.state_cache_mb >= 0, "runtime.worker.state_cache_mb", "must be >= 0", w.state_cache_mb)
+    r(math.isfinite(w.state_pack_mb) and w.state_pack_mb >= 0, "runtime.worker.state_pack_mb",
+      "must be a finite number >= 0", w.state_pack_mb)
     r(w.vectorize in ("auto", "on", "off"), "runtime.worker.vectorize",
       "must be auto, on or off", w.vectorize)
     red = rt.reduce

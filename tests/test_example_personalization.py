@@ -27,6 +27,7 @@ from torch import nn
 
 import fedray
 from fedray.errors import ConfigError
+from fedray.state.checkpoint import read_checkpoint
 from fedray.state.client_state import ClientStateStore
 from fedray.state.run_dir import load_weights
 
@@ -151,9 +152,11 @@ def run_linear(tmp_path, name: str, algorithm: dict, model_fn, vectorize: str,
 
 
 def stored(run_dir: pathlib.Path) -> dict[int, dict[str, torch.Tensor]]:
-    """Every client's state, its latest version, from the run's client state store."""
+    """Every client's current state, as the run's final checkpoint locates it in the
+    client state store."""
     store = ClientStateStore(f"{run_dir}/client_state")
-    return {cid: store.get(cid, max(versions)) for cid, versions in store.versions().items()}
+    current = store.current(read_checkpoint(str(run_dir)).client_versions)
+    return {cid: state for cid, (_, state) in current.items()}
 
 
 def eval_losses(run_dir: pathlib.Path, r: int) -> dict[int, float]:

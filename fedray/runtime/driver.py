@@ -270,7 +270,11 @@ class Driver:
         stateful = keeps_client_state(client, self.stages)
         self.state_store = ClientStateStore(state_url, cache_mb=0) if stateful else None
         self.versions = ClientVersions(source.population) if stateful else None
-        self._superseded: list[tuple[int, int]] = []  # versions the last checkpoint needs
+        # (client, version, pack) of states the last checkpoint needs, though superseded
+        self._superseded: list[tuple[int, int, int]] = []
+        # how many clients' current (or checkpointed) state each (version, pack) holds: a
+        # pack goes when that falls to 0 (ClientStateStore.begin_packs)
+        self._live: dict[tuple[int, int], int] = {}
         self.last_checkpoint = 0
         self.start_round = 1
         self.resumed_from: int | None = None
@@ -315,6 +319,7 @@ class Driver:
                                    max_update_norm=c.guard.max_update_norm),
             resources=WorkerResources(num_cpus=w.num_cpus, cache_mb=w.cache_mb,
                                       state_cache_mb=w.state_cache_mb,
+                                      state_pack_mb=w.state_pack_mb,
                                       vectorize=self._vectorize_plan(client)),
             client=worker_parts[0], aggregator=worker_parts[1], state_url=state_url,
             per_round=parse_per_round(c.data.get("per_round")), stages=worker_parts[2],
@@ -462,7 +467,15 @@ class Driver:
         self.history = [self._history_entry(json.loads(line)) for line in lines]
         if self.state_store is not None:  # versions written after the checkpoint, or unused
             v = self.versions
-            self.state_store.sweep(lambda cid: v[cid] if cid < v.population else 0)
+            self._live = v.live_packs()
+
+            def own_file(cid: int) -> int:  # a client's version kept in a file of its own
+                if cid >= v.population:
+                    return 0
+                version, pack = v.locate([cid])
+                return int(version[0]) if pack[0] < 0 else 0
+
+            self.state_store.sweep(own_file, keep_packs=self._live)
 
     @staticmethod
     def _history_entry(m: dict) -> dict:
@@ -542,22 +555,47 @@ class Driver:
             run_id=self.run_id, config=self.config_record)))
         self.last_checkpoint = r
         if self._superseded:
-            self.state_store.delete(self._superseded)
+            self._release(self._superseded)
             self._superseded = []
 
-    def _record_versions(self, r: int, stored: list[int]) -> None:
-        """Clients whose state was written in round ``r`` now read version ``r``. Their old
-        version is kept while the last checkpoint refers to it (a resume reads it), and
-        dropped at once otherwise -- the round is over, no re-run can need it."""
+    def _record_versions(self, r: int, stored: list[int], packs: list[int]) -> None:
+        """Clients whose state was written in round ``r`` (into ``packs``, one each) now read
+        version ``r``. Their old version is kept while the last checkpoint refers to it (a
+        resume reads it), and released at once otherwise -- the round is over, no re-run
+        can need it."""
         if not stored:
             return
-        ids, old = self.versions.record(stored, r)  # O(k log n), not O(population)
+        # O(k log n), not O(population)
+        ids, old, old_packs = self.versions.record(stored, r, packs)
+        for pack in packs:
+            if pack >= 0:
+                self._live[(r, pack)] = self._live.get((r, pack), 0) + 1
         had = old > 0
         kept = had & (old <= self.last_checkpoint)
-        self._superseded += list(zip(ids[kept].tolist(), old[kept].tolist(), strict=True))
-        stale = list(zip(ids[had & ~kept].tolist(), old[had & ~kept].tolist(), strict=True))
-        if stale:
-            self.state_store.delete(stale)
+        self._superseded += list(zip(ids[kept].tolist(), old[kept].tolist(),
+                                     old_packs[kept].tolist(), strict=True))
+        stale = had & ~kept
+        self._release(list(zip(ids[stale].tolist(), old[stale].tolist(),
+                               old_packs[stale].tolist(), strict=True)))
+
+    def _release(self, states: list[tuple[int, int, int]]) -> None:
+        """(client, version, pack) states no client reads any more: a client's own file
+        goes; a pack goes once none of its clients' states is read."""
+        files, packs = [], []
+        for cid, version, pack in states:
+            if pack < 0:
+                files.append((cid, version))
+                continue
+            left = self._live.get((version, pack), 0) - 1
+            if left > 0:
+                self._live[(version, pack)] = left
+            else:
+                self._live.pop((version, pack), None)
+                packs.append((version, pack))
+        if files:
+            self.state_store.delete(files)
+        if packs:
+            self.state_store.delete_packs(packs)
 
     def workers_info(self) -> list[dict]:
         return self.pool.info()
@@ -625,14 +663,20 @@ class Driver:
         for broadcast, staleness, share in shares:  # one share (and broadcast) per model
             groups = assign_balanced(share, self.sizes_of(share),
                                      max(1, min(len(self.pool), len(share) // least)))
-            tasks += [(slot, (broadcast, RoundTask(r, g, None if v is None else v.get(g).tolist(),
-                                                   staleness)), f"round {r}: clients {g}")
-                      for slot, g in enumerate(groups) if g]
+            for slot, g in enumerate(groups):
+                if not g:
+                    continue
+                at = (None, None) if v is None else [a.tolist() for a in v.locate(g)]
+                # the task's number names its packs of client state (begin_packs)
+                tasks.append((slot, (broadcast, RoundTask(r, g, at[0], staleness, at[1],
+                                                          len(tasks))),
+                              f"round {r}: clients {g}"))
         acc = PartialSum(self.weights.numel(), extras=extra_sizes(
             self.algorithm.parts, self.template.num_params))
         stats = dict.fromkeys(RoundResult.STATS, 0.0)
         worker_mem = 0.0
         stored: list[int] = []
+        packs: list[int] = []
         # an individual aggregator's rows, in the round's sampled order
         rows = _RoundRows(ids, self.weights.numel()) if self.individual else None
         merge_s = 0.0  # see docs/api.md: receiving and merging, not waiting for workers
@@ -660,11 +704,12 @@ class Driver:
                     stats[k] += getattr(res, k)
                 worker_mem = max(worker_mem, res.mem_mb)
                 stored += res.stored
+                packs += res.packs
             del partial, members, res
             merge_s += time.perf_counter() - start
         merge_s += self.pool.merge_s
         if v is not None:
-            self._record_versions(r, stored)
+            self._record_versions(r, stored, packs)
         part_metrics: dict[str, float] = {}
         refused = self.merger.close(acc, r) if self.merger is not None else None
         if refused is None:
@@ -778,7 +823,8 @@ class Driver:
             own = evaluates_with_state(self.algorithm.client)
             pending["fed_test"] = ("evaluate_clients", [
                 (slot, (weights_ref, g, r, self.personalize)
-                 + (((v.get(g).tolist() if v is not None else [0] * len(g)),) if own else ()),
+                 + ((tuple(a.tolist() for a in v.locate(g)) if v is not None
+                     else ([0] * len(g), [-1] * len(g))) if own else ()),
                  f"round {r} evaluation: clients {g}")
                 for slot, g in enumerate(groups) if g])
         out: dict[str, float] = {}

@@ -33,6 +33,8 @@ class RoundTask:
     # buffered asynchronous training: how many server steps old the broadcast's model is
     # (every client of a task started from the same version)
     staleness: int = 0
+    packs: list[int] | None = None  # the pack of each client's current state (-1: none)
+    task: int = 0  # the task's number in its round: what its packs of client state are named by
 
 
 @dataclass
@@ -64,6 +66,7 @@ class RoundResult:
     mem_mb: float
     nonfinite: int = 0  # of ``dropped``, those dropped for NaN or Inf (the driver checks it)
     rows: ClientUpdates | None = None  # Aggregator.individual: each kept client's update
+    packs: list[int] = field(default_factory=list)  # the pack of each of ``stored``
 
     STATS = ("examples", "loss_sum", "examples_seen", "dropped", "updates", "nonfinite",
              "busy_s")

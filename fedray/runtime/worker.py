@@ -109,6 +109,7 @@ class WorkerResources:
     num_cpus: float
     cache_mb: int
     state_cache_mb: float = 64.0
+    state_pack_mb: float = 8.0  # 0: a file per client (ClientStateStore.begin_packs)
     vectorize: bool = False  # train clients in groups (the driver's vectorize_plan decides)
 
 
@@ -271,6 +272,7 @@ class ClientWorker:
         self._writable = set(self.client.state) | ({"local"} if self.client.local else set())
         self._trainable: dict[tuple[str, ...], list[bool]] = {}  # Phase.trainable's flags
         self._stored: list[int] = []  # clients whose state this round's train() wrote
+        self._pack_of: dict[int, int] = {}  # the pack of each task client's current state
         self._staleness = 0  # the current task's (buffered asynchronous training)
         self._nonfinite = 0  # this round's updates the guard dropped for NaN or Inf
         self._rows: _Rows | None = None  # this round's updates (Aggregator.individual)
@@ -332,7 +334,8 @@ class ClientWorker:
             return False
         return bound is None or norm <= bound
 
-    def _prepare(self, round_idx: int, cid: int, version: int) -> ClientContext:
+    def _prepare(self, round_idx: int, cid: int, version: int, pack: int = -1
+                 ) -> ClientContext:
         """A client's round before its local update: its seed, data and batch size, and
         whatever the aggregator prepares (examples it holds out, say). Runs on the prefetch
         thread: it must not touch the replica."""
@@ -343,18 +346,19 @@ class ClientWorker:
         self.aggregator.prepare(self.env, ctx)
         if self.state is not None and len(ctx.y):  # read ahead with the data: a stateful
             # client's file is read while the clients before it train
-            ctx.state = self.state.get(cid, version)
+            ctx.state = self.state.get(cid, version, pack)
         if self.device.type == "cuda":  # page-locked: the copy to the GPU runs asynchronously
             ctx.x, ctx.y = ctx.x.pin_memory(), ctx.y.pin_memory()
         return ctx
 
-    def _jobs(self, round_idx: int, client_ids: list[int],
-              versions: list[int] | None) -> Iterator[ClientContext]:
+    def _jobs(self, round_idx: int, client_ids: list[int], versions: list[int] | None,
+              packs: list[int] | None = None) -> Iterator[ClientContext]:
         """The clients' prepared rounds, in order. Where reading a client costs something (a
         store's shards, generated data) or a GPU waits for it, the next client is read on a
         background thread while the current one trains."""
-        args = [(round_idx, cid, versions[i] if versions else 0)
+        args = [(round_idx, cid, versions[i] if versions else 0, packs[i] if packs else -1)
                 for i, cid in enumerate(client_ids)]
+        self._pack_of = dict(zip(client_ids, packs or [], strict=False))
         if not self._prefetch:
             yield from (self._prepare(*a) for a in args)
             return
@@ -393,7 +397,7 @@ class ClientWorker:
         its ``terms``), checked: one sends, and every key they write is declared.
         ``ctx.terms`` is the sending phase's."""
         if self.state is not None and len(ctx.y) and ctx.state is None:  # not read ahead
-            ctx.state = self.state.get(ctx.cid, ctx.version)
+            ctx.state = self.state.get(ctx.cid, ctx.version, self._pack_of.get(ctx.cid, -1))
         phases = self.client.phases(self.env, ctx)
         if not isinstance(phases, (list, tuple)) or not phases \
                 or not all(isinstance(ph, Phase) for ph in phases):
@@ -747,12 +751,16 @@ class ClientWorker:
         ids = task.client_ids
         self._rows = _Rows(len(ids), self.model.size) if self.aggregator.individual else None
         self._staleness = task.staleness
-        jobs = self._jobs(task.round, ids, task.versions)
+        if self.state is not None and self.spec.resources.state_pack_mb:
+            # the round's clients' state goes into packs of state_pack_mb each
+            self.state.begin_packs(task.round, task.task, self.spec.resources.state_pack_mb)
+        jobs = self._jobs(task.round, ids, task.versions, task.packs)
         if self.group:
             results = (r for chunk in _chunks(jobs, group_sizes(len(ids), self.group))
                        for r in self._train_group(chunk, acc))
         else:
             results = (self._train_client(ctx, acc) for ctx in jobs)
+        packs: list[int] = []
         try:
             for res, kept in results:
                 if not kept:  # its loss may be NaN too: the round's train_loss leaves it out
@@ -763,11 +771,11 @@ class ClientWorker:
                 examples += res.num_examples
         finally:  # the clients' state files are written before the round reports them
             if self.state is not None:  # (or, after a failure, before it is re-run)
-                self.state.flush()
+                packs = self.state.flush()
         return RoundResult(partial=acc.to_message(), clients=len(ids), examples=examples,
                            loss_sum=loss_sum, examples_seen=seen, dropped=dropped,
                            updates=len(ids) - dropped, nonfinite=self._nonfinite,
-                           stored=self._stored, rows=self._take_rows(),
+                           stored=self._stored, packs=packs, rows=self._take_rows(),
                            busy_s=time.perf_counter() - start, mem_mb=private_mb())
 
     def _take_rows(self) -> ClientUpdates | None:
@@ -793,7 +801,8 @@ class ClientWorker:
     @names_part_errors(_parts)
     def evaluate_clients(self, weights: np.ndarray, client_ids: list[int], round_idx: int = 0,
                          personalize: Personalize | None = None,
-                         versions: list[int] | None = None) -> list[ClientEval]:
+                         versions: list[int] | None = None,
+                         packs: list[int] | None = None) -> list[ClientEval]:
         """One row of evaluation sums per client of ``client_ids``, on its held-out data:
         the global model's, and with ``personalize`` also those of a copy fine-tuned on the
         client's train split (local SGD from the client's personalization seed for
@@ -801,15 +810,16 @@ class ClientWorker:
         weights for every client; nothing a later round reads is changed.
 
         ``versions`` (one per client, 0: none; only for a client part that evaluates with
-        its state, ``evaluates_with_state``): each client is evaluated, and fine-tuned,
-        from its own weights instead, built from the global ones and its stored state of
-        that version (``_client_weights``)."""
+        its state, ``evaluates_with_state``) and ``packs`` (where each is stored; -1 or
+        None: in its own file): each client is evaluated, and fine-tuned, from its own
+        weights instead, built from the global ones and its stored state of that version
+        (``_client_weights``)."""
         t = self.spec.training
         self._weights.copy_(readonly_tensor(weights))
         rows = []
         for i, cid in enumerate(client_ids):
-            start = self._weights if versions is None else self._client_weights(cid,
-                                                                                versions[i])
+            start = self._weights if versions is None else self._client_weights(
+                cid, versions[i], packs[i] if packs else -1)
             self.model.load_(start)
             x, y = self.cache.get(cid, "test")
             row = ClientEval(cid, evaluate(self.model.module, x, y, t.eval_batch_size,
@@ -828,14 +838,14 @@ class ClientWorker:
             rows.append(row)
         return rows
 
-    def _client_weights(self, cid: int, version: int) -> torch.Tensor:
+    def _client_weights(self, cid: int, version: int, pack: int = -1) -> torch.Tensor:
         """Client ``cid``'s model for evaluation: what the client part's ``eval_weights``
         returns from the global weights (in ``_weights``) and the client's state of
         ``version``; by default the global weights with the part's ``local`` parameters
         from the state's "local". A client without state (version 0: it never trained)
         gets the global weights as broadcast, its ``local`` parameters included."""
         self.env.global_weights = self._weights
-        state = self.state.get(cid, version) if self.state is not None else None
+        state = self.state.get(cid, version, pack) if self.state is not None else None
         own = self.client.eval_weights(self.env, cid, state)
         size = self.model.size
         if own is not None:

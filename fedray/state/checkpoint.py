@@ -11,6 +11,8 @@ depend on:
   client_state.ids         the clients that have stored state (sorted, int64), and
   client_state.versions    the version (round) of each one's state that is current at the
                            checkpoint (SCAFFOLD's c_i; fedray.state.client_state.ClientVersions);
+  client_state.packs       and the pack that holds it (-1: a file of its own; checkpoints
+                           written before packs have none: every client's is its own file);
                            checkpoints of earlier fedray versions hold one int32 per client of
                            the population instead (client_state.version), and still resume
 
@@ -58,6 +60,7 @@ CONFIG_FILE = "config.yaml"
 _META = "fedray_checkpoint"
 _DENSE_VERSIONS = "client_state.version"  # one per client: checkpoints before the sparse index
 _IDS, _VERSIONS = "client_state.ids", "client_state.versions"
+_PACKS = "client_state.packs"
 
 # keys that cannot change what a round computes (left out of the config's fingerprint; a
 # resume that changes one, named with --allow-change, still continues bit-identically):
@@ -106,6 +109,7 @@ def encode(ckpt: Checkpoint) -> bytes:
         ids, versions = index.arrays()
         tensors[_IDS] = torch.from_numpy(np.ascontiguousarray(ids))
         tensors[_VERSIONS] = torch.from_numpy(np.ascontiguousarray(versions))
+        tensors[_PACKS] = torch.from_numpy(np.ascontiguousarray(index.packs()))
         meta["clients"] = index.population
     return save_safetensors(tensors, metadata={_META: json.dumps(meta)})
 
@@ -155,7 +159,8 @@ def decode(data: bytes, where: str) -> Checkpoint:
         rnd, lines = _header_values(meta)
         weights = tensors.pop("weights")
         run_id, config = _identity(meta)
-        dense, ids, versions = (tensors.pop(k, None) for k in (_DENSE_VERSIONS, _IDS, _VERSIONS))
+        dense, ids, versions, packs = (tensors.pop(k, None) for k in (
+            _DENSE_VERSIONS, _IDS, _VERSIONS, _PACKS))
         index = None
         if dense is not None:
             index = ClientVersions.from_dense(dense.numpy())
@@ -163,7 +168,8 @@ def decode(data: bytes, where: str) -> Checkpoint:
             if ids is None or versions is None:
                 raise KeyError(_IDS if ids is None else _VERSIONS)
             index = ClientVersions.from_arrays(_count(meta, "clients", 1), ids.numpy(),
-                                               versions.numpy())
+                                               versions.numpy(),
+                                               None if packs is None else packs.numpy())
         if index is not None and len(index) and int(index.arrays()[1].max()) > rnd:
             raise ValueError(f"a client state version after the checkpoint's round {rnd}")
     except Exception as exc:  # safetensors, struct, JSON, key and index errors alike

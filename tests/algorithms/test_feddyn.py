@@ -113,13 +113,12 @@ def straight(tmp_path_factory):
 
 
 def stored_g(run_dir: str) -> dict[int, tuple[int, torch.Tensor]]:
-    """Every client's stored state: (version, g) -- exactly one version per client."""
+    """Every client's current stored state, as the final checkpoint locates it: (version,
+    g); and every client with state in the store is in the checkpoint's index."""
     store = ClientStateStore(f"{run_dir}/client_state")
-    out = {}
-    for cid, versions in store.versions().items():
-        assert len(versions) == 1, (cid, versions)
-        out[cid] = (versions[0], store.get(cid, versions[0])["g"])
-    return out
+    current = store.current(read_checkpoint(run_dir).client_versions)
+    assert sorted(current) == sorted(store.versions())
+    return {cid: (v, state["g"]) for cid, (v, state) in current.items()}
 
 
 # -- the tests ----------------------------------------------------------------------------

@@ -36,6 +36,7 @@ from fedray.runtime.worker import (
     WorkerResources,
     WorkerSpec,
 )
+from fedray.state.checkpoint import read_checkpoint
 from fedray.state.client_state import ClientStateStore
 from fedray.state.run_dir import load_weights
 from fedray.tracking.client_eval import read_table, table_name
@@ -133,10 +134,10 @@ def _evaluated(model: FlatModel, weights: torch.Tensor, cid: int) -> tuple[float
 
 
 def _current_states(result: fedray.RunResult) -> dict[int, tuple[int, dict]]:
-    """Each client with state -> (its current version, its state): at the end of a run only
-    the current version is left in the store."""
+    """Each client with state -> (its current version, its state), as the run's final
+    checkpoint locates it."""
     store = ClientStateStore(f"{result.run_dir}/client_state")
-    return {cid: (vs[-1], store.get(cid, vs[-1])) for cid, vs in store.versions().items()}
+    return store.current(read_checkpoint(result.run_dir).client_versions)
 
 
 def _check_last_table(result: fedray.RunResult, rounds: int, own_weights) -> None:

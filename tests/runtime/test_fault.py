@@ -169,11 +169,15 @@ def test_sigkilled_run_resumes_bit_identically(ray_cluster, tmp_path, algorithm)
     a, b = load_weights(str(whole)), load_weights(str(killed))
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
     assert [m["round"] for m in read_metrics(str(killed))] == list(range(1, 41))
-    if algorithm == "scaffold":  # one version per client left: the one the index points to
-        versions = ClientStateStore(str(killed / "client_state")).versions()
-        final = read_checkpoint(str(killed)).client_versions
-        assert versions and all(vs == [int(final[c])] for c, vs in versions.items())
-        assert versions == ClientStateStore(str(whole / "client_state")).versions()
+    if algorithm == "scaffold":  # what is left: the packs that hold a current state, and
+        # exactly the uninterrupted run's (a pack goes once none of its states is current)
+        store = ClientStateStore(str(killed / "client_state"))
+        versions, final = store.versions(), read_checkpoint(str(killed)).client_versions
+        assert versions and all(int(final[c]) in vs for c, vs in versions.items())
+        live = final.live_packs()
+        assert store.packs() == sorted(live) and sum(live.values()) == len(versions)
+        other = ClientStateStore(str(whole / "client_state"))
+        assert versions == other.versions() and store.packs() == other.packs()
 
 
 @pytest.mark.usefixtures("ray_cluster")

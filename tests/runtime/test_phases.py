@@ -139,9 +139,28 @@ def _worker(tmp_path, client, make=_mlp, vectorize=False, name="w") -> ClientWor
 IDS = [0, 1, 2, 3, 4, 5]
 
 
+# (store, client, version) -> the pack that holds it, from each round's result: what the
+# driver's ClientVersions keeps, for these tests that drive a worker without a driver
+_WHERE: dict[tuple[str, int, int], int] = {}
+
+
 def _round(w: ClientWorker, weights: torch.Tensor, r: int, versions=None):
     versions = versions or [0] * len(IDS)
-    return w.train(Broadcast(weights.numpy()), RoundTask(r, IDS, versions))
+    url = w.spec.state_url
+    packs = [_WHERE.get((url, c, v), -1) for c, v in zip(IDS, versions, strict=True)]
+    res = w.train(Broadcast(weights.numpy()), RoundTask(r, IDS, versions, packs=packs))
+    _WHERE.update({(url, c, r): p for c, p in zip(res.stored, res.packs, strict=True)})
+    return res
+
+
+class _Store:
+    """The worker's store as the tests read it: the state a round stored, in its pack."""
+
+    def __init__(self, path):
+        self.url, self.store = str(path), ClientStateStore(str(path), 0)
+
+    def get(self, cid: int, version: int):
+        return self.store.get(cid, version, _WHERE.get((self.url, cid, version), -1))
 
 
 def _by_hand(w: ClientWorker, weights, cid, r, **kw):
@@ -169,7 +188,7 @@ def test_local_parameters_stay_with_each_client(tmp_path, client, make):
     g1 = w.model.flat.clone()
     res = _round(w, g1, 1)
     assert sorted(res.stored) == [0, 1, 3, 4, 5]  # client 2 has no examples: nothing stored
-    store = ClientStateStore(str(tmp_path / "w"), 0)
+    store = _Store(tmp_path / "w")
     for cid in res.stored:
         ref, m = _by_hand(w, g1, cid, 1)
         expected = ref.delta.clone()
@@ -199,7 +218,7 @@ def test_personal_model_is_a_second_phase(tmp_path):
     w = _worker(tmp_path, part)
     g1 = w.model.flat.clone()
     res = _round(w, g1, 1)
-    store = ClientStateStore(str(tmp_path / "w"), 0)
+    store = _Store(tmp_path / "w")
     for cid in res.stored:
         sent, _ = _by_hand(w, g1, cid, 1)
         assert torch.equal(part.sent[cid], sent.delta)
@@ -220,7 +239,7 @@ def test_momentum_persists_across_a_clients_rounds(tmp_path):
     g = w.model.flat.clone()
     opt = ClientOptimizer("momentum", momentum=0.9, state="opt")
     res = _round(w, g, 1)
-    store = ClientStateStore(str(tmp_path / "w"), 0)
+    store = _Store(tmp_path / "w")
     first, _ = _by_hand(w, g, 4, 1, optimizer=opt)
     assert torch.equal(store.get(4, 1)["opt.m"], first.opt_state["m"])
     _round(w, g, 2, [1 if cid in res.stored else 0 for cid in IDS])
@@ -240,7 +259,7 @@ def test_head_then_body_trains_each_part_in_turn(tmp_path):
     at = w.model.positions(part.local)
     g = w.model.flat.clone()
     _round(w, g, 1)
-    store = ClientStateStore(str(tmp_path / "w"), 0)
+    store = _Store(tmp_path / "w")
     x, y = (torch.from_numpy(a) for a in _Clients().client(4))
     m = FlatModel(w.spec.make_model())
     seed = client_seed(SEED, 1, 4)
@@ -376,8 +395,8 @@ def test_phases_vectorized_match_sequential(tmp_path, part, monkeypatch):
         for cid in rs.stored:
             atol = f32_atol(g, g + seq.sent[cid], ulps=ULPS_PER_STEP * (2 * steps + 1))
             torch.testing.assert_close(vec.sent[cid], seq.sent[cid], rtol=0, atol=atol)
-            a = ClientStateStore(str(tmp_path / "s"), 0).get(cid, r)
-            b = ClientStateStore(str(tmp_path / "v"), 0).get(cid, r)
+            a = _Store(tmp_path / "s").get(cid, r)
+            b = _Store(tmp_path / "v").get(cid, r)
             assert a.keys() == b.keys()
             for k in a:
                 torch.testing.assert_close(b[k], a[k], rtol=0, atol=f32_atol(
@@ -448,8 +467,10 @@ def test_local_parameters_end_to_end(tmp_path):
     assert not np.array_equal(out.weights["weight"].numpy(), w0.astype(np.float32))
     files = glob.glob(str(tmp_path / "lb" / CLIENT_STATE_DIR / "**" / "*.safetensors"),
                       recursive=True)
-    states = [load_file(f) for f in files]
-    assert states and all(set(s) == {"local"} and s["local"].shape == (3,) for s in states)
+    # packs: tensor "<client>/<key>", each an ordinary safetensors file
+    states = [(name, t) for f in files for name, t in load_file(f).items()]
+    assert states and all(name.split("/")[1] == "local" and t.shape == (3,)
+                          for name, t in states)
 
 
 

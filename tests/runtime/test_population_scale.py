@@ -6,7 +6,6 @@ Inline backend: no Ray."""
 from __future__ import annotations
 
 import json
-import shutil
 import tracemalloc
 
 import numpy as np
@@ -51,11 +50,12 @@ def test_a_hundred_million_clients_need_no_population_sized_array(tmp_path, extr
     assert peak < 64 * 2**20, f"{peak / 2**20:.0f} MB"
 
 
-def _resume_job(tmp_path, name: str, rounds: int) -> dict:
+def _resume_job(tmp_path, name: str, rounds: int, pack_mb: float = 8.0) -> dict:
     # 30 clients, 8 a round: most take part again, so old versions are superseded, some
     # while the last checkpoint still needs them
     job = tiny_job(tmp_path, rounds=rounds, algorithm={"name": "scaffold"},
-                   checkpoint={"every": 2}, runtime={"backend": "inline", "num_workers": 2})
+                   checkpoint={"every": 2}, runtime={"backend": "inline", "num_workers": 2,
+                                                     "worker": {"state_pack_mb": pack_mb}})
     job["data"]["synthetic"].update(num_clients=30, min_examples=4, max_examples=8)
     job["output"]["dir"] = str(tmp_path / name)
     return job
@@ -72,21 +72,44 @@ def _dense_checkpoint(run_dir) -> None:
         tensors, metadata={"fedray_checkpoint": json.dumps(meta)}))
 
 
+def _current(run_dir) -> dict:
+    """Each client's current state, as the run's checkpoint locates it."""
+    store = ClientStateStore(str(run_dir / "client_state"))
+    return store.current(read_checkpoint(str(run_dir)).client_versions)
+
+
 def test_sparse_versions_resume_exactly_and_so_does_a_dense_checkpoint(tmp_path):
+    """A run resumed from its checkpoint, and one of fedray before the sparse index and
+    before packs (one file per client: state_pack_mb 0; its checkpoint rewritten dense),
+    resumed with packs, end as the uninterrupted run does: the same weights, versions and
+    client states. The store keeps exactly the packs that hold a current state."""
     whole = fedray.run(_resume_job(tmp_path, "whole", 5))
     fedray.run(_resume_job(tmp_path, "part", 3))  # checkpoints after rounds 2 and 3
-    shutil.copytree(tmp_path / "part", tmp_path / "dense")
+    fedray.run(_resume_job(tmp_path, "dense", 3, pack_mb=0))  # files, as before packs
+    assert ClientStateStore(str(tmp_path / "dense" / "client_state")).packs() == []
     _dense_checkpoint(tmp_path / "dense")
     expect = load_weights(str(tmp_path / "whole"))
     index = read_checkpoint(str(tmp_path / "whole")).client_versions
-    store = ClientStateStore(str(tmp_path / "whole" / "client_state")).versions()
-    assert 8 < len(index) <= 30 and store == {c: [index[c]] for c in store}
+    store = ClientStateStore(str(tmp_path / "whole" / "client_state"))
+    assert 8 < len(index) <= 30 and all(index[c] in vs for c, vs in store.versions().items())
+    assert store.packs() == sorted(index.live_packs())
+    states = _current(tmp_path / "whole")
     for name in ("part", "dense"):
         more = fedray.run(resume=str(tmp_path / name), overrides=["rounds=5"],
                           allow_changes=["rounds"])
         assert more.summary["resumed_from_round"] == 3
         got = load_weights(str(tmp_path / name))
         assert all(torch.equal(expect[k], got[k]) for k in expect), name
-        assert read_checkpoint(str(tmp_path / name)).client_versions == index
-        assert ClientStateStore(str(tmp_path / name / "client_state")).versions() == store
+        back = read_checkpoint(str(tmp_path / name)).client_versions
+        assert all(np.array_equal(a, b) for a, b in zip(back.arrays(), index.arrays(),
+                                                        strict=True)), name
+        mine = _current(tmp_path / name)
+        assert mine.keys() == states.keys() and all(
+            mine[c][0] == states[c][0] and mine[c][1].keys() == states[c][1].keys()
+            and all(torch.equal(mine[c][1][k], states[c][1][k]) for k in states[c][1])
+            for c in states), name
+        left = ClientStateStore(str(tmp_path / name / "client_state"))
+        assert left.packs() == sorted(back.live_packs()), name
+        if name == "part":  # all in packs, as the uninterrupted run's
+            assert back == index and left.versions() == store.versions()
         assert np.array_equal(whole.metrics[-1]["train_loss"], more.metrics[-1]["train_loss"])

@@ -17,7 +17,7 @@ import pytest
 import torch
 
 from fedray.errors import FedrayError
-from fedray.state.client_state import ClientStateStore
+from fedray.state.client_state import PACK_SEQ, ClientStateStore
 
 
 @pytest.fixture
@@ -363,3 +363,105 @@ def test_put_async_serves_at_once_writes_by_flush_and_raises_a_failed_write(tmp_
     with pytest.raises(FedrayError, match="missing"):  # not served from the cache either
         store.get(2, 1)
     store.flush()  # nothing pending any more
+
+
+def _odd_state(seed: int) -> dict[str, torch.Tensor]:
+    """Every dtype a pack holds, a 0-d tensor, an empty one and a non-contiguous one."""
+    g = torch.Generator().manual_seed(seed)
+    return {"w": torch.randn(3, 4, generator=g).T, "b16": torch.randn(5, generator=g).bfloat16(),
+            "h": torch.randn(2, generator=g).half(), "mask": torch.tensor([True, False]),
+            "t": torch.tensor(seed, dtype=torch.int64), "none": torch.zeros(0, 7),
+            "i8": torch.tensor([-3, 4], dtype=torch.int8),
+            "d": torch.randn(3, generator=g).double()}
+
+
+def test_packs_hold_a_round_of_clients_and_read_back_each(url):
+    """Between begin_packs and flush, put_async stages clients into one pack per task:
+    flush names each client's pack, a process without the cache reads every client back
+    bit for bit from its byte range, the file is an ordinary safetensors file (tensor
+    "{client}/{key}"), and a re-run of the task writes the same bytes."""
+    store = ClientStateStore(url)
+    store.begin_packs(3, task=2)
+    for cid in (7, 1500, 2):
+        store.put_async(cid, 3, _odd_state(cid))
+    packs = store.flush()
+    assert packs == [2 * PACK_SEQ] * 3 and store.packs() == [(3, 2 * PACK_SEQ)]
+    fresh = ClientStateStore(url, cache_mb=0)
+    for cid in (7, 1500, 2):
+        _assert_same(fresh.get(cid, 3, packs[0]), _odd_state(cid))
+    assert fresh.versions() == {2: [3], 7: [3], 1500: [3]}
+    fs, root = fsspec.core.url_to_fs(url)
+    path = f"{root.rstrip('/')}/packs/r3/p{2 * PACK_SEQ}.safetensors"
+    data = fs.cat_file(path)
+    from safetensors.torch import load
+
+    whole = load(data)
+    assert sorted(whole) == sorted(f"{c}/{k}" for c in (7, 1500, 2) for k in _odd_state(c))
+    _assert_same({k.partition("/")[2]: t for k, t in whole.items() if k.startswith("7/")},
+                 _odd_state(7))
+    again = ClientStateStore(url)  # a re-run of the task after its worker died
+    again.begin_packs(3, task=2)
+    for cid in (7, 1500, 2):
+        again.put_async(cid, 3, _odd_state(cid))
+    assert again.flush() == packs and fs.cat_file(path) == data
+    # put_async outside begin_packs writes a client's own file, as before
+    store.put_async(9, 4, _state(9))
+    assert store.flush() == [-1]
+    _assert_same(fresh.get(9, 4), _state(9))
+
+
+def test_packs_split_at_pack_mb_and_go_when_deleted_or_swept(tmp_path):
+    """A task's clients fill packs of pack_mb each (k-th pack: task * PACK_SEQ + k);
+    delete_packs removes packs and an emptied version folder; sweep keeps exactly the packs
+    named, and every pack when given none."""
+    root = tmp_path / "cs"
+    store = ClientStateStore(str(root))
+    store.begin_packs(1, task=0, pack_mb=2.5 * 10 * 3 * 4 / 2**20)
+    for cid in range(6):
+        store.put_async(cid, 1, {"c": torch.full((10, 3), float(cid))})
+    packs = store.flush()
+    assert packs == [0, 0, 0, 1, 1, 1]  # sealed at the third client's 2.5 x its bytes
+    store.begin_packs(2, task=1)
+    store.put_async(0, 2, {"c": torch.ones(10, 3)})
+    assert store.flush() == [PACK_SEQ]
+    fresh = ClientStateStore(str(root), cache_mb=0)
+    for cid in range(6):
+        _assert_same(fresh.get(cid, 1, packs[cid]), {"c": torch.full((10, 3), float(cid))})
+    assert store.packs() == [(1, 0), (1, 1), (2, PACK_SEQ)]
+    assert store.sweep(lambda cid: 0) == 0  # no keep_packs: every pack stays
+    assert store.sweep(lambda cid: 0, keep_packs=[(1, 1)]) == 2
+    assert store.packs() == [(1, 1)] and not (root / "packs" / "r2").exists()
+    assert store.delete_packs([(1, 1), (1, 0)]) == 1 and store.packs() == []
+    assert not (root / "packs" / "r1").exists()
+
+
+def test_pack_errors_name_the_pack(tmp_path):
+    """A missing pack, a client a pack does not hold and a damaged pack each raise a
+    FedrayError naming the pack; a dtype a pack cannot hold is refused when it is put."""
+    root = tmp_path / "cs"
+    store = ClientStateStore(str(root))
+    store.begin_packs(1, task=0)
+    store.put_async(4, 1, _state(4))
+    store.flush()
+    fresh = ClientStateStore(str(root), cache_mb=0)
+    with pytest.raises(FedrayError, match=r"packs/r1/p7\.safetensors is missing"):
+        fresh.get(4, 1, 7)
+    with pytest.raises(FedrayError, match="holds no state of client 5"):
+        fresh.get(5, 1, 0)
+    path = root / "packs" / "r1" / "p0.safetensors"
+    path.write_bytes(path.read_bytes()[:-3])  # cut short
+    with pytest.raises(FedrayError, match=r"p0\.safetensors is corrupt"):
+        ClientStateStore(str(root), cache_mb=0).get(4, 1, 0)
+    path.write_bytes(b"\xff" * 16)
+    with pytest.raises(FedrayError, match=r"p0\.safetensors is corrupt"):
+        ClientStateStore(str(root), cache_mb=0).get(4, 1, 0)
+    with pytest.raises(ValueError, match="pack_mb must be a finite number > 0"):
+        store.begin_packs(2, task=0, pack_mb=0)
+    store.begin_packs(2, task=0)
+    store.put_async(4, 2, {"z": torch.zeros(2, dtype=torch.complex64)})
+    with pytest.raises(TypeError, match="complex64"):
+        store.flush()
+    with pytest.raises(ValueError, match="version 3 put into packs of version 2"):
+        store.begin_packs(2, task=0)
+        store.put_async(4, 3, _state(4))
+    store.flush()
