@@ -662,11 +662,12 @@ def vmap_local_sgd(model: FlatModel, global_weights: torch.Tensor,
 
     Why these paths: a start whose first-layer weight is not the global one voids
     ``FirstLayerSums`` (its sums describe W + D_i with W the global weight), so the chain
-    then keeps its first layer stacked; a frozen parameter only drops its update from ``chain_sgd_step``. A stateful
-    optimizer or a transform needs the whole gradient before any weight moves, so the chain
-    step then writes the gradients out (``grads_out``) instead of into the weights; a
-    per-example transform needs each example's gradient, which only torch.func's nested
-    ``vmap`` gives. Unused, every hook leaves the code path as it was."""
+    then keeps its first layer stacked; a frozen parameter only drops its update from
+    ``chain_sgd_step``. A stateful optimizer or a transform needs the whole gradient before
+    any weight moves, so the chain step then writes the gradients out (``grads_out``)
+    instead of into the weights; a per-example transform needs each example's gradient,
+    which only torch.func's nested ``vmap`` gives. Unused, every hook leaves the code path
+    as it was."""
     reason = unsupported_reason(model.module)
     if reason is not None:
         raise ValueError(f"cannot train this model vectorized: {reason}")
