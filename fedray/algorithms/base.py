@@ -549,7 +549,9 @@ class Aggregator(ServerState, Part):
         from ``updates``, a (k, d) float32 view of the k kept clients' updates (after the
         update stages), row i client ``clients.ids[i]``, in the round's sampled order;
         ``acc`` holds the extra sums the parts added (its mean is not set). May update
-        ``state``."""
+        ``state``. ``updates`` is the driver's buffer, written over by the next round's
+        rows: copy what you keep beyond this call (its rows may also be changed in
+        place, as a sort does)."""
         raise NotImplementedError(f"aggregator {self.name} sets individual but has no "
                                   "aggregate()")
 

@@ -148,10 +148,18 @@ class _RoundRows:
     clients that sent none (dropped by the guard, without examples) are squeezed out at
     the end, in place."""
 
-    def __init__(self, ids: Any, size: int):
+    def __init__(self, ids: Any, size: int, buffer: torch.Tensor | None = None):
+        """``buffer``: the last round's rows, written over if it has room (``updates``)."""
         ids = np.asarray(ids, dtype=np.int64)
         self.place = {int(c): i for i, c in enumerate(ids)}
-        self.updates = torch.empty((len(ids), size), dtype=torch.float32)
+        # the buffer of the round before, if it holds this round's rows: a new (k, d)
+        # buffer each round is a new mapping of its pages (glibc maps allocations this
+        # large), whose first writes fault each page in: 58 ms of the MLP's 68 MB of rows
+        # against 10 ms into the old one (docs/performance.md, "Client state packs")
+        if buffer is not None and buffer.shape[0] >= len(ids) and buffer.shape[1] == size:
+            self.updates = buffer[: len(ids)]
+        else:
+            self.updates = torch.empty((len(ids), size), dtype=torch.float32)
         self.ids = ids
         self.num_examples = np.zeros(len(ids), np.int64)
         self.losses = np.zeros(len(ids), np.float64)
@@ -275,6 +283,8 @@ class Driver:
         # how many clients' current (or checkpointed) state each (version, pack) holds: a
         # pack goes when that falls to 0 (ClientStateStore.begin_packs)
         self._live: dict[tuple[int, int], int] = {}
+        # Aggregator.individual: the (k, d) rows, reused from round to round (_RoundRows)
+        self._row_buffer: torch.Tensor | None = None
         self.last_checkpoint = 0
         self.start_round = 1
         self.resumed_from: int | None = None
@@ -678,7 +688,11 @@ class Driver:
         stored: list[int] = []
         packs: list[int] = []
         # an individual aggregator's rows, in the round's sampled order
-        rows = _RoundRows(ids, self.weights.numel()) if self.individual else None
+        rows = (_RoundRows(ids, self.weights.numel(), self._row_buffer) if self.individual
+                else None)
+        if rows is not None and (self._row_buffer is None
+                                 or rows.updates.shape[0] > self._row_buffer.shape[0]):
+            self._row_buffer = rows.updates
         merge_s = 0.0  # see docs/api.md: receiving and merging, not waiting for workers
         # fixed order: the float64 sum is bit-identical across reruns and re-runs
         group_size = c.runtime.reduce.group_size
