@@ -169,10 +169,17 @@ def _same_shape(a: Phase, b: Phase) -> bool:
 class _Rows:
     """A round's kept clients' updates on a worker, for an individual aggregator: one
     preallocated float32 row per client of the task (the most it can keep), filled in the
-    worker's client order; a dropped client takes no row."""
+    worker's client order; a dropped client takes no row. ``buffer``: the last round's
+    rows, written over if it has room: a new buffer this large is a new mapping whose pages
+    fault in on first write (the driver's ``_RoundRows`` measures it). The rows leave in
+    the round's result (Ray copies them out; the inline backend's driver copies them before
+    the next round)."""
 
-    def __init__(self, clients: int, size: int):
-        self.updates = np.empty((clients, size), np.float32)
+    def __init__(self, clients: int, size: int, buffer: np.ndarray | None = None):
+        if buffer is not None and buffer.shape[0] >= clients and buffer.shape[1] == size:
+            self.updates = buffer[:clients]
+        else:
+            self.updates = np.empty((clients, size), np.float32)
         self.ids = np.empty(clients, np.int64)
         self.num_examples = np.empty(clients, np.int64)
         self.losses = np.empty(clients, np.float64)
@@ -276,6 +283,7 @@ class ClientWorker:
         self._staleness = 0  # the current task's (buffered asynchronous training)
         self._nonfinite = 0  # this round's updates the guard dropped for NaN or Inf
         self._rows: _Rows | None = None  # this round's updates (Aggregator.individual)
+        self._row_buffer: np.ndarray | None = None  # their memory, kept across rounds
         own_training = self.client.train is not None
         self.group = (group_size(self.model.num_params, self.device.type == "cuda")
                       if res.vectorize and not own_training else 0)
@@ -749,7 +757,12 @@ class ClientWorker:
         self._stored = []
         self._nonfinite = 0
         ids = task.client_ids
-        self._rows = _Rows(len(ids), self.model.size) if self.aggregator.individual else None
+        if self.aggregator.individual:
+            self._rows = _Rows(len(ids), self.model.size, self._row_buffer)
+            if self._row_buffer is None or len(self._rows.updates) > len(self._row_buffer):
+                self._row_buffer = self._rows.updates
+        else:
+            self._rows = None
         self._staleness = task.staleness
         if self.state is not None and self.spec.resources.state_pack_mb:
             # the round's clients' state goes into packs of state_pack_mb each
