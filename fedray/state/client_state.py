@@ -87,11 +87,6 @@ PackIndex = tuple[dict[int, tuple[int, int, list[tuple[str, torch.dtype, list[in
                   int]
 
 
-def encode_pack(clients: list[tuple[int, Tensors]]) -> bytes:
-    """``pack_parts`` joined: the pack's bytes."""
-    return b"".join(pack_parts(clients))
-
-
 def pack_parts(clients: list[tuple[int, Tensors]]) -> list[bytes | memoryview]:
     """Several clients' state as one safetensors file, tensor ``"{client}/{key}"``, each
     client's tensors one contiguous byte range, in the order given: a reader of one client
@@ -359,8 +354,7 @@ class ClientStateStore:
         cid, v = _check_id(client_id), _check_version(version, 1)
         owned = self._own(tensors)
         data = save_safetensors(owned)
-        self._drop((cid, v))
-        self._remember((cid, v), owned)
+        self._remember((cid, v), owned)  # replacing what the cache held for (cid, v)
         return cid, v, data
 
     def begin_packs(self, version: int, task: int, pack_mb: float = PACK_MB) -> None:
@@ -400,8 +394,7 @@ class ClientStateStore:
             raise ValueError(f"client {cid}'s state of version {v} put into packs of "
                              f"version {self._packing[0]}")
         owned = self._own(tensors)
-        self._drop((cid, v))
-        self._remember((cid, v), owned)
+        self._remember((cid, v), owned)  # replacing what the cache held for (cid, v)
         self._staged.append((cid, owned))
         self._staged_bytes += _nbytes(owned)
         self._put_packs.append(self._packing[1] * PACK_SEQ + self._sealed)
