@@ -736,8 +736,8 @@ def vmap_local_sgd(model: FlatModel, global_weights: torch.Tensor,
     if defer_first and chain is not None and starts is not None:
         # FirstLayerSums trains the first layer's weight from the global one: a start may
         # differ elsewhere only (a local bias or head, FedPer's), which its stack then holds
-        at = sum(p.numel() for p in list(module.parameters())[:chain.layers[0][0]])
-        span = slice(at, at + list(module.parameters())[chain.layers[0][0]].numel())
+        _, at, n = model.spans[chain.layers[0][0]]  # where that weight is in the flat vector
+        span = slice(at, at + n)
         defer_first = bool((starts[:, span] == global_weights[span].to(starts.device)).all())
     defer = chain.layers[0][0] if defer_first and chain is not None and horizon else None
 
