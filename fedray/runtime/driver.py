@@ -61,7 +61,7 @@ from fedray.core.losses import correct_fn
 from fedray.core.models import fit_problem
 from fedray.core.sampling import federated_eval_clients, select_round
 from fedray.core.seeding import TAG_INIT, derive_seed
-from fedray.core.tensors import readonly_tensor
+from fedray.core.tensors import readonly_tensor, reused_rows
 from fedray.data.per_round import parse_per_round
 from fedray.data.source import ClientSource, sizes_of
 from fedray.errors import ConfigError, DivergedError, FedrayError, PartError, key_error
@@ -149,17 +149,12 @@ class _RoundRows:
     the end, in place."""
 
     def __init__(self, ids: Any, size: int, buffer: torch.Tensor | None = None):
-        """``buffer``: the last round's rows, written over if it has room (``updates``)."""
+        """``buffer``: the last round's rows, written over if it has room; ``buffer`` after
+        this is the one to pass next round (``reused_rows``)."""
         ids = np.asarray(ids, dtype=np.int64)
         self.place = {int(c): i for i, c in enumerate(ids)}
-        # the buffer of the round before, if it holds this round's rows: a new (k, d)
-        # buffer each round is a new mapping of its pages (glibc maps allocations this
-        # large), whose first writes fault each page in: 58 ms of the MLP's 68 MB of rows
-        # against 10 ms into the old one (docs/performance.md, "Client state packs")
-        if buffer is not None and buffer.shape[0] >= len(ids) and buffer.shape[1] == size:
-            self.updates = buffer[: len(ids)]
-        else:
-            self.updates = torch.empty((len(ids), size), dtype=torch.float32)
+        self.updates, self.buffer = reused_rows(
+            buffer, len(ids), size, lambda n, d: torch.empty((n, d), dtype=torch.float32))
         self.ids = ids
         self.num_examples = np.zeros(len(ids), np.int64)
         self.losses = np.zeros(len(ids), np.float64)
@@ -690,9 +685,8 @@ class Driver:
         # an individual aggregator's rows, in the round's sampled order
         rows = (_RoundRows(ids, self.weights.numel(), self._row_buffer) if self.individual
                 else None)
-        if rows is not None and (self._row_buffer is None
-                                 or rows.updates.shape[0] > self._row_buffer.shape[0]):
-            self._row_buffer = rows.updates
+        if rows is not None:
+            self._row_buffer = rows.buffer
         merge_s = 0.0  # see docs/api.md: receiving and merging, not waiting for workers
         # fixed order: the float64 sum is bit-identical across reruns and re-runs
         group_size = c.runtime.reduce.group_size

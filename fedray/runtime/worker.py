@@ -38,7 +38,7 @@ from fedray.algorithms.base import (
 from fedray.core.evaluation import ClientEval, EvalSums, evaluate
 from fedray.core.flat_model import FlatModel
 from fedray.core.seeding import TAG_PHASE, client_seed, derive_seed, personalize_seed
-from fedray.core.tensors import readonly_tensor
+from fedray.core.tensors import readonly_tensor, reused_rows
 from fedray.data.per_round import PerRound, apply_per_round
 from fedray.data.source import ClientCache, ClientSource, sizes_of
 from fedray.errors import PartError
@@ -170,16 +170,13 @@ class _Rows:
     """A round's kept clients' updates on a worker, for an individual aggregator: one
     preallocated float32 row per client of the task (the most it can keep), filled in the
     worker's client order; a dropped client takes no row. ``buffer``: the last round's
-    rows, written over if it has room: a new buffer this large is a new mapping whose pages
-    fault in on first write (the driver's ``_RoundRows`` measures it). The rows leave in
-    the round's result (Ray copies them out; the inline backend's driver copies them before
-    the next round)."""
+    rows, written over if it has room (``reused_rows``); the rows leave in the round's
+    result (Ray copies them out; the inline backend's driver copies them before the next
+    round)."""
 
     def __init__(self, clients: int, size: int, buffer: np.ndarray | None = None):
-        if buffer is not None and buffer.shape[0] >= clients and buffer.shape[1] == size:
-            self.updates = buffer[:clients]
-        else:
-            self.updates = np.empty((clients, size), np.float32)
+        self.updates, self.buffer = reused_rows(
+            buffer, clients, size, lambda n, d: np.empty((n, d), np.float32))
         self.ids = np.empty(clients, np.int64)
         self.num_examples = np.empty(clients, np.int64)
         self.losses = np.empty(clients, np.float64)
@@ -759,8 +756,7 @@ class ClientWorker:
         ids = task.client_ids
         if self.aggregator.individual:
             self._rows = _Rows(len(ids), self.model.size, self._row_buffer)
-            if self._row_buffer is None or len(self._rows.updates) > len(self._row_buffer):
-                self._row_buffer = self._rows.updates
+            self._row_buffer = self._rows.buffer
         else:
             self._rows = None
         self._staleness = task.staleness
