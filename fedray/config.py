@@ -288,6 +288,10 @@ class CheckpointConfig:
     # write run_dir/checkpoint.safetensors after every N-th round and after the last, so
     # `fedray run --resume RUN_DIR` can continue; 0: only after the last round
     every: int = 10
+    # also after a round that ends this many seconds or more after the last checkpoint (or
+    # the first round's start): a run cut short redoes at most about this much work, however
+    # long its rounds are; 0: rounds only (every)
+    every_s: float = 10.0
 
 
 @dataclass
@@ -830,6 +834,9 @@ def validate(cfg: DictConfig, population: int, *, custom_model: bool = False) ->
       "needs eval.federated_clients > 0: clients are personalized on their own train split "
       "and evaluated on their own test split", p.steps or p.epochs)
     r(cfg.checkpoint.every >= 0, "checkpoint.every", "must be >= 0", cfg.checkpoint.every)
+    r(math.isfinite(cfg.checkpoint.every_s) and cfg.checkpoint.every_s >= 0,
+      "checkpoint.every_s", "must be a finite number >= 0 (0: checkpoint by rounds only)",
+      cfg.checkpoint.every_s)
     _validate_clock(cfg)
     r(bool(cfg.output.dir), "output.dir", "must be a path or URL", cfg.output.dir)
     from fedray.tracking.callbacks import callback_class

@@ -15,7 +15,8 @@ One round (docs/architecture.md has the picture):
      finish the sum (decode, add noise), apply the
      server optimizer, write the round's metrics, and return them to fedray.run, which
      calls the run's callbacks (fedray.tracking.callbacks) and asks for the next round or stops;
-  6. every ``checkpoint.every`` rounds, write a checkpoint (fedray.state.checkpoint).
+  6. every ``checkpoint.every`` rounds or ``checkpoint.every_s`` seconds, write a checkpoint
+     (fedray.state.checkpoint).
 The driver never holds more than one worker's (or group's) partial result at a time, and
 nothing per client of the population: example counts are asked of the source for the
 clients a round uses, and client state versions are kept for the clients that have state.
@@ -559,6 +560,7 @@ class Driver:
             client_versions=self.versions, metrics_lines=self.run_dir.metrics_lines,
             run_id=self.run_id, config=self.config_record)))
         self.last_checkpoint = r
+        self._checkpoint_t = time.perf_counter()
         if self._superseded:
             self._release(self._superseded)
             self._superseded = []
@@ -865,7 +867,7 @@ class Driver:
     def begin(self) -> dict[str, Any]:
         """Start the run's clock. Where the rounds start, and the rounds before that (a
         resumed run's, from its checkpoint): what fedray.run tells its callbacks."""
-        self._run_start = time.perf_counter()
+        self._run_start = self._checkpoint_t = time.perf_counter()
         self._next_round = self.start_round
         if 1 < self.start_round <= self.cfg.rounds:  # resumed where a stage had ended it
             self.stopped_by = next((why for s in self.stages
@@ -910,7 +912,9 @@ class Driver:
                 m["stopped_by"] = self.stopped_by
         self.run_dir.append_metrics(m)
         self.history.append(self._history_entry(m))
-        if r == c.rounds or (c.checkpoint.every and r % c.checkpoint.every == 0):
+        every_s = c.checkpoint.every_s
+        if r == c.rounds or (c.checkpoint.every and r % c.checkpoint.every == 0) or (
+                every_s and time.perf_counter() - self._checkpoint_t >= every_s):
             self._checkpoint(r)
         return m, (self.state_dict() if with_weights else None)
 

@@ -67,7 +67,7 @@ _PACKS = "client_state.packs"
 # they decide how long to run, how often to evaluate or checkpoint, and where the work runs
 # (runtime.* with the pool size unchanged; a different pool size changes float64 sums by
 # ~1e-16, see docs/fault_tolerance.md)
-RESUME_SAFE = ("rounds", "eval.every", "eval.batch_size", "checkpoint.every",
+RESUME_SAFE = ("rounds", "eval.every", "eval.batch_size", "checkpoint.",
                "output.save_weights", "output.tensorboard", "output.mlflow", "output.wandb",
                "output.callbacks", "runtime.")
 
