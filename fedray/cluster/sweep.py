@@ -148,15 +148,35 @@ def load_sweep(source: Any, overrides: list[str] | tuple = ()) -> tuple[DictConf
     r(sweep.workers_per_trial >= 1, "workers_per_trial", "must be >= 1", sweep.workers_per_trial)
     r(sweep.max_concurrent_trials >= 0, "max_concurrent_trials", "must be >= 0",
       sweep.max_concurrent_trials)
-    sweep.parameters = _absolute_values(_flat_parameters(sweep.parameters))
+    sweep.parameters = _absolute_values(_section_choices(_flat_parameters(sweep.parameters),
+                                                         job))
     r(bool(sweep.parameters), "parameters", "must name at least one config key to vary, e.g. "
       "seed: [0, 1, 2]", dict(sweep.parameters))
     s = sweep.scheduler
     r(s.name in (None, "asha"), "scheduler.name", "must be null or asha", s.name)
     r(s.grace_period >= 1, "scheduler.grace_period", "must be >= 1", s.grace_period)
     r(s.reduction_factor > 1, "scheduler.reduction_factor", "must be > 1", s.reduction_factor)
+    seen: dict[str, str] = {}  # config key -> the parameter that sets it
     for key, spec in sweep.parameters.items():
         where = f"parameters.{key}"
+        for k in ([k for option in spec for k in option] if is_choice(spec) else [key]):
+            r(seen.get(k, key) == key, where, f"sets {k}, which parameters.{seen.get(k)} "
+              "sets too; set each config key in one parameter", k)
+            seen[k] = key
+            r(k not in ("output.dir", "runtime.num_workers"), where,
+              "is set by the sweep for each trial" if k == key else
+              f"sets {k}, which the sweep sets for each trial", spec if k == key else k)
+        if is_choice(spec):
+            options = OmegaConf.to_container(spec)
+            for option in options:
+                for k, values in option.items():
+                    r(len(values) >= 1 and not any(isinstance(v, dict) for v in values),
+                      f"{where}.{k}", "a choice's option gives each key a value or a "
+                      "non-empty list of values (swept within the option)", values)
+            settings = [json.dumps(s, sort_keys=True) for s in choice_settings(options)]
+            dup = next((s for s in settings if settings.count(s) > 1), None)
+            r(dup is None, where, "two options give the same setting", dup)
+            continue
         if isinstance(spec, DictConfig):
             r(sweep.search == "random", where, "a distribution needs search: random",
               OmegaConf.to_container(spec))
@@ -173,8 +193,6 @@ def load_sweep(source: Any, overrides: list[str] | tuple = ()) -> tuple[DictConf
         else:
             r(hasattr(spec, "__len__") and not isinstance(spec, str) and len(spec) >= 1, where,
               "must be a non-empty list of values", spec)
-        r(key not in ("output.dir", "runtime.num_workers"), where,
-          "is set by the sweep for each trial", spec)
     if sweep.output is None:
         sweep.output = f"runs/{sweep.name}-{time.strftime('%Y%m%d-%H%M%S')}"
 
@@ -221,21 +239,94 @@ def _ref_keys() -> set[str]:
 def _absolute_values(parameters: dict[str, Any]) -> dict[str, Any]:
     """Swept import paths (``model.name: [a.py:Net, b.py:Net]``) with relative .py paths
     made absolute, as ``_absolute_files`` does for the job's own."""
-    return {k: [_absolute_ref(v) for v in spec] if k in _ref_keys() and isinstance(
-        spec, list | ListConfig) else spec for k, spec in parameters.items()}
+    def absolute(key: str, spec: Any) -> Any:
+        if key in _ref_keys() and isinstance(spec, list | ListConfig):
+            return [_absolute_ref(v) for v in spec]
+        return spec
+
+    return {k: [{ok: absolute(ok, ov) for ok, ov in option.items()} for option in spec]
+            if is_choice(spec) else absolute(k, spec) for k, spec in parameters.items()}
 
 
 def _flat_parameters(node: DictConfig, prefix: str = "") -> dict[str, Any]:
     """``{client: {lr: [..]}}`` (nested YAML, or ``parameters.client.lr=[..]`` on the command
-    line) means ``{"client.lr": [..]}``; a one-key mapping naming a distribution is a value."""
+    line) means ``{"client.lr": [..]}``; a one-key mapping naming a distribution is a value;
+    a list of mappings is a choice (``is_choice``), each option flattened alike, its single
+    values made one-value lists."""
     out: dict[str, Any] = {}
     for key, spec in node.items():
         if isinstance(spec, DictConfig) and not (len(spec) == 1
                                                  and next(iter(spec)) in DISTRIBUTIONS):
             out.update(_flat_parameters(spec, f"{prefix}{key}."))
+        elif is_choice(spec):
+            out[f"{prefix}{key}"] = [
+                {k: list(v) if isinstance(v, ListConfig) else [v]
+                 for k, v in _flat_parameters(option).items()} for option in spec]
         else:
             out[f"{prefix}{key}"] = spec
     return out
+
+
+def _section_choices(parameters: dict[str, Any], job: DictConfig) -> dict[str, Any]:
+    """A choice named after a config section (``algorithm: [{name: fedavg}, {name: fedprox,
+    fedprox.mu: 0.1}]``) sets keys inside it; any other choice's name is only its label
+    (``method``) and its options name whole keys. A choice named after a single config value
+    (``seed``) is refused."""
+    out = {}
+    for key, spec in parameters.items():
+        node = OmegaConf.select(job, key, default=None) if is_choice(spec) else None
+        if isinstance(node, DictConfig):
+            spec = [{k if k.startswith(f"{key}.") else f"{key}.{k}": v
+                     for k, v in option.items()} for option in spec]
+        elif node is not None:
+            _require(False, f"parameters.{key}", "is a config value, so its values cannot be "
+                     "mappings; a choice between settings is named after a config section "
+                     "(algorithm) or is a label of your own (method)",
+                     OmegaConf.to_container(spec) if isinstance(spec, ListConfig) else spec)
+        out[key] = spec
+    return out
+
+
+def is_choice(spec: Any) -> bool:
+    """A parameter whose values are whole settings -- a list of mappings of config keys,
+    e.g. ``method: [{algorithm.name: fedavg}, {algorithm.name: fedprox, algorithm.fedprox.mu:
+    [0.01, 0.1]}]``: one option per trial, each setting its own keys (a key given a list is
+    swept within its option). Per-method settings need this: a key such as
+    ``algorithm.fedprox.mu`` exists only in a FedProx job, so it cannot be swept across
+    FedAvg's trials too."""
+    return isinstance(spec, ListConfig | list) and len(spec) > 0 and all(
+        isinstance(o, DictConfig | dict) for o in spec)
+
+
+def _option_settings(option: Any) -> list[dict[str, Any]]:
+    """An option's grid: every combination of its keys' values."""
+    return [dict(zip(option, combo, strict=True))
+            for combo in itertools.product(*(list(v) for v in option.values()))]
+
+
+def choice_settings(spec: Any) -> list[dict[str, Any]]:
+    """A choice's settings, option after option."""
+    return [s for option in spec for s in _option_settings(option)]
+
+
+def swept_keys(sweep: DictConfig) -> list[str]:
+    """The config keys the sweep sets, in the order the file gives them (a choice's keys
+    where its options first name them): results.csv's columns and the report's grouping."""
+    keys: list[str] = []
+    for key, spec in sweep.parameters.items():
+        for k in ([k for option in spec for k in option] if is_choice(spec) else [key]):
+            if k not in keys:
+                keys.append(k)
+    return keys
+
+
+def _option_of(spec: Any, params: dict[str, Any]) -> dict[str, Any]:
+    """The setting of the choice ``spec`` that the trial's ``params`` hold (load_sweep refuses
+    choices whose settings repeat, so there is exactly one)."""
+    own = {k for option in spec for k in option}
+    keys = {k for k in params if k in own}
+    return next(s for s in choice_settings(spec)
+                if set(s) == keys and all(params[k] == v for k, v in s.items()))
 
 
 def _require(ok: bool, key: str, rule: str, value: Any) -> None:
@@ -248,7 +339,9 @@ def _candidates(sweep: DictConfig) -> list[dict[str, Any]]:
     listed value and the ends and middle of each range (a value the job refuses fails here)."""
     values = {}
     for key, spec in sweep.parameters.items():
-        if isinstance(spec, DictConfig):
+        if is_choice(spec):
+            values[key] = choice_settings(spec)
+        elif isinstance(spec, DictConfig):
             kind, (lo, hi) = next(iter(spec.items()))
             # both ends, and for a continuous range a float inside it (an int key refuses it)
             values[key] = [lo, hi - 1] if kind == "randint" else [lo, hi, (lo + hi) / 2.0]
@@ -256,9 +349,17 @@ def _candidates(sweep: DictConfig) -> list[dict[str, Any]]:
             values[key] = list(OmegaConf.to_container(spec) if not isinstance(spec, list)
                                else spec)
     if sweep.search == "grid":
-        return [dict(zip(values, combo, strict=True))
+        return [_setting(dict(zip(values, combo, strict=True)))
                 for combo in itertools.product(*values.values())]
-    return [{k: v} for k, vs in values.items() for v in vs]
+    return [_setting({k: v}) for k, vs in values.items() for v in vs]
+
+
+def _setting(chosen: dict[str, Any]) -> dict[str, Any]:
+    """Parameter -> value, a choice's value being its setting, as config key -> value."""
+    out: dict[str, Any] = {}
+    for key, value in chosen.items():
+        out.update(value if isinstance(value, dict) else {key: value})
+    return out
 
 
 def trial_config(job: dict, params: dict[str, Any], run_dir: str, workers: int) -> dict:
@@ -344,8 +445,10 @@ def _module_refs(sweep: DictConfig, job: DictConfig) -> list[tuple[str, str]]:
 
     refs = job_refs(job)
     for key, spec in sweep.parameters.items():
-        if key in _ref_keys() and not isinstance(spec, DictConfig):
-            refs += [(key, v) for v in spec if isinstance(v, str) and ":" in v]
+        for k, values in ([kv for option in spec for kv in option.items()] if is_choice(spec)
+                          else [(key, spec)]):
+            if k in _ref_keys() and not isinstance(values, DictConfig):
+                refs += [(k, v) for v in values if isinstance(v, str) and ":" in v]
     return refs
 
 
@@ -430,19 +533,42 @@ def _check_fits(job: DictConfig, workers: int, resources: dict[str, float]) -> N
 
 
 def _progress_callback(sweep: DictConfig, total: int, log: Callable[[str], None],
-                       record: TrialRecord):
+                       record: TrialRecord, ended: int = 0):
     """One line per trial start and end, instead of Tune's tables; and each trial's status
     in ``record`` (trials.json) as it starts and ends: FINISHED when its run wrote its summary
-    (it ran every round), STOPPED when Tune ended it before (the scheduler), ``error: ...``
-    when it failed -- its process died, or the run raised."""
+    (it ran every round), STOPPED when Tune's scheduler ended it before, INTERRUPTED when
+    Tune ended it because the sweep was interrupted (Ctrl-C), ``error: ...`` when it failed
+    -- its process died, or the run raised. ``total``: the sweep's trials, ``ended``: those
+    that had ended before this session (a resume counts on from them).
+
+    A trial that Tune ends after a Ctrl-C reaches ``on_trial_complete`` exactly like one its
+    scheduler stopped. Tune's own Ctrl-C handler, installed before the callbacks' ``setup``,
+    is wrapped there so that the callback knows which of the two it is."""
+    import signal
+    import threading
+
     from ray.tune import Callback
 
     metric = sweep.metric
 
     class Progress(Callback):
         def __init__(self) -> None:
-            self.ended = 0
+            self.ended = ended
             self.last: dict[str, dict] = {}
+            self.interrupted = False
+
+        def setup(self, **info):
+            if threading.current_thread() is not threading.main_thread():
+                return  # no handler of Tune's: a Ctrl-C reaches the caller's thread only
+            tune_handler = signal.getsignal(signal.SIGINT)
+            if not callable(tune_handler):
+                return
+
+            def interrupted(signum, frame):
+                self.interrupted = True
+                tune_handler(signum, frame)  # Tune stops its loop and puts back the caller's
+
+            signal.signal(signal.SIGINT, interrupted)
 
         def _what(self, trial) -> str:
             return f"trial {trial}"  # its name (plan_trials)
@@ -468,10 +594,15 @@ def _progress_callback(sweep: DictConfig, total: int, log: Callable[[str], None]
             fs, path = fsspec.core.url_to_fs(run_dir)
             if fs.exists(f"{path}/{SUMMARY_FILE}"):
                 self._end(trial, "ended", FINISHED)
+            elif self.interrupted:
+                self._end(trial, "interrupted", INTERRUPTED)
             else:
                 self._end(trial, "stopped early by the scheduler", STOPPED)
 
         def on_trial_error(self, iteration, trials, trial, **info):
+            if self.interrupted:  # its process got the terminal's Ctrl-C as well
+                self._end(trial, "interrupted", INTERRUPTED)
+                return
             text = trial.get_error() or "the trial failed"  # Tune's error.txt, plain text
             lines = [line for line in str(text).strip().splitlines() if line.strip()]
             self._end(trial, "FAILED (see results.csv)",
@@ -496,13 +627,39 @@ def short_keys(keys: list[str]) -> dict[str, str]:
     return {k: s if last.count(s) == 1 else k for k, s in zip(keys, last, strict=True)}
 
 
-def trial_name(keys: list[str], config: dict[str, Any]) -> str:
-    """A trial's name from its swept values, e.g. ``lr=0.1,seed=0``: safe as a directory
-    name anywhere (characters other than letters, digits and ``_ . , = + -`` become ``_``;
-    Tune and fsspec URLs take it as it is), at most MAX_NAME characters."""
-    short = short_keys(keys)
-    text = ",".join(f"{short[k]}={_value_text(config.get(k))}" for k in keys)
+def _name_parts(parameters: dict[str, Any], params: dict[str, Any]) -> list[tuple[str, Any]]:
+    """(label, value) pairs that name a trial: a swept key and its value; for a choice, the
+    choice's name with its option's first value (``method=fedprox``), then the option's
+    other keys (``mu=0.1``)."""
+    parts: list[tuple[str, Any]] = []
+    for key, spec in parameters.items():
+        if is_choice(spec):
+            setting = _option_of(spec, params)
+            first, *rest = setting
+            parts += [(key, setting[first])] + [(k, setting[k]) for k in rest]
+        else:
+            parts.append((key, params.get(key)))
+    return parts
+
+
+def trial_name(parameters: dict[str, Any] | list[str], params: dict[str, Any]) -> str:
+    """A trial's name from its swept values, e.g. ``lr=0.1,seed=0`` or, with a choice,
+    ``method=fedprox,mu=0.1,seed=0``: safe as a directory name anywhere (characters other
+    than letters, digits and ``_ . , = + -`` become ``_``; Tune and fsspec URLs take it as it
+    is), at most MAX_NAME characters. ``parameters``: the sweep's (or just its keys)."""
+    if not isinstance(parameters, dict):
+        parameters = dict.fromkeys(parameters)
+    parts = _name_parts(parameters, params)
+    short = short_keys(list(dict.fromkeys(label for label, _ in parts)))
+    text = ",".join(f"{short[label]}={_value_text(v)}" for label, v in parts)
     return re.sub(r"[^A-Za-z0-9_.,=+-]", "_", text)[:MAX_NAME]
+
+
+def trial_labels(sweep: DictConfig, params: dict[str, Any]) -> dict[str, Any]:
+    """A trial's choices by name, each as its option's first value (``method: fedprox``):
+    results.csv's columns for the choices."""
+    return {key: next(iter(_option_of(spec, params).values()))
+            for key, spec in sweep.parameters.items() if is_choice(spec)}
 
 
 class TrialNamer:
@@ -512,12 +669,12 @@ class TrialNamer:
     so that every trial's name is unique (``plan_trials`` gives each planned trial an id
     ending in its number)."""
 
-    def __init__(self, keys: list[str], unique: bool):
-        self.keys = list(keys)
+    def __init__(self, parameters: dict[str, Any], unique: bool):
+        self.parameters = parameters
         self.unique = unique
 
     def __call__(self, trial) -> str:
-        name = trial_name(self.keys, trial.config)
+        name = trial_name(self.parameters, trial.config)
         if self.unique:
             return name
         m = re.search(r"_(\d+)$", trial.trial_id)  # Tune numbers the trials it generates
@@ -527,12 +684,12 @@ class TrialNamer:
 def namer(sweep: DictConfig) -> TrialNamer:
     """The sweep's TrialNamer: names alone where the grid's settings, each run once, all
     read differently."""
-    keys = list(sweep.parameters)
+    parameters = dict(sweep.parameters)
     unique = False
     if sweep.search == "grid" and sweep.num_samples == 1:
-        names = [trial_name(keys, params) for params in _candidates(sweep)]
+        names = [trial_name(parameters, params) for params in _candidates(sweep)]
         unique = len(set(names)) == len(names)
-    return TrialNamer(keys, unique)
+    return TrialNamer(parameters, unique)
 
 
 def _planned_name(trial) -> str:
@@ -561,6 +718,10 @@ def plan_trials(sweep: DictConfig) -> list[tuple[str, dict[str, Any]]]:
                         params[key] = float(rng.uniform(lo, hi))
                     else:  # loguniform
                         params[key] = float(np.exp(rng.uniform(np.log(lo), np.log(hi))))
+                elif is_choice(spec):
+                    option = OmegaConf.to_container(spec[int(rng.integers(len(spec)))])
+                    params.update({k: vs[int(rng.integers(len(vs)))]
+                                   for k, vs in option.items()})
                 else:
                     values = OmegaConf.to_container(spec)
                     params[key] = values[int(rng.integers(len(values)))]
@@ -578,19 +739,23 @@ class TrialRecord:
     to a temporary name and renamed, so a killed sweep leaves the previous version whole."""
 
     def __init__(self, sweep_dir: str, plan: list[tuple[str, dict[str, Any]]],
-                 saved: dict[str, dict] | None = None):
+                 saved: tuple[dict[str, dict], float] | None = None):
         self.url = _url(sweep_dir, PLAN_FILE)
         self.sweep_dir = sweep_dir
+        # seconds the sweep's earlier sessions ran (a resumed sweep's total counts them)
+        self.wall_s = saved[1] if saved else 0.0
         self.entries = {name: {"trial": name, "params": params, "status": NOT_STARTED,
                                "started": None, "ended": None}
                         for name, params in plan}
-        for name, entry in (saved or {}).items():
+        for name, entry in (saved[0] if saved else {}).items():
             self.entries[name].update({k: entry.get(k) for k in ("status", "started", "ended")})
 
     @staticmethod
-    def read(sweep_dir: str, plan: list[tuple[str, dict[str, Any]]]) -> dict[str, dict] | None:
+    def read(sweep_dir: str, plan: list[tuple[str, dict[str, Any]]]
+             ) -> tuple[dict[str, dict], float] | None:
         """The saved entries by trial name, checked against ``plan`` (the trials that
-        sweep.yaml gives now); None when the sweep has no trials.json."""
+        sweep.yaml gives now), and the seconds the sweep has run so far; None when the sweep
+        has no trials.json."""
         url = _url(sweep_dir, PLAN_FILE)
         fs, path = fsspec.core.url_to_fs(url)
         if not fs.exists(path):
@@ -600,6 +765,7 @@ class TrialRecord:
             entries = {e["trial"]: e for e in doc["trials"]}
             saved = [[e["trial"], e["params"]] for e in doc["trials"]]
             ok = all(isinstance(e.get("status"), str) for e in doc["trials"])
+            wall_s = float(doc.get("wall_s", 0.0))
         except (ValueError, KeyError, TypeError, AttributeError) as exc:
             raise FedrayError(f"--resume {mask(sweep_dir)}: {PLAN_FILE} is not fedray's record "
                               f"of the sweep's trials ({type(exc).__name__}: {exc})") from None
@@ -610,7 +776,14 @@ class TrialRecord:
             raise FedrayError(f"--resume {mask(sweep_dir)}: its {SWEEP_FILE} no longer gives the "
                               f"trials listed in {PLAN_FILE} (was it edited?); a sweep resumes "
                               "as it started")
-        return entries
+        return entries, wall_s
+
+    def add_time(self, seconds: float) -> float:
+        """Count this session's ``seconds`` (trials.json keeps the total); returns the
+        sweep's whole time, its earlier sessions included."""
+        self.wall_s += seconds
+        self.write()
+        return self.wall_s
 
     def set(self, name: str, **fields: Any) -> None:
         self.entries[name].update(fields)
@@ -620,7 +793,8 @@ class TrialRecord:
         fs, path = fsspec.core.url_to_fs(self.url)
         tmp = f"{path}.tmp-{os.getpid()}"
         with fs.open(tmp, "w") as f:
-            f.write(json.dumps({"trials": list(self.entries.values())}, indent=1) + "\n")
+            f.write(json.dumps({"trials": list(self.entries.values()),
+                                "wall_s": round(self.wall_s, 3)}, indent=1) + "\n")
         fs.mv(tmp, path)
 
 
@@ -641,6 +815,10 @@ def _run_tune(sweep: DictConfig, job: DictConfig, plan: dict[str, dict], names: 
 
     os.environ["TUNE_DISABLE_STRICT_METRIC_CHECKING"] = "1"  # evaluation rounds carry the
     # metric; the other rounds are reported too, and ASHA skips them
+    # Tune's newer console output prints its config table and a TensorBoard hint into Ray's
+    # temporary directory even at verbose=0; the progress callback says what happens, and
+    # `fedray sweep` names the TensorBoard directory that holds the trials (SWEEP_DIR/trials)
+    os.environ["RAY_AIR_NEW_OUTPUT"] = "0"
     trainable = tune.with_resources(
         tune.with_parameters(_trial, plan=plan, job=OmegaConf.to_container(job, resolve=True),
                              sweep_dir=sweep.output, workers=sweep.workers_per_trial,
@@ -663,8 +841,9 @@ def _run_tune(sweep: DictConfig, job: DictConfig, plan: dict[str, dict], names: 
 class SweepResult:
     rows: list[dict[str, Any]]  # one per trial, as in results.csv (trial: its name)
     sweep_dir: str
-    wall_s: float
+    wall_s: float  # the sweep's whole time, its sessions before a resume included
     report_table: str | None  # the report's Markdown table (None: no trial has the metric)
+    session_s: float = 0.0  # this session's time (wall_s when the sweep was not resumed)
 
     @property
     def failed(self) -> list[str]:
@@ -677,7 +856,7 @@ def _rows(sweep: DictConfig, record: TrialRecord) -> list[dict[str, Any]]:
     best metric, time and run directory."""
     from fedray.state.run_dir import read_metrics
 
-    keys = list(sweep.parameters)
+    keys = swept_keys(sweep)
     rows = []
     for name, entry in record.entries.items():
         run_dir = _url(sweep.output, TRIALS_DIR, name)
@@ -687,7 +866,8 @@ def _rows(sweep: DictConfig, record: TrialRecord) -> list[dict[str, Any]]:
             metrics = []
         values = [m[sweep.metric] for m in metrics if m.get(sweep.metric) is not None]
         best = (max if sweep.mode == "max" else min)(values) if values else None
-        rows.append({"trial": name, **{k: entry["params"].get(k) for k in keys},
+        rows.append({"trial": name, **trial_labels(sweep, entry["params"]),
+                     **{k: entry["params"].get(k) for k in keys},
                      "status": entry["status"],
                      "rounds": metrics[-1]["round"] if metrics else 0,
                      f"final_{sweep.metric}": values[-1] if values else None,
@@ -695,9 +875,11 @@ def _rows(sweep: DictConfig, record: TrialRecord) -> list[dict[str, Any]]:
                      "elapsed_s": round(metrics[-1]["elapsed_s"], 1) if metrics else None,
                      "run_dir": run_dir})
 
-    def order(row: dict) -> tuple:  # by the swept values, numbers as numbers (10 < 100)
-        return tuple((0, v, "") if isinstance(v, int | float) and not isinstance(v, bool)
-                     else (1, 0, str(v)) for v in (row[k] for k in keys)) + (row["trial"],)
+    def order(row: dict) -> tuple:  # by the swept values, numbers as numbers (10 < 100), a
+        # key a trial does not set (a choice's other options) first
+        return tuple((0, 0, "") if v is None else (1, v, "") if isinstance(v, int | float)
+                     and not isinstance(v, bool) else (2, 0, str(v))
+                     for v in (row[k] for k in keys)) + (row["trial"],)
 
     return sorted(rows, key=order)
 
@@ -747,7 +929,7 @@ def _report(sweep: DictConfig, rows: list[dict[str, Any]]) -> str | None:
                  "every round (results.csv has their rows):", ""]
         notes += [f"- `{row['trial']}`: {row['status']} after round {row['rounds']}"
                   for row in left_out]
-    group_by = [k for k in sweep.parameters if k != "seed"] or None
+    group_by = [k for k in swept_keys(sweep) if k != "seed"] or None
     return build_report(done, out, metric=sweep.metric, group_by=group_by,
                         title=f"{sweep.name}: {sweep.metric}", notes=notes).table
 
@@ -830,24 +1012,28 @@ def _run_sweep(source: Any, overrides: list[str] | tuple, resume: str | None,
             f"{sweep.workers_per_trial} worker(s) each"
             + (f", {len(todo)} left to run" if resume is not None else "")
             + f"; Tune's logs in {mask(_url(sweep.output, TUNE_DIR))}")
-        if todo:
-            progress = _progress_callback(sweep, len(todo), log, record)
-            try:
+        stop: KeyboardInterrupt | None = None
+        try:
+            if todo:
+                progress = _progress_callback(sweep, len(plan), log, record,
+                                              ended=len(plan) - len(todo))
                 with _tune_signals():
                     _run_tune(sweep, job, dict(plan), todo, progress)
-            except KeyboardInterrupt as exc:  # a second Ctrl-C, or SIGTERM: no results.csv
-                _mark_interrupted(record)
-                raise type(exc)(f"continue with: {again}") from None
+        except KeyboardInterrupt as exc:  # a second Ctrl-C, SIGTERM, or a Ctrl-C before
+            stop = exc  # Tune's loop took it over (Ray starting, Tune importing)
     cut = _mark_interrupted(record)  # Tune ends early only when interrupted (Ctrl-C)
     rows = _rows(sweep, record)
     with fs.open(f"{path}/{RESULTS_FILE}", "w") as f:
         f.write(mask(_csv(rows)))
-    table = _report(sweep, rows)
-    if cut:
-        raise KeyboardInterrupt(f"{len(cut)} of {len(plan)} trials did not end (results.csv "
-                                f"lists them, report/ leaves them out); continue with: {again}")
-    return SweepResult(rows=rows, sweep_dir=sweep.output,
-                       wall_s=time.perf_counter() - start, report_table=table)
+    table = _report(sweep, rows) if stop is None else None
+    session_s = time.perf_counter() - start
+    wall_s = record.add_time(session_s)
+    if cut or stop is not None:
+        raise type(stop or KeyboardInterrupt())(
+            f"{len(cut)} of {len(plan)} trials did not end (results.csv lists them, report/ "
+            f"leaves them out); continue with: {again}")
+    return SweepResult(rows=rows, sweep_dir=sweep.output, wall_s=wall_s, report_table=table,
+                       session_s=session_s)
 
 
 def _to_run(sweep: DictConfig, record: TrialRecord) -> list[str]:

@@ -6,6 +6,7 @@ import itertools
 import json
 import os
 import pathlib
+import re
 import signal
 import subprocess
 import sys
@@ -15,6 +16,7 @@ import pytest
 import torch
 import yaml
 from conftest import tiny_job
+from omegaconf import OmegaConf
 
 import fedray
 from fedray.cluster.sweep import check_trials, load_sweep, run_sweep
@@ -391,3 +393,153 @@ def test_the_trials_are_planned_from_the_sweep_alone(tmp_path):
         assert 0.01 <= p["client.lr"] < 0.1 and p["seed"] in (0, 1, 2)
         assert p["client.batch_size"] in (4, 8)
     assert {p["seed"] for _, p in drawn} == {0, 1, 2}
+
+
+def test_a_choice_gives_each_method_its_own_settings(tmp_path):
+    """A parameter whose values are settings (a choice): FedProx's `mu` is swept within its
+    own option only, trial names read as the study does, and results.csv has a column for
+    the choice and one per config key, empty where a trial's option does not set it."""
+    from fedray.cluster.sweep import TrialRecord, _rows, plan_trials, swept_keys
+
+    spec = _sweep(tmp_path, parameters={
+        "method": [{"algorithm.name": "fedavg"},
+                   {"algorithm": {"name": "fedprox", "fedprox": {"mu": [0.01, 1.0]}}}],
+        "sampling.clients_per_round": [10, 5], "seed": [0]})
+    sweep, job = load_sweep(spec)
+    assert check_trials(sweep, job) == 6
+    plan = plan_trials(sweep)
+    assert [n for n, _ in plan] == [
+        "method=fedavg,clients_per_round=10,seed=0", "method=fedavg,clients_per_round=5,seed=0",
+        "method=fedprox,mu=0.01,clients_per_round=10,seed=0",
+        "method=fedprox,mu=0.01,clients_per_round=5,seed=0",
+        "method=fedprox,mu=1,clients_per_round=10,seed=0",
+        "method=fedprox,mu=1,clients_per_round=5,seed=0"]
+    assert plan[3][1] == {"algorithm.name": "fedprox", "algorithm.fedprox.mu": 0.01,
+                          "sampling.clients_per_round": 5, "seed": 0}
+    assert swept_keys(sweep) == ["algorithm.name", "algorithm.fedprox.mu",
+                                 "sampling.clients_per_round", "seed"]
+    rows = _rows(sweep, TrialRecord(sweep.output, plan))
+    assert [(r["method"], r["algorithm.fedprox.mu"], r["sampling.clients_per_round"])
+            for r in rows] == [("fedavg", None, 5), ("fedavg", None, 10), ("fedprox", 0.01, 5),
+                               ("fedprox", 0.01, 10), ("fedprox", 1.0, 5), ("fedprox", 1.0, 10)]
+    # a choice named after a config section sets keys inside it; resuming re-reads the
+    # normalised sweep.yaml into the same trials
+    sec, _ = load_sweep(_sweep(tmp_path, parameters={"algorithm": [
+        {"name": "fedavg"}, {"name": "fedprox", "fedprox.mu": 0.1}]}))
+    assert plan_trials(sec) == [("algorithm=fedavg", {"algorithm.name": "fedavg"}),
+                                ("algorithm=fedprox,mu=0.1", {"algorithm.name": "fedprox",
+                                                              "algorithm.fedprox.mu": 0.1})]
+    again, _ = load_sweep(yaml.safe_load(OmegaConf.to_yaml(sweep)))
+    assert plan_trials(again) == plan
+
+
+@pytest.mark.parametrize("params, message", [
+    ({"method": [{"algorithm.name": "fedavg"}, {"algorithm.name": "fedprox",
+                                                 "algorithm.fedprox.muu": 0.1}]},
+     "sweep setting algorithm.name='fedprox', algorithm.fedprox.muu=0.1: unknown config key "
+     "'algorithm.fedprox.muu'"),
+    ({"method": [{"algorithm.name": "fedavg"}], "algorithm.name": ["fedprox"]},
+     "sweep key 'parameters.algorithm.name': sets algorithm.name, which parameters.method "
+     "sets too"),
+    ({"method": [{"algorithm.name": "fedavg"}, {"algorithm.name": ["fedavg", "fedprox"]}]},
+     "sweep key 'parameters.method': two options give the same setting"),
+    ({"seed": [{"client.lr": 0.1}]}, "sweep key 'parameters.seed': is a config value"),
+    ({"method": [{"output.dir": "x"}]},
+     "sweep key 'parameters.method': sets output.dir, which the sweep sets for each trial"),
+])
+def test_bad_choices_are_refused_in_one_line(tmp_path, params, message):
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        check_trials(*load_sweep(_sweep(tmp_path, parameters=params)))
+    assert not (tmp_path / "sweep").exists()
+
+
+def test_random_search_draws_an_option_then_its_values(tmp_path):
+    from fedray.cluster.sweep import plan_trials
+
+    spec = _sweep(tmp_path, search="random", num_samples=30, parameters={"method": [
+        {"algorithm.name": "fedavg"}, {"algorithm.name": "fedprox",
+                                       "algorithm.fedprox.mu": [0.01, 0.1]}]})
+    drawn = [p for _, p in plan_trials(load_sweep(spec)[0])]
+    assert {json.dumps(p, sort_keys=True) for p in drawn} == {
+        '{"algorithm.name": "fedavg"}',
+        '{"algorithm.fedprox.mu": 0.01, "algorithm.name": "fedprox"}',
+        '{"algorithm.fedprox.mu": 0.1, "algorithm.name": "fedprox"}'}
+
+
+def test_a_trial_tune_ends_after_ctrl_c_is_interrupted_not_stopped(tmp_path):
+    """Tune's loop ends trials the same way for its scheduler and for a Ctrl-C (both reach
+    on_trial_complete): the progress callback wraps Tune's Ctrl-C handler to tell them apart.
+    Here the callback's hooks are called as Tune calls them, in this process, with a stand-in
+    for Tune's handler installed, and a real SIGINT delivered to it."""
+    from types import SimpleNamespace
+
+    from fedray.cluster.sweep import (
+        INTERRUPTED,
+        STOPPED,
+        TrialRecord,
+        _progress_callback,
+        plan_trials,
+    )
+
+    sweep, _ = load_sweep(_sweep(tmp_path))
+    plan = plan_trials(sweep)
+    tune_got = []
+    previous = signal.signal(signal.SIGINT, lambda s, f: tune_got.append(s))  # "Tune's"
+    try:
+        statuses = []
+        for ctrl_c in (False, True):
+            record = TrialRecord(sweep.output, plan)
+            os.makedirs(sweep.output, exist_ok=True)
+            progress = _progress_callback(sweep, len(plan), lambda line: None, record)
+            progress.setup()
+            if ctrl_c:
+                os.kill(os.getpid(), signal.SIGINT)
+                time.sleep(0.1)  # the handler runs between bytecodes of this thread
+            trial = SimpleNamespace(config={"trial": plan[0][0]}, trial_id="t0")
+            progress.on_trial_start(0, [], trial)
+            progress.on_trial_complete(0, [], trial)
+            statuses.append(record.entries[plan[0][0]]["status"])
+        assert statuses == [STOPPED, INTERRUPTED]
+        assert tune_got == [signal.SIGINT]  # Tune's handler still got the Ctrl-C
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
+def _interrupt_sweep(tmp_path, trials: int, ready) -> tuple[subprocess.Popen, str]:
+    """`fedray sweep` of ``trials`` trials (two run at a time on the Ray it starts), Ctrl-C
+    once ``ready(sweep_dir)``; returns the process, ended, and its stderr."""
+    spec = _sweep(tmp_path, parameters={"seed": list(range(trials))})
+    spec["job"].update(rounds=200, checkpoint={"every": 2})
+    spec["job"]["runtime"]["num_cpus"] = 2
+    (tmp_path / "s.yaml").write_text(yaml.safe_dump(spec))
+    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+    proc = subprocess.Popen([sys.executable, "-m", "fedray.cli", "sweep", str(tmp_path / "s.yaml")],
+                            env=env, start_new_session=True, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline and not ready(tmp_path / "sweep"):
+        time.sleep(0.05)
+    os.killpg(proc.pid, signal.SIGINT)
+    return proc, proc.communicate(timeout=180)[1]
+
+
+@pytest.mark.parametrize("when", ["before any trial started", "with every trial running"])
+def test_ctrl_c_at_any_point_writes_results_and_says_resume(tmp_path, when):
+    """Ctrl-C while Ray and Tune are still starting (no trial has started), and while every
+    trial runs (none pending): exit 130, no traceback, results.csv with a row per trial --
+    not started, or interrupted, never "stopped early" (the scheduler's label) -- and the
+    --resume command as the last line."""
+    def started(sweep_dir) -> bool:
+        if when.startswith("before"):
+            return (sweep_dir / "trials.json").exists()
+        return sum(len(_lines(os.path.join(d, "metrics.jsonl"))) >= 2
+                   for d in glob.glob(str(sweep_dir / "trials" / "*"))) == 2
+
+    proc, err = _interrupt_sweep(tmp_path, 2, started)
+    where = str(tmp_path / "sweep")
+    assert proc.returncode == 130, err[-3000:]
+    assert "Traceback" not in err, err[-3000:]
+    assert err.strip().splitlines()[-1].endswith(f"continue with: fedray sweep --resume {where}")
+    rows = list(csv.DictReader(open(tmp_path / "sweep" / "results.csv")))
+    expect = "not started" if when.startswith("before") else "interrupted"
+    assert [r["status"] for r in rows] == [expect] * 2
