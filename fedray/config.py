@@ -168,6 +168,9 @@ class WorkerConfig:
     # a worker writes its round's client states into files (packs) of this many MiB each;
     # 0: one file per client (fedray.state.client_state)
     state_pack_mb: float = 8.0
+    # how client state's float32 tensors are stored: float32, or float16 (half the disk;
+    # read back as float32, so each stored state is rounded to float16 once per write)
+    state_dtype: str = "float32"
     # train a worker's clients in groups, one batched step per group (fedray/kernels/vectorized.py):
     # auto (where the model supports it and it pays off), on, off
     vectorize: str = "auto"
@@ -210,6 +213,10 @@ class RuntimeConfig:
     # an aggregator that needs every one (Aggregator.individual); a job that could exceed
     # it is refused before round 1
     individual_updates_mb: float = 1024.0
+    # MiB of client state a stateful run may keep on disk (SCAFFOLD's control variates, a
+    # personal model per client): a run expected to keep more (fedray.state.client_state_disk)
+    # is refused before round 1; None: no limit (the estimate is printed either way)
+    client_state_mb: float | None = None
     # a locally started Ray's dashboard and job server: off (nothing listens for HTTP), or
     # on, listening on dashboard_host -- loopback unless set to an interface on purpose
     dashboard: bool = False
@@ -811,6 +818,12 @@ def validate(cfg: DictConfig, population: int, *, custom_model: bool = False) ->
     r(w.state_cache_mb >= 0, "runtime.worker.state_cache_mb", "must be >= 0", w.state_cache_mb)
     r(math.isfinite(w.state_pack_mb) and w.state_pack_mb >= 0, "runtime.worker.state_pack_mb",
       "must be a finite number >= 0", w.state_pack_mb)
+    r(w.state_dtype in ("float32", "float16"), "runtime.worker.state_dtype",
+      "must be float32 or float16", w.state_dtype)
+    r(rt.client_state_mb is None or (math.isfinite(rt.client_state_mb)
+                                     and rt.client_state_mb > 0),
+      "runtime.client_state_mb", "must be a number > 0 (MiB), or null for no limit",
+      rt.client_state_mb)
     r(w.vectorize in ("auto", "on", "off"), "runtime.worker.vectorize",
       "must be auto, on or off", w.vectorize)
     red = rt.reduce

@@ -272,7 +272,8 @@ class Driver:
         state_url = self.run_dir.url_of(CLIENT_STATE_DIR)
         # per-client state (the client part's): which version of each client's state is current
         stateful = keeps_client_state(client, self.stages)
-        self.state_store = ClientStateStore(state_url, cache_mb=0) if stateful else None
+        self.state_store = (ClientStateStore(state_url, cache_mb=0, half=c.runtime.worker
+                                             .state_dtype == "float16") if stateful else None)
         self.versions = ClientVersions(source.population) if stateful else None
         # (client, version, pack) of states the last checkpoint needs, though superseded
         self._superseded: list[tuple[int, int, int]] = []
@@ -326,6 +327,7 @@ class Driver:
             resources=WorkerResources(num_cpus=w.num_cpus, cache_mb=w.cache_mb,
                                       state_cache_mb=w.state_cache_mb,
                                       state_pack_mb=w.state_pack_mb,
+                                      state_half=w.state_dtype == "float16",
                                       vectorize=self._vectorize_plan(client)),
             client=worker_parts[0], aggregator=worker_parts[1], state_url=state_url,
             per_round=parse_per_round(c.data.get("per_round")), stages=worker_parts[2],
@@ -339,6 +341,8 @@ class Driver:
         self.individual = self.aggregator.individual
         if self.individual:
             self._check_individual(plan)
+        if stateful:
+            self._check_state_disk(plan, client)
         if resume:  # before the pool starts: a checkpoint that cannot be used fails fast
             self._restore()
         start = time.perf_counter()
@@ -396,6 +400,30 @@ class Driver:
                               f"needs every client's update: {k} x {d} float32 = "
                               f"{f'{mb:.1f}' if mb >= 0.1 else f'{mb:.2g}'} MB "
                               f"> {budget:g} MB; raise it or sample fewer clients")
+
+    def _check_state_disk(self, plan: RoundPlan, client: ClientWork) -> None:
+        """Say what the run's client state will take on disk, and refuse, before round 1, a
+        run expected to keep more than ``runtime.client_state_mb``. Each state tensor a part
+        declares (``ClientWork.state``, an update stage's ``client_state``) is counted as
+        model-sized, as SCAFFOLD's and an error-feedback residual are; ``local`` parameters
+        count as many values as they have."""
+        from fedray.state.client_state_disk import estimate
+
+        c, d = self.cfg, self.template.num_params
+        local = int(self.template.positions(client.local).numel()) if client.local else 0
+        keys = len(client.state) + sum(len(s.client_state) for s in self.stages)
+        disk = estimate(plan.population, most_clients(plan), c.rounds, keys * d + local,
+                        c.runtime.worker.state_dtype, c.runtime.worker.state_pack_mb)
+        self.notes.append(disk.line(c.rounds, c.runtime.worker.state_dtype))
+        budget = c.runtime.client_state_mb
+        if budget is not None and disk.expected > budget * 2**20:
+            raise ConfigError(f"config key 'runtime.client_state_mb': the run's client state "
+                              f"is expected to take {disk.expected / 2**20:,.1f} MB on disk "
+                              f"({disk.clients:,.0f} clients x {disk.per_client:,} bytes) > "
+                              f"{budget:g} MB; raise it, "
+                              + ("store it as float16 (runtime.worker.state_dtype=float16), "
+                                 if c.runtime.worker.state_dtype == "float32" else "")
+                              + "or run fewer rounds or clients per round")
 
     def _vectorize_plan(self, client: ClientWork) -> bool:
         """runtime.worker.vectorize resolved for this model and client part, once for every

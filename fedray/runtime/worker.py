@@ -110,6 +110,7 @@ class WorkerResources:
     cache_mb: int
     state_cache_mb: float = 64.0
     state_pack_mb: float = 8.0  # 0: a file per client (ClientStateStore.begin_packs)
+    state_half: bool = False  # float32 state stored as float16 (runtime.worker.state_dtype)
     vectorize: bool = False  # train clients in groups (the driver's vectorize_plan decides)
 
 
@@ -256,7 +257,7 @@ class ClientWorker:
             part.setup(self.env)
         self.extras = extra_sizes((self.client, self.aggregator, *self.stages),
                                   self.model.num_params)
-        self.state = (ClientStateStore(spec.state_url, res.state_cache_mb)
+        self.state = (ClientStateStore(spec.state_url, res.state_cache_mb, res.state_half)
                       if keeps_client_state(self.client, self.stages) else None)
         # a client part's ``local`` parameters (and buffers): their flat positions, and the
         # state keys the client part may write (_phases, _finish)

@@ -186,11 +186,14 @@ class ClientStateStore:
     lazily.
     """
 
-    def __init__(self, url: str, cache_mb: float = 64.0):
+    def __init__(self, url: str, cache_mb: float = 64.0, half: bool = False):
         if not cache_mb >= 0:
             raise ValueError(f"cache_mb must be >= 0, got {cache_mb}")
         self.url = absolute_url(url)
         self.cache_mb = float(cache_mb)
+        # float32 tensors stored (and cached) as float16, read back as float32: half the
+        # disk; the cache holds what the disk holds, so a get is the same from either
+        self.half = bool(half)
         self._budget = int(self.cache_mb * 2**20)
         self._init_process_state()
 
@@ -216,14 +219,15 @@ class ClientStateStore:
         self.misses = 0
 
     def __getstate__(self) -> dict[str, Any]:
-        return {"url": self.url, "cache_mb": self.cache_mb, "_budget": self._budget}
+        return {"url": self.url, "cache_mb": self.cache_mb, "_budget": self._budget,
+                "half": self.half}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
         self._init_process_state()
 
     def __repr__(self) -> str:
-        return f"ClientStateStore({self.url!r}, cache_mb={self.cache_mb})"
+        return f"ClientStateStore({self.url!r}, cache_mb={self.cache_mb}, half={self.half})"
 
     # -- paths ---------------------------------------------------------------------------
 
@@ -286,7 +290,14 @@ class ClientStateStore:
     def get(self, client_id: int, version: int, pack: int = -1) -> Tensors | None:
         """Version ``version`` of the state of ``client_id`` as CPU tensors, from pack
         ``pack`` of that version (-1: the client's own file); None for version 0 (the client
-        has no state yet), without touching the disk."""
+        has no state yet), without touching the disk. A ``half`` store's float16 tensors
+        come back as float32."""
+        tensors = self._get(client_id, version, pack)
+        if self.half and tensors is not None:
+            return {k: t.float() if t.dtype == torch.float16 else t for k, t in tensors.items()}
+        return tensors
+
+    def _get(self, client_id: int, version: int, pack: int) -> Tensors | None:
         cid, v = _check_id(client_id), _check_version(version, 0)
         if v == 0:
             return None
@@ -338,14 +349,15 @@ class ClientStateStore:
             self._drop((cid, version))
             raise
 
-    @staticmethod
-    def _own(tensors: Tensors) -> Tensors:
+    def _own(self, tensors: Tensors) -> Tensors:
         """Own contiguous CPU copies of a put's tensors: saved, then kept by the cache,
-        immune to the caller."""
+        immune to the caller; float32 ones as float16 in a ``half`` store."""
         if not isinstance(tensors, dict) or not all(
                 isinstance(k, str) and isinstance(t, torch.Tensor) for k, t in tensors.items()):
             raise TypeError("tensors must be a dict of str -> torch.Tensor")
-        return {k: t.detach().to("cpu", memory_format=torch.contiguous_format, copy=True)
+        half = torch.float16 if self.half else None
+        return {k: t.detach().to("cpu", dtype=half if t.dtype == torch.float32 else None,
+                                 memory_format=torch.contiguous_format, copy=True)
                 for k, t in tensors.items()}
 
     def _encode(self, client_id: int, version: int, tensors: Tensors) -> tuple[int, int, bytes]:

@@ -465,3 +465,30 @@ def test_pack_errors_name_the_pack(tmp_path):
         store.begin_packs(2, task=0)
         store.put_async(4, 3, _state(4))
     store.flush()
+
+
+def test_a_half_store_keeps_float32_state_as_float16_on_disk_and_in_its_cache(tmp_path):
+    """runtime.worker.state_dtype=float16: a float32 tensor is written as float16 (half the
+    bytes) and read back as float32, rounded once; a read served by the cache gives the
+    same values as one from disk, so a run does not depend on what its cache held; other
+    dtypes are kept as they are."""
+    state = {"c": torch.randn(1000, generator=torch.Generator().manual_seed(0)),
+             "n": torch.arange(3)}
+    full = ClientStateStore(str(tmp_path / "f"), cache_mb=0)
+    half = ClientStateStore(str(tmp_path / "h"), cache_mb=8, half=True)
+    full.put(1, 1, state)
+    half.put(1, 1, state)
+    size = {s: sum(p.stat().st_size for p in (tmp_path / s).rglob("*.safetensors"))
+            for s in ("f", "h")}
+    assert size["f"] - size["h"] == 1000 * 2  # 2 bytes a value less, header aside
+    cached = half.get(1, 1)
+    disk = pickle.loads(pickle.dumps(half)).get(1, 1)  # a copy: empty cache, reads the file
+    assert half.hits == 1 and cached["c"].dtype == torch.float32
+    assert torch.equal(cached["c"], state["c"].half().float())
+    _assert_same(cached, disk)
+    assert torch.equal(disk["n"], state["n"]) and disk["n"].dtype == torch.int64
+    half.begin_packs(2, 0)  # packs too
+    half.put_async(1, 2, state)
+    pack = half.flush()[0]
+    assert torch.equal(pickle.loads(pickle.dumps(half)).get(1, 2, pack)["c"],
+                       state["c"].half().float())
