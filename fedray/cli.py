@@ -66,14 +66,20 @@ examples:
   fedray report runs/* --out reports/loss --metric test_loss \\
       --group-by algorithm.name,sampling.clients_per_round --title "FEMNIST, test loss"
   fedray report runs/clocked-* --out reports/time --x sim_time --target 0.7 --until 36000
+  fedray report runs/part/* --out reports/part --vs sampling.clients_per_round --at 10,20
+  fedray report sweeps/part --out reports/sweep --vs sampling.clients_per_round --at 10,20
 
 Runs with the same values of the --group-by config keys form one method; its runs are
 repetitions (normally different seeds). By default the keys are every config key whose
 value differs between the runs, less seed, name and those that cannot change results
-(output.*, runtime.*, ...); the report says which. --out receives report.md, report.csv,
-report.json and <metric>.png (and client_<metric>_cdf.png for runs with per-client
-evaluation); it is refused if it already holds a report.md. Run directories can be any
-fsspec URL. Details: docs/report.md."""
+(output.*, runtime.*, ...); the report says which. Methods are sorted by those keys'
+values, numbers in numeric order. --vs KEY also plots the metric against KEY's values: a
+line per method (the runs grouped by every key but KEY), a panel per --at round (default:
+the final round) and one of each run's best, mean and min-max band over seeds, and a table
+of them. --out receives report.md, report.csv, report.json and <metric>.png (with --vs also
+<metric>_vs_<KEY>.png; client_<metric>_cdf.png for runs with per-client evaluation); it is
+refused if it already holds a report.md. Run directories can be any fsspec URL; a sweep
+directory (fedray sweep's output) stands for its finished trials. Details: docs/report.md."""
 
 
 SWEEP_HELP = """Sweep config keys over many runs on Ray Tune: a grid or a random search.
@@ -191,6 +197,14 @@ def _parser() -> argparse.ArgumentParser:
                      "--x) and read final, best and target there: methods at equal time")
     rep.add_argument("--title", metavar="TEXT", help="title of the report and the plot "
                      "(default: the metric)")
+    rep.add_argument("--vs", metavar="KEY",
+                     help="also plot the metric against this config key's values (e.g. "
+                     "sampling.clients_per_round): a line per method, the runs grouped by "
+                     "every key but KEY; not with a time --x or --until")
+    rep.add_argument("--at", metavar="ROUND[,ROUND...]",
+                     help="with --vs: the rounds to read each run at, a panel each (default: "
+                     "each run's final round), besides each run's best; every run must have "
+                     "a value at each")
     swp = _command(sub, "sweep", "sweep config keys over many runs (Ray Tune)", SWEEP_HELP)
     swp.add_argument("sweep", metavar="SWEEP.yaml", nargs="?",
                      help="sweep file (optional with --resume)")
@@ -298,9 +312,12 @@ def _report(args: argparse.Namespace) -> int:
                           target=args.target, title=args.title,
                           allow_differing=args.allow_differing,
                           client_metric=args.client_metric, client_round=args.client_round,
-                          x=args.x, until=args.until)
+                          x=args.x, until=args.until, vs=args.vs, at=args.at)
     print(mask(report.grouping))  # config values, a store's URL among them
     print(mask(report.table))
+    if report.vs_table is not None:
+        print(f"\n{args.metric} against {args.vs.strip()}:")
+        print(mask(report.vs_table))
     print(f"report in {mask(args.out)}", flush=True)
     return 0
 

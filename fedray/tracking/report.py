@@ -16,6 +16,12 @@ Cross-device methods are compared at equal time rather than equal rounds (a FedB
 is not a synchronous one), so the x axis can also be a run's simulated time (``sim_time_s``,
 runs with ``clock.enabled``) or its wall time (``elapsed_s``), and every run can be cut at
 one x value (``until``): its final, best and target are then read at that budget.
+
+A sweep asks a different question: how does a method's metric change with a swept value
+(participation, a learning rate), and at which point of training? ``vs`` draws that: a line
+per method against the values of one config key, at chosen rounds and at each run's best,
+so that an effect that shows at round 20 and is gone by round 30 is seen in one figure
+instead of a pivot the user writes by hand.
 """
 
 from __future__ import annotations
@@ -62,6 +68,17 @@ X_AXES = {"round": ("round", "round", "round"),
 # a time axis is shown in hours once some run's end (cut at until) reaches this: below, a
 # curve's few thousand seconds read better as seconds; above, hours are the unit people think in
 HOURS_FROM_S = 7200.0
+
+# the look of a plot's i-th line: colour alone does not tell 9 curves apart (nor survives a
+# grey-scale print or a colour-blind reader), so every line also gets its own pair of line
+# style and marker. Style j % 4 with marker (j + j // 20) % 10 gives all 40 pairs once (the
+# first 20 by the Chinese remainder theorem, the next 20 shifted by one marker); after 40
+# they repeat
+LINE_STYLES = ("-", "--", "-.", ":")
+MARKERS = ("o", "s", "^", "D", "v", "P", "X", "*", "<", ">")
+STYLES = tuple((LINE_STYLES[j % len(LINE_STYLES)], MARKERS[(j + j // 20) % len(MARKERS)])
+               for j in range(len(LINE_STYLES) * len(MARKERS)))
+MARKS_PER_LINE = 10  # markers on a long curve: enough to tell lines apart, not a smear
 
 
 @dataclass
@@ -112,6 +129,7 @@ class Report:
     group_by: list[str]
     grouping: str
     files: list[str]
+    vs_table: str | None = None  # with vs: the metric against the key, per method
 
 
 def _join(path: str, name: str) -> str:
@@ -161,6 +179,33 @@ def load_run(url: str) -> Run:
                 raise FedrayError(f"{metrics_url} line {lineno}: no integer 'round'")
             metrics.append(record)
     return Run(url=url, config=config, metrics=metrics)
+
+
+def sweep_trials(url: str) -> tuple[list[str], list[str]] | None:
+    """The run directories of a sweep directory's finished trials (``fedray sweep``'s
+    ``trials/<name>/``, in its ``trials.json`` order) and report.md's note on the trials left
+    out; None when ``url`` is not a sweep directory. A trial stopped early, failed or still
+    running is left out, as the sweep's own report/ leaves it: it would pull its setting's
+    mean toward wherever it was cut."""
+    from fedray.cluster.sweep import FINISHED, PLAN_FILE, TRIALS_DIR
+
+    fs, path = filesystem(url, "run directory", what=None)
+    if fs.isfile(_join(path, CONFIG_FILE)) or not fs.isfile(_join(path, PLAN_FILE)):
+        return None
+    try:
+        doc = json.loads(fs.cat_file(_join(path, PLAN_FILE)).decode())
+        trials = [(str(e["trial"]), str(e["status"])) for e in doc["trials"]]
+    except (ValueError, KeyError, TypeError, AttributeError) as exc:
+        raise FedrayError(f"{_join(url, PLAN_FILE)} is not fedray's record of a sweep's trials "
+                          f"({type(exc).__name__})") from None
+    done = [_join(_join(url, TRIALS_DIR), name) for name, status in trials if status == FINISHED]
+    if not done:
+        raise FedrayError(f"sweep directory {url}: none of its {len(trials)} trials has "
+                          f"finished ({PLAN_FILE}); report it once some have")
+    left = [f"`{name}` ({status})" for name, status in trials if status != FINISHED]
+    notes = [f"from the sweep {url}: its {len(done)} finished trials; left out: "
+             f"{', '.join(left)}"] if left else []
+    return done, notes
 
 
 def lower_is_better(metric: str) -> bool:
@@ -295,35 +340,86 @@ def _md_cell(text: str) -> str:
     return text.replace("|", "\\|")
 
 
-def _auto_labels(runs: Sequence[Run], keys: list[str]) -> list[str]:
-    """Each run's group label when grouped by the keys that differ: ``k=v, ...``, after the
-    runs' ``name`` when names tell the groups apart (``fedprox (client.lr=0.1)``); the name
-    (or names) alone when no key differs."""
-    combos = [tuple(_flat(r.config).get(k, ABSENT) for k in keys) for r in runs]
-    names: dict[tuple, set[str]] = {}
-    for run, combo in zip(runs, combos, strict=True):
-        names.setdefault(combo, set()).add(str(run.config.get("name")))
+def _value_id(value: Any) -> str:
+    """A hashable identity for a config value (lists and mappings included), as its text
+    shows it: 1 and 1.0 are two settings, as the runs' configs wrote them."""
+    return repr(value)
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) \
+        and math.isfinite(value)
+
+
+def _absent(value: Any) -> bool:
+    return isinstance(value, str) and value == ABSENT
+
+
+def value_order(values: Sequence[Any]) -> list[Any]:
+    """The distinct values in the order a report shows them: absent first (the setting
+    without the option, usually the baseline), then numbers in numeric order (5 < 10 <
+    20, where their text would give 10, 20, 5), then anything else in the order given
+    (algorithm names have no order but the one the user chose)."""
+    distinct = list({_value_id(v): v for v in values}.values())
+    ranks = {_value_id(v): i for i, v in enumerate(distinct)}
+    return sorted(distinct, key=lambda v: _sort_key(v, ranks))
+
+
+def _sort_key(value: Any, ranks: dict[str, int]) -> tuple[int, float, int]:
+    if _absent(value):
+        return (0, 0.0, 0)
+    if _is_number(value):
+        return (1, float(value), 0)
+    return (2, 0.0, ranks[_value_id(value)])
+
+
+def order_groups(groups: Sequence[Group], keys: Sequence[str]) -> list[Group]:
+    """Groups sorted by their values of ``keys``, key by key (``value_order`` within a key;
+    groups given in the order their first run appears): one order for every table, legend
+    and axis of a report."""
+    ranks = {}
+    for k in keys:
+        seen = [g.keys[k] for g in groups]
+        ranks[k] = {_value_id(v): i for i, v in
+                    enumerate({_value_id(v): v for v in seen}.values())}
+    return sorted(groups, key=lambda g: tuple(_sort_key(g.keys[k], ranks[k]) for k in keys))
+
+
+def group_labels(groups: Sequence[Group], keys: Sequence[str], names: bool = True
+                 ) -> list[str]:
+    """Each group's label: its ``key=value`` pairs for the keys whose values differ between
+    the groups and that the group sets -- a key every group shares says nothing about one,
+    and ``algorithm.fedprox.mu=(absent)`` on a FedAvg line only says FedAvg has no mu. A
+    group that sets none of them is ``KEY unset``. With ``names`` (keys the report chose,
+    not the user), after the runs' ``name`` when each group's runs share one and the names
+    tell the groups apart (``fedprox (algorithm.name=fedprox)``); the runs' name (or names)
+    alone when there are no keys (one method)."""
+    if not keys:
+        all_names = sorted({str(r.run.config.get("name")) for g in groups for r in g.results})
+        return [" / ".join(all_names[:3]) + (" / ..." if len(all_names) > 3 else "")
+                for _ in groups]
+    shown = [k for k in keys if len({_value_id(g.keys[k]) for g in groups}) > 1] \
+        if len(groups) > 1 else list(keys)
+    run_names = [{str(r.run.config.get("name")) for r in g.results} for g in groups]
     # a name per group, and a different one for each group: the user's own words for it
-    named = all(len(n) == 1 for n in names.values()) and len(
-        {next(iter(n)) for n in names.values()}) == len(names)
+    named = names and len(groups) > 1 and all(len(n) == 1 for n in run_names) and len(
+        {next(iter(n)) for n in run_names}) == len(groups)
     labels = []
-    for run, combo in zip(runs, combos, strict=True):
-        pairs = ", ".join(f"{k}={v}" for k, v in zip(keys, combo, strict=True))
-        if not keys:
-            all_names = sorted({str(r.config.get("name")) for r in runs})
-            labels.append(" / ".join(all_names[:3]) + (" / ..." if len(all_names) > 3
-                                                       else ""))
-        elif named and len(names) > 1:
-            labels.append(f"{run.config.get('name')} ({pairs})")
+    for g, name in zip(groups, run_names, strict=True):
+        pairs = ", ".join(f"{k}={g.keys[k]}" for k in shown if not _absent(g.keys[k]))
+        if named:
+            labels.append(f"{next(iter(name))} ({pairs})" if pairs else next(iter(name)))
         else:
-            labels.append(pairs)
+            labels.append(pairs or ", ".join(f"{k} unset" for k in shown))
     return labels
 
 
 def group_runs(runs: Sequence[Run], metric: str, group_by: list[str] | None,
                target: float | None, allow_differing: Sequence[str] = (), *,
-               x: str = "round", until: float | None = None) -> list[Group]:
-    """Runs -> groups (methods) in the order they first appear, with per-run numbers.
+               x: str = "round", until: float | None = None,
+               order: Sequence[str] | None = None) -> list[Group]:
+    """Runs -> groups (methods) with per-run numbers, sorted by their values of the group-by
+    keys (``order_groups``; ``order``: those keys in another order of precedence).
     ``group_by`` None: by the keys that differ between the runs (``differing_keys``).
     ``x``: a key of X_AXES; ``until``: keep only the values evaluated at or before this x
     value (every per-run number is then read at that budget)."""
@@ -334,9 +430,8 @@ def group_runs(runs: Sequence[Run], metric: str, group_by: list[str] | None,
     lower = lower_is_better(metric)
     auto = group_by is None
     by = differing_keys(runs) if auto else group_by
-    labels = _auto_labels(runs, by) if auto else None
-    groups: dict[str, Group] = {}
-    for i, run in enumerate(runs):
+    cells: dict[tuple[str, ...], Group] = {}
+    for run in runs:
         keys = {}
         for key in by:
             try:
@@ -347,8 +442,6 @@ def group_runs(runs: Sequence[Run], metric: str, group_by: list[str] | None,
                     continue
                 raise FedrayError(f"group-by key {key!r} is not in "
                                   f"{_join(run.url, CONFIG_FILE)}") from None
-        label = mask(labels[i] if labels is not None else ", ".join(f"{k}={v}"  # in plots
-                                                                    for k, v in keys.items()))
         values = series(run, metric)
         if not values:
             raise FedrayError(f"{_join(run.url, METRICS_FILE)} has no {metric!r} values; "
@@ -368,15 +461,21 @@ def group_runs(runs: Sequence[Run], metric: str, group_by: list[str] | None,
         best_round = next(r for r, v in values.items() if v == best)
         rtt = None if target is None else rounds_to_target(values, target, lower)
         result = RunResult(
-            run=run, group=label, seed=run.config.get("seed"), series=values,
+            run=run, group="", seed=run.config.get("seed"), series=values,
             final=values[final_round], final_round=final_round, best=best,
             best_round=best_round, rounds_to_target=rtt,
             x={r: xs[r] for r in values}, end_x=xs[max(xs)], final_x=xs[final_round],
             x_to_target=None if rtt is None else xs[rtt])
-        groups.setdefault(label, Group(label=label, keys=keys)).results.append(result)
-    for group in groups.values():
+        cell = tuple(_value_id(v) for v in keys.values())
+        cells.setdefault(cell, Group(label="", keys=keys)).results.append(result)
+    groups = order_groups(list(cells.values()), by if order is None else order)
+    for group, label in zip(groups, group_labels(groups, by, auto), strict=True):
+        group.label = mask(label)  # config values, shown in plots and tables
+        for result in group.results:
+            result.group = group.label
+    for group in groups:
         check_repetitions(group, by, allow_differing)
-    return list(groups.values())
+    return groups
 
 
 def _matches(key: str, patterns: Sequence[str]) -> bool:
@@ -537,11 +636,46 @@ def markdown_table(groups: Sequence[Group], metric: str, target: float | None,
     return "\n".join(lines)
 
 
-def _plot_png(groups: Sequence[Group], metric: str, target: float | None,
-              title: str, x: str = "round", until: float | None = None,
-              unit: tuple[float, str] = (1.0, "s")) -> tuple[bytes, list[str]]:
-    """The curves as PNG bytes, and the labels of groups with no common round (not drawn);
-    against a time ``x``, each group's ``time_curve`` as steps, in ``unit``."""
+def line_style(i: int) -> dict[str, Any]:
+    """The i-th line's colour, line style and marker (STYLES): told apart without colour."""
+    linestyle, marker = STYLES[i % len(STYLES)]
+    return {"color": f"C{i % 10}", "linestyle": linestyle, "marker": marker}
+
+
+def _mark_every(i: int, points: int) -> tuple[int, int] | None:
+    """Markers on at most MARKS_PER_LINE of a line's points, each line starting at another
+    offset so that the markers of lines that share x values do not cover each other."""
+    step = max(1, math.ceil(points / MARKS_PER_LINE))
+    return None if step == 1 else (i % step, step)
+
+
+def legend_outside(ax: Any, **kwargs: Any) -> None:
+    """The legend to the right of ``ax``, outside it: inside, a legend of many lines covers
+    the curves it names. The PNG is cut to its contents (``_png``), legend included."""
+    if ax.get_legend_handles_labels()[0]:
+        ax.legend(loc="upper left", bbox_to_anchor=(1.02, 1.0), borderaxespad=0.0,
+                  fontsize="small", title_fontsize="small", **kwargs)
+
+
+def _png(fig: Any) -> bytes:
+    """The figure as PNG bytes at dpi 120, cut to what is drawn (the legend outside the
+    axes included), then closed."""
+    import matplotlib.pyplot as plt
+
+    buf = io.BytesIO()
+    try:
+        fig.savefig(buf, format="png", dpi=120, bbox_inches="tight")
+    finally:
+        plt.close(fig)
+    return buf.getvalue()
+
+
+def curves_figure(groups: Sequence[Group], metric: str, target: float | None,
+                  title: str, x: str = "round", until: float | None = None,
+                  unit: tuple[float, str] = (1.0, "s")) -> tuple[Any, list[str]]:
+    """The metric against rounds, a line per group (mean, min-max band), as a matplotlib
+    figure, and the labels of groups with no common round (not drawn); against a time
+    ``x``, each group's ``time_curve`` as steps, in ``unit``."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -551,23 +685,25 @@ def _plot_png(groups: Sequence[Group], metric: str, target: float | None,
     skipped = []
     fig, ax = plt.subplots(figsize=(7.5, 4.8))
     for i, g in enumerate(groups):
-        color = f"C{i % 10}"
+        style = line_style(i)
         if x != "round":
             grid, mean, lo, hi = time_curve(g, until)
             if not len(grid):
                 skipped.append(g.label)
                 continue
             t = grid / unit[0]
-            ax.step(t, mean, where="post", color=color, label=f"{g.label} (n={len(g.results)})")
-            ax.fill_between(t, lo, hi, step="post", color=color, alpha=0.2, linewidth=0)
+            ax.step(t, mean, where="post", markersize=4, markevery=_mark_every(i, len(t)),
+                    label=f"{g.label} (n={len(g.results)})", **style)
+            ax.fill_between(t, lo, hi, step="post", color=style["color"], alpha=0.2,
+                            linewidth=0)
             continue
         rounds, mean, lo, hi = curve(g)
         if not len(rounds):
             skipped.append(g.label)
             continue
-        ax.plot(rounds, mean, color=color, marker="o" if len(rounds) < 30 else None,
-                markersize=3, label=f"{g.label} (n={len(g.results)})")
-        ax.fill_between(rounds, lo, hi, color=color, alpha=0.2, linewidth=0)
+        ax.plot(rounds, mean, markersize=4, markevery=_mark_every(i, len(rounds)),
+                label=f"{g.label} (n={len(g.results)})", **style)
+        ax.fill_between(rounds, lo, hi, color=style["color"], alpha=0.2, linewidth=0)
     if target is not None:
         ax.axhline(target, color="black", linestyle="--", linewidth=1, label=f"target {target:g}")
     if x == "round":
@@ -578,13 +714,16 @@ def _plot_png(groups: Sequence[Group], metric: str, target: float | None,
     ax.set_ylabel(metric)
     ax.set_title(title)
     ax.grid(True, alpha=0.3)
-    if ax.get_legend_handles_labels()[0]:
-        ax.legend(title=f"mean; {BAND}", fontsize="small", title_fontsize="small")
-    fig.tight_layout()
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=120)
-    plt.close(fig)
-    return buf.getvalue(), skipped
+    legend_outside(ax, title=f"mean; {BAND}")
+    return fig, skipped
+
+
+def _plot_png(groups: Sequence[Group], metric: str, target: float | None,
+              title: str, x: str = "round", until: float | None = None,
+              unit: tuple[float, str] = (1.0, "s")) -> tuple[bytes, list[str]]:
+    """``curves_figure`` as PNG bytes, and the labels of the groups it left out."""
+    fig, skipped = curves_figure(groups, metric, target, title, x, until, unit)
+    return _png(fig), skipped
 
 
 def _csv_text(rows: list[dict[str, Any]]) -> str:
@@ -736,15 +875,16 @@ def client_table(cgroups: Sequence[ClientGroup], metric: str) -> str:
     return "\n".join(lines)
 
 
-def _cdf_png(cgroups: Sequence[ClientGroup], metric: str, title: str) -> bytes:
-    """The empirical CDF of the per-client metric, a line per group (dashed: personalized).
-    """
+def cdf_figure(cgroups: Sequence[ClientGroup], metric: str, title: str) -> Any:
+    """The empirical CDF of the per-client metric, a line per group and column: a group's
+    colour, each line its own line style and marker, hollow markers for personalized."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(7.5, 4.8))
+    n = 0
     for i, g in enumerate(cgroups):
         for column, values in g.values.items():
             if not len(values):
@@ -753,26 +893,318 @@ def _cdf_png(cgroups: Sequence[ClientGroup], metric: str, title: str) -> bytes:
             y = np.arange(1, len(x) + 1) / len(x)
             personal = column.startswith("personalized_") and not metric.startswith(
                 "personalized_")
-            ax.step(x, y, where="post", color=f"C{i % 10}", linestyle="--" if personal else "-",
+            style = {**line_style(n), "color": f"C{i % 10}"}
+            ax.step(x, y, where="post", markersize=4, markevery=_mark_every(n, len(x)),
+                    markerfacecolor="none" if personal else style["color"],
                     label=f"{g.label}{' (personalized)' if personal else ''} "
-                          f"(n={len(values)})")
+                          f"(n={len(values)})", **style)
+            n += 1
     ax.set_xlabel(f"per-client {metric}")
     ax.set_ylabel("fraction of clients ≤ x")
     ax.set_ylim(0, 1)
     ax.set_title(title)
     ax.grid(True, alpha=0.3)
-    if ax.get_legend_handles_labels()[0]:
-        ax.legend(fontsize="small")
-    fig.tight_layout()
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=120)
-    plt.close(fig)
-    return buf.getvalue()
+    legend_outside(ax)
+    return fig
+
+
+def _cdf_png(cgroups: Sequence[ClientGroup], metric: str, title: str) -> bytes:
+    """``cdf_figure`` as PNG bytes."""
+    return _png(cdf_figure(cgroups, metric, title))
 
 
 def client_plot_name(metric: str) -> str:
     """``client_<metric>_cdf.png``."""
     return plot_file_name(f"client_{metric}_cdf")
+
+
+# ---- a metric against a swept config value (--vs KEY), at chosen rounds and the best ----
+
+VS_SCALES = ("linear", "log", "categorical")
+
+
+@dataclass
+class Panel:
+    """One view of the ``vs`` figure and one column of its table: the metric at a round
+    (``round``), at each run's final round (``final``) or its best over rounds (``best``)."""
+
+    title: str  # "round 20", "final", "best"
+    column: str  # its report.csv prefix: round_20, final, best
+    round: int | None = None
+
+    def value(self, result: RunResult) -> float:
+        if self.round is not None:
+            return result.series[self.round]
+        return result.final if self.column == "final" else result.best
+
+
+@dataclass
+class VsPoint:
+    """One point of a method's line: its runs with one value of the key, and the metric of
+    each (in the order of the command line) per panel column."""
+
+    value: Any
+    group: Group
+    values: dict[str, list[float]]
+
+
+@dataclass
+class VsLine:
+    """A method: the cells that share every group-by key but the swept one."""
+
+    label: str
+    keys: dict[str, Any]
+    points: list[VsPoint]
+
+
+def parse_at(at: str | Sequence[int] | None) -> list[int] | None:
+    """``"10,20,30"`` (or a sequence of ints) -> ``[10, 20, 30]``, sorted, each once; one
+    line when a part is not a positive integer."""
+    if at is None:
+        return None
+    parts = at.split(",") if isinstance(at, str) else list(at)
+    rounds = []
+    for part in parts:
+        if isinstance(part, int) and not isinstance(part, bool):
+            r = part
+        elif isinstance(part, str) and part.strip().isascii() and part.strip().isdigit():
+            r = int(part.strip())
+        else:
+            r = 0
+        if r < 1:
+            shown = at if isinstance(at, str) else ",".join(map(str, parts))
+            raise FedrayError(f"--at {shown}: give rounds as positive integers separated by "
+                              "commas, e.g. --at 10,20,30")
+        rounds.append(r)
+    return sorted(set(rounds))
+
+
+def rounds_text(rounds: Sequence[int], most: int = 8) -> str:
+    """Sorted rounds in few words: ``5 to 30 every 5``, ``1 to 20``, ``3, 7, 12``; after
+    ``most`` parts, ``...``."""
+    parts: list[str] = []
+    i = 0
+    while i < len(rounds):
+        j = i
+        if i + 2 < len(rounds):
+            step = rounds[i + 1] - rounds[i]
+            while j + 1 < len(rounds) and rounds[j + 1] - rounds[j] == step:
+                j += 1
+        if j - i >= 2:
+            parts.append(f"{rounds[i]} to {rounds[j]}" + ("" if step == 1 else f" every {step}"))
+            i = j + 1
+        else:
+            parts.append(str(rounds[i]))
+            i += 1
+    return ", ".join(parts[:most]) + (", ..." if len(parts) > most else "")
+
+
+def check_vs_options(vs: str, x: str, until: float | None) -> str:
+    """The --vs key, refused in one line where it cannot be a setting or the other options
+    say what --vs also decides (the x axis, where each run is read)."""
+    key = vs.strip()
+    if not key or "," in key:
+        raise FedrayError(f"--vs {vs!r}: give one dotted config key, e.g. --vs "
+                          "sampling.clients_per_round")
+    if x != "round":
+        raise FedrayError(f"--vs and --x {x} cannot be combined: --vs puts {key}'s values on "
+                          "the x axis and reads each run at rounds (--at); make the report "
+                          f"against {X_AXES[x][1]} separately")
+    if until is not None:
+        raise FedrayError("--vs and --until cannot be combined: --vs reads each run at the "
+                          "rounds of --at (and at its best over all rounds); name the rounds "
+                          "with --at instead")
+    if _repeat_key(key):
+        raise FedrayError(f"--vs {key}: one of the keys the runs of a method may differ in "
+                          "(seed, name, rounds, output.*, runtime.*, ...), not a setting to "
+                          "plot against; choose a key the runs were swept over")
+    return key
+
+
+def vs_method_keys(runs: Sequence[Run], key: str, group_by: list[str] | None) -> list[str]:
+    """The keys that make a method of a --vs report: ``group_by`` less ``key``, or every key
+    that differs between the runs less ``key``. Refused in one line when a run lacks ``key``
+    or every run has one value of it: there would be no line to draw."""
+    values = []
+    for run in runs:
+        try:
+            values.append(config_value(run.config, key))
+        except KeyError:
+            raise FedrayError(f"--vs {key}: {_join(run.url, CONFIG_FILE)} has no {key}; every "
+                              "run must set the key its metric is plotted against") from None
+    if len({_value_id(v) for v in values}) < 2:
+        differ = differing_keys(runs)
+        which = f"all {len(runs)} runs have" if len(runs) > 1 else "the only run has"
+        raise FedrayError(f"--vs {key}: {which} {key}={values[0]}; it does not vary between "
+                          f"the runs (keys that do: {', '.join(differ) if differ else 'none'})")
+    if group_by is not None:
+        return [k for k in group_by if k != key]
+    return [k for k in differing_keys(runs) if k != key]
+
+
+def check_at(groups: Sequence[Group], at: Sequence[int], metric: str,
+             runs: Sequence[Run]) -> None:
+    """Every run has a value at every round of ``at``, or one line naming the round, the
+    first such run of ``runs`` (the command line's order) and the rounds it has: a round
+    without an evaluation is not read as the one before it, which would compare models
+    trained for different numbers of rounds."""
+    result = {id(res.run): res for g in groups for res in g.results}
+    for r in at:
+        for run in runs:
+            res = result[id(run)]
+            if r not in res.series:
+                have = sorted(res.series)
+                raise FedrayError(f"--at {r}: run {run.url} has no {metric} value at round "
+                                  f"{r}; it has values at round{'s' if len(have) > 1 else ''} "
+                                  f"{rounds_text(have)}")
+
+
+def vs_panels(at: Sequence[int] | None) -> list[Panel]:
+    """A panel per round of ``at`` (without: the final round), then the best."""
+    first = [Panel(f"round {r}", f"round_{r}", r) for r in at] if at else \
+        [Panel("final", "final")]
+    return [*first, Panel("best", "best")]
+
+
+def vs_lines(groups: Sequence[Group], key: str, method_keys: Sequence[str],
+             panels: Sequence[Panel], names: bool) -> list[VsLine]:
+    """The groups (one per method and value of ``key``, sorted by method keys, then key)
+    as a line per method, its points in the order of ``key``'s values."""
+    methods: dict[tuple[str, ...], list[Group]] = {}
+    for g in groups:
+        methods.setdefault(tuple(_value_id(g.keys[k]) for k in method_keys), []).append(g)
+    mgroups = [Group(label="", keys={k: cells[0].keys[k] for k in method_keys},
+                     results=[r for c in cells for r in c.results])
+               for cells in methods.values()]
+    labels = group_labels(mgroups, list(method_keys), names)
+    lines = []
+    for label, mg, cells in zip(labels, mgroups, methods.values(), strict=True):
+        points = [VsPoint(value=c.keys[key], group=c,
+                          values={p.column: [p.value(r) for r in c.results] for p in panels})
+                  for c in cells]
+        lines.append(VsLine(label=mask(label), keys=mg.keys, points=points))
+    return lines
+
+
+def vs_scale(values: Sequence[Any]) -> str:
+    """``categorical`` unless every value is a number; ``log`` when the numbers are all
+    positive and more evenly spaced on a log axis than on a linear one (a doubling or
+    decade sweep: 5, 10, 20 or 10, 50, 100, 500 would crowd their small values into a
+    corner), judged by the spread of the gaps between neighbours relative to their mean;
+    else ``linear`` (1, 2, 3, 4; a sweep with 0)."""
+    if not all(_is_number(v) for v in values):
+        return "categorical"
+    xs = np.asarray(sorted({float(v) for v in values}))
+    if len(xs) < 3 or xs[0] <= 0:
+        return "linear"
+
+    def unevenness(a: np.ndarray) -> float:
+        gaps = np.diff(a)
+        return float(gaps.std() / gaps.mean())
+
+    return "log" if unevenness(np.log(xs)) < unevenness(xs) else "linear"
+
+
+def _vs_stats(values: Sequence[float]) -> dict[str, Any]:
+    mean, std = _mean_std(values)
+    return {"mean": mean, "std": std, "min": float(min(values)), "max": float(max(values)),
+            "n": len(values)}
+
+
+def vs_table(lines: Sequence[VsLine], key: str, panels: Sequence[Panel]) -> str:
+    """report.md's --vs table: a row per method and value of ``key``, the metric at each
+    panel as mean ± std over the runs (seeds), and how many runs."""
+    head = ["method", key, "runs", "seeds", *(p.title for p in panels)]
+    rows = ["| " + " | ".join(head) + " |", "|" + "|".join("---" for _ in head) + "|"]
+    for line in lines:
+        for pt in line.points:
+            res = pt.group.results
+            cells = [_md_cell(line.label), _md_cell(str(pt.value)), str(len(res)),
+                     _md_cell(", ".join(_fmt_seed(r.seed) for r in res)),
+                     *(_fmt(pt.values[p.column], 4) for p in panels)]
+            rows.append("| " + " | ".join(cells) + " |")
+    return "\n".join(rows)
+
+
+def vs_figure(lines: Sequence[VsLine], key: str, panels: Sequence[Panel], metric: str,
+              title: str) -> Any:
+    """The metric against ``key``'s values, a panel per round (and the best) side by side
+    on one y axis; a line per method (mean over its runs), a min-max band over them."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from matplotlib.ticker import NullLocator
+
+    values = value_order([pt.value for line in lines for pt in line.points])
+    scale = vs_scale(values)
+    where = {_value_id(v): (i if scale == "categorical" else float(v))
+             for i, v in enumerate(values)}
+    fig, axes = plt.subplots(1, len(panels), sharey=True, squeeze=False,
+                             figsize=(0.6 + 3.2 * len(panels), 4.0))
+    axes = axes[0]
+    for ax, panel in zip(axes, panels, strict=True):
+        for i, line in enumerate(lines):
+            style = line_style(i)
+            xs = [where[_value_id(pt.value)] for pt in line.points]
+            stats = [_vs_stats(pt.values[panel.column]) for pt in line.points]
+            ns = sorted({s["n"] for s in stats})
+            n = str(ns[0]) if len(ns) == 1 else f"{ns[0]}–{ns[-1]}"
+            ax.plot(xs, [s["mean"] for s in stats], markersize=5,
+                    label=f"{line.label} (n={n})", **style)
+            ax.fill_between(xs, [s["min"] for s in stats], [s["max"] for s in stats],
+                            color=style["color"], alpha=0.15, linewidth=0)
+        if scale == "log":
+            ax.set_xscale("log")
+        ticks = [where[_value_id(v)] for v in values]
+        ax.set_xticks(ticks, labels=[str(v) for v in values])
+        ax.xaxis.set_minor_locator(NullLocator())
+        if scale == "categorical":
+            ax.set_xlim(-0.5, len(values) - 0.5)
+        ax.set_title(panel.title)
+        ax.set_xlabel(key)
+        ax.grid(True, alpha=0.3)
+    axes[0].set_ylabel(metric)
+    fig.subplots_adjust(top=0.84, wspace=0.08)  # the title above the panels' own
+    fig.suptitle(title)
+    legend_outside(axes[-1], title=f"mean; {BAND}")
+    return fig
+
+
+def vs_plot_name(metric: str, key: str) -> str:
+    """``<metric>_vs_<key>.png``."""
+    return plot_file_name(f"{metric}_vs_{key}")
+
+
+def _vs_lines_md(lines: Sequence[VsLine], key: str, method_keys: Sequence[str],
+                 panels: Sequence[Panel], metric: str, lower: bool) -> list[str]:
+    """report.md's heading and words of the --vs section: what a line, a point, a panel and
+    the band are, and why the x axis has its scale."""
+    scale = vs_scale([pt.value for line in lines for pt in line.points])
+    axis = {"log": "a log axis: the values are more evenly spaced on it than on a linear one",
+            "linear": "a linear axis",
+            "categorical": "its values in the order given (not all numbers)"}[scale]
+    methods = (f"a line per method, the runs grouped by {', '.join(method_keys)}"
+               if method_keys else "one line: the runs differ in no other key")
+    where = ", ".join(p.title for p in panels[:-1])
+    return [f"## {metric} against {key}", "",
+            f"{methods}; x = `{key}` on {axis}; a panel at {where} and at each run's best "
+            f"({'min' if lower else 'max'} over its rounds); a point = the mean over the "
+            f"method's runs with that value of `{key}` (its seeds), {BAND}; the table: mean "
+            "± std over those runs (population std)"]
+
+
+def _vs_json(lines: Sequence[VsLine], key: str, at: Sequence[int] | None,
+             panels: Sequence[Panel], method_keys: Sequence[str]) -> dict[str, Any]:
+    values = [pt.value for line in lines for pt in line.points]
+    return {"key": key, "at": list(at) if at else None, "method_keys": list(method_keys),
+            "panels": [p.column for p in panels], "x_scale": vs_scale(values),
+            "band": "min-max over the runs", "std": "population (ddof=0) over the runs",
+            "methods": [{"method": line.label, "keys": line.keys, "points": [
+                {key: pt.value, "group": pt.group.label,
+                 "seeds": [r.seed for r in pt.group.results],
+                 **{p.column: _vs_stats(pt.values[p.column]) for p in panels}}
+                for pt in line.points]} for line in lines]}
 
 
 def _grouping_line(keys: list[str], auto: bool, allow: list[str]) -> str:
@@ -838,11 +1270,15 @@ def build_report(run_urls: Sequence[str], out: str, *, metric: str = "test_accur
                  title: str | None = None, allow_differing: str | Sequence[str] | None = None,
                  client_metric: str = "accuracy", client_round: int | None = None,
                  x: str = "round", until: float | None = None,
-                 notes: Sequence[str] = ()) -> Report:
+                 notes: Sequence[str] = (), vs: str | None = None,
+                 at: str | Sequence[int] | None = None) -> Report:
     """Write report.md, report.csv, report.json and ``<metric>.png`` into the directory ``out``
     (a local path or fsspec URL) -- and, when runs have per-client tables, the
     distribution of ``client_metric`` over clients at the final round (or ``client_round``):
     ``client_<metric>_cdf.png`` and a table in report.md -- and return what was written.
+
+    A sweep directory (``fedray sweep``'s ``output``) among ``run_urls`` stands for its
+    finished trials (``sweep_trials``).
 
     Everything is read and checked before anything is written, and ``out`` is refused when it
     already holds a report.md, so a bad input or a repeated command never leaves a half-written
@@ -854,6 +1290,13 @@ def build_report(run_urls: Sequence[str], out: str, *, metric: str = "test_accur
     the table. ``until``: an x value (a round, or seconds) at which every run is cut, to
     compare methods at equal (simulated) time. ``notes``: Markdown lines report.md shows
     before the table (``fedray sweep``: the trials it left out, and why).
+
+    ``vs``: a config key the runs were swept over; adds the metric against its values
+    (``<metric>_vs_<key>.png``, a table in report.md, columns in report.csv, ``vs`` in
+    report.json): a line per method -- the runs grouped by every group-by key but ``vs`` --
+    at each round of ``at`` (``"10,20,30"`` or a list; default: each run's final round) and
+    at each run's best, mean over the runs with a min-max band. Every run must have a value
+    at every round of ``at``; ``vs`` excludes a time ``x`` and ``until``.
     """
     if not run_urls:
         raise FedrayError("no run directories given")
@@ -861,6 +1304,11 @@ def build_report(run_urls: Sequence[str], out: str, *, metric: str = "test_accur
         raise FedrayError(f"--x {x!r}: choose one of {', '.join(X_AXES)}")
     if until is not None and not (math.isfinite(until) and until > 0):
         raise FedrayError(f"--until must be a positive number, got {until:g}")
+    at_rounds = parse_at(at)
+    if at_rounds is not None and vs is None:
+        raise FedrayError("--at needs --vs KEY: it names the rounds at which the metric is "
+                          "plotted against KEY's values")
+    vs_key = None if vs is None else check_vs_options(vs, x, until)
     fs, out_path = filesystem(out, "--out", what=None)
     report_path = _join(out, REPORT_FILE)
     if fs.exists(out_path) and not fs.isdir(out_path):
@@ -868,6 +1316,12 @@ def build_report(run_urls: Sequence[str], out: str, *, metric: str = "test_accur
     if fs.exists(_join(out_path, REPORT_FILE)):
         raise FedrayError(f"{report_path} already exists; choose a new --out or remove it")
     check_writable(fs, out_path, out, "--out", what=None)  # before any run is read
+    expanded: list[str] = []
+    for url in run_urls:  # a sweep directory stands for its finished trials
+        trials = sweep_trials(url)
+        expanded += [url] if trials is None else trials[0]
+        notes = [*notes, *(trials[1] if trials else [])]
+    run_urls = expanded
     seen: set[str] = set()
     for url in run_urls:
         if url.rstrip("/") in seen:
@@ -876,14 +1330,33 @@ def build_report(run_urls: Sequence[str], out: str, *, metric: str = "test_accur
     keys = parse_group_by(group_by)
     allow = parse_group_by(allow_differing, "--allow-differing") or []
     runs = [load_run(u) for u in run_urls]
-    groups = group_runs(runs, metric, keys, target, allow, x=x, until=until)
+    cell_keys, order, method_keys = keys, None, []
+    if vs_key is not None:
+        method_keys = vs_method_keys(runs, vs_key, keys)
+        order = [*method_keys, vs_key]  # a method's rows together, in the order of vs_key
+        if keys is not None:
+            cell_keys = order
+    groups = group_runs(runs, metric, cell_keys, target, allow, x=x, until=until, order=order)
     by = list(groups[0].keys)
     grouping = _grouping_line(by, keys is None, allow)
+    if keys is not None and vs_key is not None and vs_key not in keys:
+        grouping = grouping.replace("(--group-by)", "(--group-by, and --vs)", 1)
+    lines: list[VsLine] = []
+    panels: list[Panel] = []
+    if vs_key is not None:
+        check_at(groups, at_rounds or (), metric, runs)
+        panels = vs_panels(at_rounds)
+        if at_rounds is None:  # the final panel says which round(s) it is
+            finals = sorted({r.final_round for g in groups for r in g.results})
+            panels[0].title = (f"final (round {finals[0]})" if len(finals) == 1 else
+                               f"final (rounds {finals[0]}–{finals[-1]})")
+        lines = vs_lines(groups, vs_key, method_keys, panels, keys is None)
     lower = lower_is_better(metric)
     title = title or metric
     unit = time_unit(groups, until) if x != "round" else (1.0, "s")
     with plain_text():  # the title and the methods' labels are a user's text, not TeX
         png, skipped = _plot_png(groups, metric, target, title, x, until, unit)
+        vs_png = _png(vs_figure(lines, vs_key, panels, metric, title)) if lines else b""
     table = markdown_table(groups, metric, target, x, unit)
     cgroups, no_tables = client_groups(groups, client_metric, client_round)
 
@@ -909,6 +1382,13 @@ def build_report(run_urls: Sequence[str], out: str, *, metric: str = "test_accur
         md += [f"note: the runs of {label} share no {X_AXES[x][1]} with a {metric} value; "
                "not plotted", ""]
     files = [plot_file_name(metric)]
+    vs_text = None
+    if vs_key is not None:
+        vs_text = vs_table(lines, vs_key, panels)
+        md += _vs_lines_md(lines, vs_key, method_keys, panels, metric, lower)
+        md += ["", vs_text, "",
+               f"![{metric} against {vs_key}]({vs_plot_name(metric, vs_key)})", ""]
+        files.append(vs_plot_name(metric, vs_key))
     client_json: dict[str, Any] | None = None
     if cgroups:
         where = "the final round (each run's last table)" if client_round is None else \
@@ -931,6 +1411,13 @@ def build_report(run_urls: Sequence[str], out: str, *, metric: str = "test_accur
                        for g in cgroups]}
 
     rows = _rows(groups, target, x)
+    if vs_key is not None:  # each row is one point of a --vs line: which, and its rounds
+        method_of = {id(pt.group): line.label for line in lines for pt in line.points}
+        for g, row in zip(groups, rows, strict=True):
+            row["vs_method"] = method_of[id(g)]
+            for r in at_rounds or ():
+                row[f"round_{r}_mean"], row[f"round_{r}_std"] = _mean_std(
+                    [res.series[r] for res in g.results])
     report_json = {
         "metric": metric, "lower_is_better": lower, "target": target,
         "group_by": by, "grouping": "given" if keys is not None else "differing keys",
@@ -950,7 +1437,11 @@ def build_report(run_urls: Sequence[str], out: str, *, metric: str = "test_accur
             report_json["time_unit"] = unit[1]
     if client_json is not None:
         report_json["clients"] = client_json
+    if vs_key is not None:
+        report_json["vs"] = _vs_json(lines, vs_key, at_rounds, panels, method_keys)
     outputs = [(plot_file_name(metric), png)]
+    if vs_key is not None:
+        outputs.append((vs_plot_name(metric, vs_key), vs_png))
     if cgroups:
         with plain_text():
             outputs.append((client_plot_name(client_metric),
@@ -963,4 +1454,5 @@ def build_report(run_urls: Sequence[str], out: str, *, metric: str = "test_accur
                 (REPORT_FILE, mask("\n".join(md)).encode())]  # last: it means complete
     _write_outputs(fs, out_path, out, outputs)
     return Report(table=table, group_by=by, grouping=grouping,
-                  files=[*files, "report.csv", "report.json", REPORT_FILE])
+                  files=[*files, "report.csv", "report.json", REPORT_FILE],
+                  vs_table=None if vs_text is None else mask(vs_text))

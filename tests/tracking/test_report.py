@@ -149,20 +149,21 @@ def test_plot_is_a_png(runs, tmp_path):
 def test_runs_that_differ_only_in_lr_are_three_methods(tmp_path, capsys):
     """Three runs with one name that differ only in client.lr are three methods, not three
     "seeds" of one (before, the default grouping by name averaged them as seeds 0, 0, 0);
-    the report and stdout say which key it grouped by."""
+    the report and stdout say which key it grouped by. The methods are in numeric order of
+    client.lr, not in the order given."""
     runs = [write_run(str(tmp_path / f"lr{lr}"), "fedavg", 0, name="baseline",
                       client={"lr": lr}) for lr in (0.1, 0.05, 0.01)]
     report = build_report(runs, str(tmp_path / "out"))
     assert report.group_by == ["client.lr"]
     labels = [ln.split(" | ")[0] for ln in report.table.splitlines()[2:]]
-    assert labels == ["| client.lr=0.1", "| client.lr=0.05", "| client.lr=0.01"]
+    assert labels == ["| client.lr=0.01", "| client.lr=0.05", "| client.lr=0.1"]
     assert all(" | 1 | 0 | " in ln for ln in report.table.splitlines()[2:])  # one run each
     md = (tmp_path / "out" / "report.md").read_text()
     assert "grouped by: client.lr -- the config keys whose values differ between the runs, " \
            "less seed, name, rounds, output.*, runtime.*, checkpoint.*" in md
     data = json.loads((tmp_path / "out" / "report.json").read_text())
     assert data["group_by"] == ["client.lr"] and data["grouping"] == "differing keys"
-    assert [g["client.lr"] for g in data["groups"]] == [0.1, 0.05, 0.01]
+    assert [g["client.lr"] for g in data["groups"]] == [0.01, 0.05, 0.1]
     assert main(["report", *runs, "--out", str(tmp_path / "cli")]) == 0
     out = capsys.readouterr().out.splitlines()
     assert out[0].startswith("grouped by: client.lr -- ") and out[1].startswith("| method |")
@@ -177,7 +178,7 @@ def test_seeds_and_how_runs_ran_stay_one_method(tmp_path):
     report = build_report(runs, str(tmp_path / "out"))
     assert report.group_by == ["client.lr"]
     rows = _csv_rows(tmp_path / "out")
-    assert list(rows) == ["client.lr=0.1", "client.lr=0.01"]  # names differ within a group
+    assert list(rows) == ["client.lr=0.01", "client.lr=0.1"]  # names differ within a group
     assert [r["seeds"] for r in rows.values()] == ["0, 1", "0, 1"]
     final = [_acc("fedavg", s, EVAL)[-1] for s in (0, 1)]
     assert float(rows["client.lr=0.1"]["final_mean"]) == pytest.approx(np.mean(final))
@@ -274,8 +275,8 @@ def test_group_by_two_keys(tmp_path):
     build_report(runs, str(out), group_by="algorithm.name, sampling.clients_per_round")
     rows = _csv_rows(out)
     assert list(rows) == ["algorithm.name=fedavg, sampling.clients_per_round=10",
-                          "algorithm.name=fedprox, sampling.clients_per_round=10",
-                          "algorithm.name=fedavg, sampling.clients_per_round=20"]
+                          "algorithm.name=fedavg, sampling.clients_per_round=20",
+                          "algorithm.name=fedprox, sampling.clients_per_round=10"]
     first = rows["algorithm.name=fedavg, sampling.clients_per_round=10"]
     assert first["runs"] == "2" and first["seeds"] == "0, 1"
     assert first["algorithm.name"] == "fedavg" and first["sampling.clients_per_round"] == "10"
