@@ -920,9 +920,6 @@ def client_plot_name(metric: str) -> str:
 
 # ---- a metric against a swept config value (--vs KEY), at chosen rounds and the best ----
 
-VS_SCALES = ("linear", "log", "categorical")
-
-
 @dataclass
 class Panel:
     """One view of the ``vs`` figure and one column of its table: the metric at a round
