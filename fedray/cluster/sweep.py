@@ -372,21 +372,86 @@ def trial_config(job: dict, params: dict[str, Any], run_dir: str, workers: int) 
     return OmegaConf.to_container(cfg, resolve=True)
 
 
-def check_trials(sweep: DictConfig, job: DictConfig) -> int:
-    """Validate every setting the sweep can produce; return how many trials it will run."""
+def check_trials(sweep: DictConfig, job: DictConfig,
+                 prepared: dict[str, DictConfig] | None = None) -> int:
+    """Validate every setting the sweep can produce; return how many trials it will run.
+    ``prepared``, if given, receives each setting's validated config (by ``_key``)."""
     from fedray.api import prepare
 
     base = OmegaConf.to_container(job, resolve=True)
     candidates = _candidates(sweep)
     for params in candidates:
         try:
-            prepare(trial_config(base, params, "unused", sweep.workers_per_trial))
+            cfg = prepare(trial_config(base, params, "unused", sweep.workers_per_trial))
+            if prepared is not None:
+                prepared[_key(params)] = cfg
         except ConfigError as exc:  # say which sweep value made the job invalid
             what = ", ".join(f"{k}={v!r}" for k, v in params.items())
             raise ConfigError(f"sweep setting {what}: {exc}") from None
     if sweep.search == "random":
         return sweep.num_samples
     return sweep.num_samples * len(candidates)
+
+
+def _key(params: dict[str, Any]) -> str:
+    return json.dumps(params, sort_keys=True, default=str)
+
+
+def client_state_disk(sweep: DictConfig, job: DictConfig,
+                      plan: list[tuple[str, dict[str, Any]]], modules: bytes | None = None,
+                      prepared: dict[str, DictConfig] | None = None) -> str | None:
+    """The client state the sweep's stateful trials will keep on disk, all together (each
+    trial's estimate as its driver makes it: fedray.state.client_state_disk), in one line;
+    None when no trial keeps client state. A trial over its ``runtime.client_state_mb`` is
+    refused here, naming its setting, before Ray starts. Each distinct model and algorithm
+    is built once, in this process (with the user's modules on the path, as in a trial).
+    ``prepared``: configs check_trials validated already, by ``_key``."""
+    from fedray.algorithms.base import RoundPlan
+    from fedray.algorithms.registry import resolve
+    from fedray.api import prepare
+    from fedray.core.flat_model import FlatModel
+    from fedray.core.models import model_factory
+    from fedray.data.source import build_source
+    from fedray.runtime.driver import most_clients
+    from fedray.runtime.worker import keeps_client_state
+    from fedray.state.client_state_disk import over_budget, run_estimate, size_text
+
+    base = OmegaConf.to_container(job, resolve=True)
+    built: dict[str, tuple] = {}
+    total, stateful, largest = 0.0, 0, (0.0, "")
+    with _modules_on_path(modules):
+        for name, params in plan:
+            cfg = (prepared or {}).get(_key(params)) or prepare(
+                trial_config(base, params, "unused", sweep.workers_per_trial))
+            key = json.dumps([OmegaConf.to_container(cfg[k], resolve=True)
+                              for k in ("data", "model", "algorithm", "server")], default=str)
+            if key not in built:
+                source = build_source(cfg)
+                template = FlatModel(model_factory(
+                    cfg.model.name, OmegaConf.to_container(cfg.model.args, resolve=True),
+                    tuple(source.input_shape), source.num_classes)())
+                parts = resolve(cfg.algorithm, cfg.server)
+                built[key] = (source.population, template, parts.client, parts.stages)
+            population, template, client, stages = built[key]
+            if not keeps_client_state(client, stages):
+                continue
+            k = most_clients(RoundPlan(seed=cfg.seed, population=population,
+                                       clients_per_round=cfg.sampling.clients_per_round,
+                                       sampling=cfg.sampling.mode, rounds=cfg.rounds,
+                                       num_params=template.num_params))
+            disk = run_estimate(cfg, population, k, template, client, stages)
+            refusal = over_budget(cfg, disk)
+            if refusal:
+                what = ", ".join(f"{k}={v!r}" for k, v in params.items())
+                raise ConfigError(f"sweep setting {what}: {refusal}")
+            total += disk.expected
+            stateful += 1
+            largest = max(largest, (disk.expected, name))
+    if not stateful:
+        return None
+    return (f"client state on disk: about {size_text(total)} for the {stateful} trials that keep "
+            f"it (the largest, {largest[1]}, about {size_text(largest[0])}; each trial's log "
+            "gives its own and its bound; runtime.client_state_mb limits a trial's)")
 
 
 def _url(root: str, *parts: str) -> str:
@@ -991,8 +1056,11 @@ def _run_sweep(source: Any, overrides: list[str] | tuple, resume: str | None,
                                f"sweep output {sweep.output} already holds files; choose a new "
                                f"output or continue it with --resume {sweep.output}")))
     claims[-1].acquire(new=resume is None)  # before Ray starts: no other sweep writes here
-    trials = check_trials(sweep, job)
+    prepared: dict[str, DictConfig] = {}
+    trials = check_trials(sweep, job, prepared)
     plan = plan_trials(sweep)
+    state_line = client_state_disk(sweep, job, plan, pack_modules(_module_refs(sweep, job)),
+                                   prepared)
     record = TrialRecord(sweep.output, plan,
                          TrialRecord.read(sweep.output, plan) if resume is not None else None)
     todo = _to_run(sweep, record)
@@ -1012,6 +1080,8 @@ def _run_sweep(source: Any, overrides: list[str] | tuple, resume: str | None,
             f"{sweep.workers_per_trial} worker(s) each"
             + (f", {len(todo)} left to run" if resume is not None else "")
             + f"; Tune's logs in {mask(_url(sweep.output, TUNE_DIR))}")
+        if state_line:
+            log(state_line)
         stop: KeyboardInterrupt | None = None
         try:
             if todo:
@@ -1025,7 +1095,15 @@ def _run_sweep(source: Any, overrides: list[str] | tuple, resume: str | None,
     rows = _rows(sweep, record)
     with fs.open(f"{path}/{RESULTS_FILE}", "w") as f:
         f.write(mask(_csv(rows)))
-    table = _report(sweep, rows) if stop is None else None
+    table = None
+    if stop is None:
+        try:
+            table = _report(sweep, rows)
+        except FedrayError as exc:
+            if not cut:
+                raise
+            log(f"report/ not written: {exc}")  # the way to continue matters more
+
     session_s = time.perf_counter() - start
     wall_s = record.add_time(session_s)
     if cut or stop is not None:

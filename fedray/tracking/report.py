@@ -213,6 +213,14 @@ def lower_is_better(metric: str) -> bool:
     return "loss" in metric.lower()
 
 
+def _has(config: dict, key: str) -> bool:
+    try:
+        config_value(config, key)
+    except KeyError:
+        return False
+    return True
+
+
 def config_value(config: dict, key: str) -> Any:
     """The value of a dotted key (``algorithm.name``) in a config; KeyError when missing."""
     node: Any = config
@@ -430,6 +438,11 @@ def group_runs(runs: Sequence[Run], metric: str, group_by: list[str] | None,
     lower = lower_is_better(metric)
     auto = group_by is None
     by = differing_keys(runs) if auto else group_by
+    for key in () if auto else by:  # a named key some runs lack (a sweep's per-method key,
+        # algorithm.fedprox.mu on FedAvg's runs) is (absent) there; one no run has, a typo
+        if not any(_has(run.config, key) for run in runs):
+            raise FedrayError(f"group-by key {key!r} is not in "
+                              f"{_join(runs[0].url, CONFIG_FILE)} (nor in any other run's)")
     cells: dict[tuple[str, ...], Group] = {}
     for run in runs:
         keys = {}
@@ -437,11 +450,7 @@ def group_runs(runs: Sequence[Run], metric: str, group_by: list[str] | None,
             try:
                 keys[key] = config_value(run.config, key)
             except KeyError:
-                if auto:
-                    keys[key] = ABSENT
-                    continue
-                raise FedrayError(f"group-by key {key!r} is not in "
-                                  f"{_join(run.url, CONFIG_FILE)}") from None
+                keys[key] = ABSENT
         values = series(run, metric)
         if not values:
             raise FedrayError(f"{_join(run.url, METRICS_FILE)} has no {metric!r} values; "

@@ -543,3 +543,30 @@ def test_ctrl_c_at_any_point_writes_results_and_says_resume(tmp_path, when):
     rows = list(csv.DictReader(open(tmp_path / "sweep" / "results.csv")))
     expect = "not started" if when.startswith("before") else "interrupted"
     assert [r["status"] for r in rows] == [expect] * 2
+
+
+def test_a_sweep_says_its_client_state_disk_first_and_refuses_a_trial_over_budget(tmp_path):
+    """Before Ray starts: the stateful trials' estimates summed (each as its driver makes
+    it), and a trial whose own estimate is over runtime.client_state_mb refused in one line
+    naming its setting."""
+    from fedray.cluster.sweep import client_state_disk, plan_trials
+    from fedray.state.client_state_disk import estimate, size_text
+
+    spec = _sweep(tmp_path, parameters={"method": [{"algorithm.name": "fedavg"},
+                                                   {"algorithm.name": "scaffold"}],
+                                        "seed": [0, 1]})
+    sweep, job = load_sweep(spec)
+    d = 28 * 28 * 62 + 62  # tiny_job's logistic regression on 28 x 28 images, 62 classes
+    one = estimate(40, 8, 6, d)  # rounds=6, 8 of 40 clients a round, one state key
+    line = client_state_disk(sweep, job, plan_trials(sweep))
+    assert line.startswith(f"client state on disk: about {size_text(2 * one.expected)} for "
+                           "the 2 trials that keep it (the largest, method=scaffold,seed=")
+    assert f", about {size_text(one.expected)}; each trial's log" in line
+    spec["job"]["runtime"]["client_state_mb"] = 0.0001
+    sweep, job = load_sweep(spec)
+    with pytest.raises(ConfigError, match=re.escape(
+            "sweep setting algorithm.name='scaffold', seed=0: config key "
+            "'runtime.client_state_mb': the run's client state is expected to take")):
+        client_state_disk(sweep, job, plan_trials(sweep))
+    assert client_state_disk(*load_sweep(_sweep(tmp_path)), plan_trials(load_sweep(
+        _sweep(tmp_path))[0])) is None  # FedAvg keeps none

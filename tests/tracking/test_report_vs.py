@@ -418,3 +418,18 @@ def test_cli_help_names_vs_and_at(capsys):
         main(["report", "--help"])
     text = capsys.readouterr().out
     assert "--vs KEY" in text and "--at ROUND[,ROUND...]" in text
+
+
+def test_a_named_group_by_key_some_runs_lack_is_absent_there(study, tmp_path, capsys):
+    """A sweep with choices groups by every key it sets, algorithm.fedprox.mu among them,
+    which FedAvg's and SCAFFOLD's configs have no section for: (absent) there, and no
+    label says so; a key no run has is still refused, as a misspelt key."""
+    keys = ["algorithm.name", "algorithm.fedprox.mu", KEY]
+    groups = group_runs([load_run(u) for u in study], "test_accuracy", keys, None)
+    assert len(groups) == 9
+    assert "(absent)" not in "".join(group_labels(groups, keys))
+    build_report(study, str(tmp_path / "out"), group_by=keys)
+    assert _error(["report", *study, "--out", str(tmp_path / "o2"), "--group-by",
+                   "algorithm.fedprox.muu"], capsys).startswith(
+        "group-by key 'algorithm.fedprox.muu' is not in ")
+    assert not (tmp_path / "o2").exists()
