@@ -5,7 +5,8 @@ the machine, another session's included).
 ``RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0`` makes Ray take the loopback address as every node's
 IP (it is what Ray does on a laptop), so the fake autoscaler's worker nodes, which get no
 ``--node-ip-address``, stay on 127.0.0.1 as well. Processes that join a cluster started here
-need ``client_env()``.
+need ``client_env()``; ``LocalNode`` adds a worker node of its own (``ray start --address``),
+with the head's token or, to see a refused one, another environment.
 """
 
 from __future__ import annotations
@@ -49,7 +50,69 @@ def _ray_cli() -> str:
     return str(Path(sys.executable).with_name("ray"))
 
 
-class LocalHead:
+class _RayStart:
+    """A ``ray start --block`` process in its own session, with its own temp dir and log,
+    stopped by signalling exactly it and what it started."""
+
+    proc: subprocess.Popen
+    temp_dir: str
+    log: object
+    _config_file: str | None = None
+
+    def _start(self, cmd: list[str], env: dict[str, str]) -> None:
+        self.log = tempfile.TemporaryFile()
+        self.proc = subprocess.Popen(cmd, env=env, stdout=self.log, stderr=subprocess.STDOUT,
+                                     start_new_session=True)
+
+    def output(self) -> str:
+        """What ``ray start`` printed so far."""
+        self.log.seek(0)
+        return self.log.read().decode(errors="replace")
+
+    def listening(self) -> set[str]:
+        """The addresses this node's processes listen on (TCP), to check they are loopback."""
+        out = set()
+        for p in [psutil.Process(self.proc.pid), *psutil.Process(self.proc.pid).children(
+                recursive=True)]:
+            try:
+                out |= {c.laddr.ip for c in p.net_connections("tcp")
+                        if c.status == psutil.CONN_LISTEN}
+            except psutil.Error:
+                continue
+        return out
+
+    def stop(self) -> None:
+        """SIGTERM the process (Ray then stops what it started), then SIGKILL any process
+        it started that is still there -- found as its descendants before the SIGTERM."""
+        try:
+            started = psutil.Process(self.proc.pid).children(recursive=True)
+        except psutil.NoSuchProcess:
+            started = []
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        for p in started:
+            try:
+                p.kill()
+            except psutil.NoSuchProcess:
+                pass
+        psutil.wait_procs(started, timeout=10)
+        if self._config_file:
+            os.unlink(self._config_file)
+        shutil.rmtree(self.temp_dir, ignore_errors=True)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+
+class LocalHead(_RayStart):
     """``ray start --head --block`` on 127.0.0.1 with free ports, in its own session."""
 
     def __init__(self, num_cpus: float, *, dashboard: bool = False, port: int | None = None,
@@ -78,9 +141,7 @@ class LocalHead:
             with os.fdopen(fd, "w") as f:
                 json.dump(autoscaling_config, f)
             cmd.append(f"--autoscaling-config={self._config_file}")
-        self.log = tempfile.TemporaryFile()
-        self.proc = subprocess.Popen(cmd, env=self.env, stdout=self.log, stderr=subprocess.STDOUT,
-                                     start_new_session=True)
+        self._start(cmd, self.env)
         self._wait_ready()
 
     @property
@@ -91,8 +152,7 @@ class LocalHead:
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
-                self.log.seek(0)
-                raise RuntimeError(f"ray start exited: {self.log.read().decode()[-2000:]}")
+                raise RuntimeError(f"ray start exited: {self.output()[-2000:]}")
             ports = [self.port] + ([self.dashboard_port] if self.dashboard_port else [])
             if all(_listening(p) for p in ports):
                 return
@@ -100,35 +160,62 @@ class LocalHead:
         self.stop()
         raise RuntimeError(f"the Ray head on {self.address} did not start in {timeout_s:.0f}s")
 
-    def stop(self) -> None:
-        """SIGTERM the head (Ray then stops what it started), then SIGKILL any process it
-        started that is still there -- found as its descendants before the SIGTERM."""
-        try:
-            started = psutil.Process(self.proc.pid).children(recursive=True)
-        except psutil.NoSuchProcess:
-            started = []
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(30)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        for p in started:
-            try:
-                p.kill()
-            except psutil.NoSuchProcess:
-                pass
-        psutil.wait_procs(started, timeout=10)
-        if self._config_file:
-            os.unlink(self._config_file)
-        shutil.rmtree(self.temp_dir, ignore_errors=True)
-
     def __enter__(self) -> LocalHead:
         return self
 
-    def __exit__(self, *exc) -> None:
+
+# `ray start --address` in local-only mode: Ray refuses to add a node there ("Multi-node Ray
+# clusters are not supported on Windows and OSX"), and outside it turns the node's
+# --node-ip-address=127.0.0.1 into the machine's routable address. This process lets the
+# node join and keeps its address as given; the environment keeps local-only mode on for
+# every process the node starts, so they bind to loopback as the head's do.
+_JOIN = """
+import sys
+import ray._private.services as services
+from ray._private import ray_constants
+ray_constants.ENABLE_RAY_CLUSTER = True
+services.resolve_ip_for_localhost = lambda host: host
+from ray.scripts.scripts import main
+sys.argv = ["ray", *sys.argv[1:]]
+main()
+"""
+
+
+class LocalNode(_RayStart):
+    """A worker node joining ``head`` (``ray start --address --block``, run by ``_JOIN``) on
+    127.0.0.1, with free ports for its agents (another Ray on this machine may hold the
+    defaults). ``env`` replaces the head's environment: a node without the head's token is
+    refused by its GCS, which Ray retries for about 20 s before ``ray start`` gives up.
+    ``wait``: return once the node has started (its ``ray start`` says so), else at once."""
+
+    READY = "Ray runtime started"
+
+    def __init__(self, head: LocalHead, num_cpus: float, *, env: dict | None = None,
+                 wait: bool = True):
+        self.temp_dir = tempfile.mkdtemp(prefix="frn", dir="/tmp")  # short: socket paths
+        cmd = [sys.executable, "-c", _JOIN, "start", f"--address={head.address}", "--block",
+               "--node-ip-address=127.0.0.1", f"--temp-dir={self.temp_dir}",
+               f"--num-cpus={num_cpus}", "--num-gpus=0", "--disable-usage-stats",
+               f"--dashboard-agent-listen-port={free_port()}",
+               f"--dashboard-agent-grpc-port={free_port()}",
+               f"--runtime-env-agent-port={free_port()}", f"--metrics-export-port={free_port()}"]
+        self._start(cmd, head.env if env is None else env)
+        if wait:
+            self.wait_started()
+
+    def wait_started(self, timeout_s: float = 120.0) -> None:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self.READY in self.output():
+                return
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"ray start --address exited: {self.output()[-2000:]}")
+            time.sleep(0.5)
         self.stop()
+        raise RuntimeError(f"the worker node did not start in {timeout_s:.0f}s")
+
+    def __enter__(self) -> LocalNode:
+        return self
 
 
 def _listening(port: int) -> bool:
