@@ -2,7 +2,10 @@
 
 ``runtime.address`` (or RAY_ADDRESS, as set by Ray Jobs; ``auto`` finds a ``ray start`` on
 this machine) joins an existing cluster; both are probed first, so an address where nothing
-answers ends in one line instead of Ray's minutes of retries. Otherwise a private local Ray
+answers ends in one line instead of Ray's minutes of retries, and so does a cluster with
+token authentication that refuses this machine's token, or gets none (``token_refusal``:
+Ray itself retries for 20 s, logging a line a second, and then says only that it failed to
+connect). Otherwise a private local Ray
 starts with ``runtime.num_cpus`` / ``runtime.num_gpus`` (a declared GPU count works on
 machines without one, which is how fractional placement is tested) and
 ``runtime.object_store_mb``, without a dashboard or job server unless ``runtime.dashboard``
@@ -84,6 +87,99 @@ def probe(address: str, timeout_s: float = 5.0, source: str = "runtime.address")
     except OSError as exc:
         reason = exc.strerror or type(exc).__name__
         raise error(f"cannot reach Ray at {address}: {reason}") from None
+    if not address.startswith("ray://"):  # a GCS; Ray Client's server is another protocol
+        if _gcs_refuses(f"{host}:{port}", timeout_s):
+            where = f"the Ray cluster at {address}"
+            problem = token_refusal(where)
+            raise (FedrayError(f"RAY_ADDRESS (from the environment): {problem}")
+                   if source == "RAY_ADDRESS" else key_error(source, problem))
+
+
+TOKEN_DOC = "docs/cluster.md"
+_GET_TOKEN = "ray get-auth-token prints it on the head"
+
+
+def token_source() -> tuple[str | None, str | None]:
+    """Where Ray takes this machine's token from, as Ray looks (RAY_AUTH_TOKEN, else the
+    file RAY_AUTH_TOKEN_PATH names, else ~/.ray/auth_token; a RAY_AUTH_TOKEN_PATH that names
+    no file is an error to Ray, not a fall-through), and what is wrong when there is none:
+    ``(source, None)`` or ``(None, problem)``. Only names and paths: the token itself is
+    never read here, so no message can carry it."""
+    if os.environ.get("RAY_AUTH_TOKEN", "").strip():
+        return "RAY_AUTH_TOKEN", None
+    path = os.environ.get("RAY_AUTH_TOKEN_PATH")
+    if path:
+        full = os.path.expanduser(path)
+        if os.path.isfile(full) and os.path.getsize(full) > 0:
+            return path, None
+        return None, f"RAY_AUTH_TOKEN_PATH names {path}, which is missing or empty"
+    default = os.path.join(os.path.expanduser("~"), ".ray", "auth_token")
+    if os.path.isfile(default) and os.path.getsize(default) > 0:
+        return "~/.ray/auth_token", None
+    return None, "neither RAY_AUTH_TOKEN nor ~/.ray/auth_token holds one"
+
+
+def token_refusal(where: str) -> str:
+    """Why ``where`` ("the Ray cluster at URL") refused this machine, and the fix, for a
+    cluster with token authentication that refused it. The cluster's answer does not say
+    whether a token came (its gRPC servers say "missing or incorrect"), so this machine's
+    own settings decide: Ray sends a token only with RAY_AUTH_MODE=token, even when one is
+    in RAY_AUTH_TOKEN or ~/.ray/auth_token (a ``ray start --head`` turns the mode on by itself
+    when it finds the file; ``ray start --address``, ``ray.init(address=...)`` and the job
+    client do not), so without the mode none was sent; with it, the one sent was wrong, or
+    there was none to send. No "token:" in the text: fedray.state.redact.mask would take
+    the word after it for a credential."""
+    source, problem = token_source()
+    fix = (f"put the cluster's token ({_GET_TOKEN}) in ~/.ray/auth_token or RAY_AUTH_TOKEN "
+           f"({TOKEN_DOC})")
+    if os.environ.get("RAY_AUTH_MODE", "").strip().lower() != "token":
+        if source is not None:
+            return (f"{where} requires token authentication and this machine sent no token, "
+                    f"as Ray sends the one in {source} only with RAY_AUTH_MODE=token; export "
+                    f"RAY_AUTH_MODE=token ({TOKEN_DOC})")
+        return (f"{where} requires token authentication and this machine sent no token; "
+                f"export RAY_AUTH_MODE=token and {fix}")
+    if source is None:
+        path = os.environ.get("RAY_AUTH_TOKEN_PATH")
+        if path:  # Ray reads that file and no other
+            fix = f"put the cluster's token ({_GET_TOKEN}) in {path} ({TOKEN_DOC})"
+        return (f"RAY_AUTH_MODE=token, but this machine has no token to send to {where}: "
+                f"{problem}; {fix}")
+    replace = ("set RAY_AUTH_TOKEN to the cluster's token" if source == "RAY_AUTH_TOKEN"
+               else f"put the cluster's token in {source}")
+    return (f"{where} refused this machine's token (from {source}): it is not the "
+            f"cluster's; {replace} ({_GET_TOKEN}; {TOKEN_DOC})")
+
+
+def _gcs_refuses(target: str, timeout_s: float) -> bool:
+    """Whether the GCS server at ``target`` (host:port) refuses this machine's token, asked
+    the way ``ray.init`` first asks it (its cluster id), with the header Ray would send.
+    Without the token a GCS answers
+    UNAUTHENTICATED at once, while ``ray.init`` retries for 20 s and then raises a
+    ConnectionError that does not mention authentication. A local RAY_AUTH_MODE=token with
+    no token to send is the same refusal (``ray.init`` would raise AuthenticationError).
+    Anything else -- a Ray without token authentication, a server that is not a GCS, a
+    timeout -- is left to ``ray.init`` to report."""
+    try:
+        import grpc
+        from ray._raylet import AuthenticationTokenLoader
+        from ray.core.generated import gcs_service_pb2, gcs_service_pb2_grpc
+    except ImportError:  # a Ray without token authentication
+        return False
+    try:
+        header = AuthenticationTokenLoader.instance().get_token_for_http_header()
+    except Exception:  # AuthenticationError: token mode, and no token here
+        return True
+    try:
+        with grpc.insecure_channel(target) as channel:
+            gcs_service_pb2_grpc.NodeInfoGcsServiceStub(channel).GetClusterId(
+                gcs_service_pb2.GetClusterIdRequest(), timeout=timeout_s,
+                metadata=tuple(header.items()))
+    except grpc.RpcError as exc:
+        return exc.code() == grpc.StatusCode.UNAUTHENTICATED
+    except Exception:  # a probe: ray.init says what is wrong, if anything
+        return False
+    return False
 
 
 def _signal_handlers() -> dict[int, object]:
@@ -286,6 +382,11 @@ def _init_failure(exc: BaseException, address: str | None, private: bool) -> Fed
     register in time, ConnectionError for a cluster that is not there)."""
     if private:
         return FedrayError(f"cannot start a private Ray: {one_line(exc)}")
+    if type(exc).__name__ == "AuthenticationError":  # ray.exceptions': a token problem
+        where = address or os.environ.get("RAY_ADDRESS") or "auto"
+        problem = token_refusal(f"the Ray cluster at {where}")
+        return (key_error("runtime.address", problem) if address else
+                FedrayError(f"RAY_ADDRESS (from the environment): {problem}"))
     if address:
         return key_error("runtime.address", f"cannot start or reach Ray at {address}: "
                          f"{one_line(exc)}")
