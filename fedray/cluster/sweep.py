@@ -439,7 +439,8 @@ def client_state_disk(sweep: DictConfig, job: DictConfig,
                                        clients_per_round=cfg.sampling.clients_per_round,
                                        sampling=cfg.sampling.mode, rounds=cfg.rounds,
                                        num_params=template.num_params))
-            disk = run_estimate(cfg, population, k, template, client, stages)
+            disk = run_estimate(cfg, population, k, template, client, stages,
+                                sweep.workers_per_trial)
             refusal = over_budget(cfg, disk)
             if refusal:
                 what = ", ".join(f"{k}={v!r}" for k, v in params.items())

@@ -342,7 +342,7 @@ class Driver:
         if self.individual:
             self._check_individual(plan)
         if stateful:
-            self._check_state_disk(plan, client)
+            self._check_state_disk(plan, client, num_workers)
         if resume:  # before the pool starts: a checkpoint that cannot be used fails fast
             self._restore()
         start = time.perf_counter()
@@ -401,29 +401,19 @@ class Driver:
                               f"{f'{mb:.1f}' if mb >= 0.1 else f'{mb:.2g}'} MB "
                               f"> {budget:g} MB; raise it or sample fewer clients")
 
-    def _check_state_disk(self, plan: RoundPlan, client: ClientWork) -> None:
+    def _check_state_disk(self, plan: RoundPlan, client: ClientWork, workers: int) -> None:
         """Say what the run's client state will take on disk, and refuse, before round 1, a
-        run expected to keep more than ``runtime.client_state_mb``. Each state tensor a part
-        declares (``ClientWork.state``, an update stage's ``client_state``) is counted as
-        model-sized, as SCAFFOLD's and an error-feedback residual are; ``local`` parameters
-        count as many values as they have."""
-        from fedray.state.client_state_disk import estimate
+        run expected to keep more than ``runtime.client_state_mb``
+        (fedray.state.client_state_disk)."""
+        from fedray.state.client_state_disk import over_budget, run_estimate
 
-        c, d = self.cfg, self.template.num_params
-        local = int(self.template.positions(client.local).numel()) if client.local else 0
-        keys = len(client.state) + sum(len(s.client_state) for s in self.stages)
-        disk = estimate(plan.population, most_clients(plan), c.rounds, keys * d + local,
-                        c.runtime.worker.state_dtype, c.runtime.worker.state_pack_mb)
+        c = self.cfg
+        disk = run_estimate(c, plan.population, most_clients(plan), self.template, client,
+                            self.stages, workers)
         self.notes.append(disk.line(c.rounds, c.runtime.worker.state_dtype))
-        budget = c.runtime.client_state_mb
-        if budget is not None and disk.expected > budget * 2**20:
-            raise ConfigError(f"config key 'runtime.client_state_mb': the run's client state "
-                              f"is expected to take {disk.expected / 2**20:,.1f} MB on disk "
-                              f"({disk.clients:,.0f} clients x {disk.per_client:,} bytes) > "
-                              f"{budget:g} MB; raise it, "
-                              + ("store it as float16 (runtime.worker.state_dtype=float16), "
-                                 if c.runtime.worker.state_dtype == "float32" else "")
-                              + "or run fewer rounds or clients per round")
+        refusal = over_budget(c, disk)
+        if refusal:
+            raise ConfigError(refusal)
 
     def _vectorize_plan(self, client: ClientWork) -> bool:
         """runtime.worker.vectorize resolved for this model and client part, once for every

@@ -36,30 +36,37 @@ def test_expected_clients_is_the_mean_of_distinct_clients_sampled():
     assert expected_clients(10, 20, 3) == 10 and expected_clients(10, 0, 3) == 0
 
 
-def test_the_bound_counts_superseded_states_waiting_in_packs():
+def test_superseded_states_in_packs_are_counted_and_bounded():
     d = 1000  # 4,000 bytes a client in float32
-    one = estimate(100, 10, 50, d, pack_mb=0)  # a file per client: current + checkpointed
-    assert one.per_client == 4000 and one.bound == 2 * one.expected
-    packed = estimate(100, 10, 50, d, pack_mb=1)  # 263 states a pack: bounded by all written
-    assert packed.bound == 50 * 10 * 4000
+    one = estimate(100, 10, 50, d, pack_mb=0)  # a file per client: the current states
+    assert one.per_client == 4000
+    assert one.expected == pytest.approx(one.clients * 4000, rel=1e-12)  # the same sum
+    assert one.bound == pytest.approx(2 * one.expected, rel=1e-12)  # + checkpointed ones
+    packed = estimate(100, 10, 50, d, pack_mb=1)  # 263 states a pack: one a round, kept
+    # while any of its 10 states is current: sum over rounds of 10 (1 - (1 - s_t)^10)
+    s = 0.9 ** (50 - np.arange(1, 51))
+    assert packed.expected == pytest.approx(4000 * np.sum(10 * (1 - (1 - s) ** 10)), rel=1e-12)
+    assert packed.bound == 50 * 10 * 4000  # every state written
+    two = estimate(100, 10, 50, d, pack_mb=1, workers=2)  # two packs of 5 a round: fewer kept
+    assert one.expected < two.expected < packed.expected
     short = estimate(100, 10, 1, d)  # a single round: nothing superseded
     assert short.bound == short.expected == 10 * 4000
-    assert estimate(100, 10, 50, d, "float16").expected == one.expected / 2
+    assert estimate(100, 10, 50, d, "float16").expected == packed.expected / 2
 
 
 def test_a_run_prints_its_estimate_and_its_store_stays_within_the_bound(tmp_path, capsys):
-    """SCAFFOLD inline on 40 writers, 8 a round, 6 rounds: the note's numbers are the
-    estimate's, the current states take exactly clients x per-client bytes of tensor data,
-    and the whole store on disk (superseded states in packs included) is within the bound;
-    float16 storage halves the state and the run still ends (its accuracy: performance.md)."""
+    """SCAFFOLD inline on 40 writers, 8 a round over 2 workers, 6 rounds: the note's numbers
+    are the estimate's, the current states take exactly clients x per-client bytes of tensor
+    data, and the whole store on disk (superseded states in packs included) is within the
+    bound; float16 storage halves the state (its effect on accuracy: performance.md)."""
     for dtype in ("float32", "float16"):
         job = tiny_job(tmp_path, rounds=6, algorithm={"name": "scaffold"},
-                       runtime={"backend": "inline", "worker": {"state_dtype": dtype,
-                                                                "state_pack_mb": 0.001}},
+                       runtime={"backend": "inline", "num_workers": 2,
+                                "worker": {"state_dtype": dtype}},
                        output={"dir": str(tmp_path / dtype)})
         result = fedray.run(job)
         d = sum(v.numel() for v in result.weights.values())
-        disk = estimate(40, 8, 6, d, dtype, 0.001)
+        disk = estimate(40, 8, 6, d, dtype, 8.0, workers=2)  # 4 states a pack
         err = capsys.readouterr().err
         assert f"fedray: {disk.line(6, dtype)}" in err.splitlines(), err
         versions = read_checkpoint(str(tmp_path / dtype)).client_versions
@@ -77,6 +84,6 @@ def test_a_run_over_its_client_state_budget_is_refused_before_round_1(tmp_path):
     job = tiny_job(tmp_path, algorithm={"name": "scaffold"}, runtime={
         "backend": "inline", "client_state_mb": 0.001})
     with pytest.raises(ConfigError, match=r"config key 'runtime.client_state_mb': the run's "
-                       r"client state is expected to take .* MB on disk \(.* clients x "):
+                       r"client state is expected to take .* MB on disk \(.* clients sampled, "):
         fedray.run(job)
     assert not (tmp_path / "run").exists()
