@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
+import shlex
 import signal
 import sys
 import threading
@@ -109,11 +110,16 @@ examples:
   fedray submit jobs/quickstart.yaml output.dir=s3://bucket/runs/q1 --address http://HEAD:8265
   fedray submit jobs/quickstart.yaml output.dir=/shared/runs/q2 --wait
   fedray status JOB_ID; fedray logs JOB_ID --follow; fedray stop JOB_ID
+  fedray submit --resume /shared/runs/q2 --wait    # continue a stopped or failed job's run
 
 The job file and this machine's fedray package are shipped with the job (runtime_env);
 `fedray run job.yaml key=value ...` runs on the cluster. output.dir, and a partition store,
-must be URLs or absolute paths on storage every node shares. --address defaults to
-RAY_ADDRESS, else http://127.0.0.1:8265. Walkthrough: docs/cluster.md."""
+must be URLs or absolute paths on storage every node shares. --resume RUN_DIR (a URL or an
+absolute path, holding a run with a checkpoint) runs `fedray run --resume RUN_DIR` there
+instead, with the same shipping: the run continues from its last checkpoint. --address
+defaults to RAY_ADDRESS, else http://127.0.0.1:8265. A cluster with token authentication
+needs RAY_AUTH_MODE=token here and its token in ~/.ray/auth_token or RAY_AUTH_TOKEN.
+Walkthrough: docs/cluster.md."""
 
 
 class _Parser(argparse.ArgumentParser):
@@ -211,8 +217,14 @@ def _parser() -> argparse.ArgumentParser:
     swp.add_argument("overrides", nargs="*", metavar="key=value", help="sweep key overrides")
     swp.add_argument("--resume", metavar="SWEEP_DIR", help="continue this sweep directory")
     sbm = _command(sub, "submit", "submit a job to a Ray cluster", SUBMIT_HELP)
-    sbm.add_argument("job", metavar="JOB.yaml", help="job configuration file")
+    sbm.add_argument("job", metavar="JOB.yaml", nargs="?",
+                     help="job configuration file (optional with --resume)")
     sbm.add_argument("overrides", nargs="*", metavar="key=value", help="config overrides")
+    sbm.add_argument("--resume", metavar="RUN_DIR", help="continue this run directory (a URL "
+                     "or an absolute path the cluster reaches) from its last checkpoint, as "
+                     "fedray run --resume does, on the cluster")
+    sbm.add_argument("--allow-change", metavar="KEY", action="append", default=[],
+                     help="with --resume: as fedray run's --allow-change; repeatable")
     sbm.add_argument("--address", metavar="URL", help="the job server (default: RAY_ADDRESS, "
                      "else http://127.0.0.1:8265)")
     sbm.add_argument("--job-id", metavar="ID", help="the job's submission id (default: Ray's)")
@@ -275,14 +287,44 @@ def _follow_exit(job_id: str, address: str | None) -> int:
     return 0 if state == "SUCCEEDED" else 1
 
 
+def _address_option(address: str | None) -> str:
+    """The ``--address`` of a command printed for the user to copy: the one they gave, as
+    they gave it; none when it came from RAY_ADDRESS or the default, which the next command
+    finds the same way. An address holding a credential is not printed, so its place is
+    named instead (a masked one would not work if copied)."""
+    if not address:
+        return ""
+    if mask(address) != address:
+        return (" --address ADDRESS, ADDRESS being the --address given here (not printed: "
+                "it holds a credential)")
+    return f" --address {shlex.quote(address)}"
+
+
 def _submit(args: argparse.Namespace) -> int:
     from fedray.bundled import resolve
-    from fedray.cluster.submit import job_server, submit
+    from fedray.cluster.submit import job_server, submit, submit_resume
 
-    job_id = submit(resolve("jobs", args.job), list(args.overrides), args.address, args.job_id)
+    job, overrides = args.job, list(args.overrides)
+    if job is not None and "=" in job and not os.path.exists(job):
+        job, overrides = None, [job, *overrides]  # `fedray submit --resume DIR key=value`
+    if job is not None:
+        job = resolve("jobs", job)
+    if args.allow_change and not args.resume:
+        raise FedrayError("--allow-change needs --resume RUN_DIR")
     where = mask(job_server(args.address))  # http://user:PASSWORD@head:8265
-    print(f"submitted {job_id} to {where}; follow it with: fedray logs {job_id} --follow",
-          flush=True)
+    if args.resume:
+        resumed = submit_resume(args.resume, job, overrides, args.allow_change, args.address,
+                                args.job_id)
+        job_id = resumed.job_id
+        what = (f"submitted {job_id} to {where}: it continues {mask(args.resume)} from its "
+                f"checkpoint after round {resumed.round}")
+    elif job is None:
+        raise FedrayError("fedray submit needs JOB.yaml (or --resume RUN_DIR)")
+    else:
+        job_id = submit(job, overrides, args.address, args.job_id)
+        what = f"submitted {job_id} to {where}"
+    print(f"{what}; follow it with: fedray logs {job_id} --follow"
+          f"{_address_option(args.address)}", flush=True)
     return _follow_exit(job_id, args.address) if args.wait else 0
 
 

@@ -12,6 +12,15 @@ the head, so its paths are the cluster's: ``output.dir`` and a partition store m
 (s3://, gs://) or absolute paths on storage every node shares -- a relative path would land
 in the job's temporary working directory and be lost with it, so it is refused here, before
 anything is sent.
+
+``fedray submit --resume RUN_DIR`` sends ``fedray run --resume RUN_DIR`` the same way (the
+package, the user's modules the run's config names), for a run whose job stopped, failed
+or lost its cluster: it continues from the run's last checkpoint on the cluster. RUN_DIR is
+checked here first (a URL or an absolute path, holding a run with a checkpoint).
+
+A cluster with token authentication that refuses this machine (no token sent, or the wrong
+one) is said in one line with the fix (fedray.runtime.session.token_refusal), not with the
+traceback of Ray's AuthenticationError.
 """
 
 from __future__ import annotations
@@ -28,12 +37,15 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from omegaconf import OmegaConf
+
 from fedray.algorithms.registry import PART_KEYS, installed
 from fedray.errors import FedrayError, key_error, one_line
 from fedray.state.redact import mask
 
 DEFAULT_ADDRESS = "http://127.0.0.1:8265"
 TERMINAL = ("SUCCEEDED", "FAILED", "STOPPED")
+RESUME_FILE = "resume.json"  # a resumed job's run directory and --allow-change keys
 
 
 def job_server(address: str | None) -> str:
@@ -50,14 +62,46 @@ def client(address: str | None):
 
     url = job_server(address)
     try:
-        return JobSubmissionClient(url)
+        return JobSubmissionClient(url)  # asks the server its version: auth is checked here
     except (ConnectionError, RuntimeError, ValueError) as exc:
         raise FedrayError(f"--address {url}: cannot reach Ray's job server: "
                           f"{one_line(exc)}") from None
+    except Exception as exc:
+        refused = auth_failure(exc, url)
+        if refused is None:
+            raise
+        raise refused from None
+
+
+def auth_failure(exc: BaseException, url: str) -> FedrayError | None:
+    """Ray's AuthenticationError as one line with the fix, or None for any other error.
+
+    The job client raises it for the job server's 401 (no token came) and 403 (a wrong one)
+    under token authentication, and before any request when RAY_AUTH_MODE=token finds no
+    token here; its text is a paragraph of advice that names neither case plainly. A 401
+    that is not Ray's (a proxy's in front of the dashboard: its first line does not speak
+    of an authentication token) is shown as the server's refusal instead."""
+    try:
+        from ray.exceptions import AuthenticationError
+    except ImportError:  # a Ray without token authentication
+        return None
+    if not isinstance(exc, AuthenticationError):
+        return None
+    from fedray.runtime.session import token_refusal, token_source
+
+    no_token_here = os.environ.get("RAY_AUTH_MODE", "").strip().lower() == "token" and \
+        token_source()[0] is None  # Ray refused before sending (its words vary by cause)
+    if no_token_here or "authentication token" in one_line(exc).lower():
+        return FedrayError(token_refusal(f"the Ray cluster at {url}"))
+    return FedrayError(f"--address {url}: the job server refused the request: "
+                       f"{one_line(exc)}")
 
 
 def _local_relative(url: str) -> bool:
-    return "://" not in url and not os.path.isabs(os.path.expanduser(url))
+    """A path relative to this process's directory: ``runs/x``, and ``file://runs/x``
+    (fsspec reads a file URL's relative path from the directory it runs in too)."""
+    path = url.removeprefix("file://")
+    return "://" not in path and not os.path.isabs(os.path.expanduser(path))
 
 
 def check_cluster_paths(cfg) -> None:
@@ -174,7 +218,6 @@ def submit(job: str, overrides: list[str], address: str | None = None,
            submission_id: str | None = None, agent_wait_s: float = 120.0) -> str:
     """Submit ``fedray run JOB.yaml overrides`` to the cluster; return the job's id. A head
     whose job agent is not up yet (just after ``ray up``) is retried for ``agent_wait_s``."""
-    import fedray
     from fedray.config import FedrayConfig, load_structured
 
     # typos and types fail here, not on the cluster; without load_config's default output.dir
@@ -183,6 +226,67 @@ def submit(job: str, overrides: list[str], address: str | None = None,
         raise FedrayError("config key 'output.dir': set it for a cluster job (a URL such as "
                           "s3://bucket/runs/x, or an absolute path on shared storage)")
     check_cluster_paths(cfg)
+    return _send(f"submit {job}", job, overrides, cfg, address, submission_id, agent_wait_s)
+
+
+@dataclass(frozen=True)
+class Resumed:
+    """A resumed run's submission: the job's id, and the checkpoint it continues from."""
+
+    job_id: str
+    round: int
+
+
+def submit_resume(run_dir: str, job: str | None = None, overrides: Sequence[str] = (),
+                  allow_changes: Sequence[str] = (), address: str | None = None,
+                  submission_id: str | None = None, agent_wait_s: float = 120.0) -> Resumed:
+    """Submit ``fedray run [JOB.yaml] --resume RUN_DIR overrides --allow-change KEY ...``:
+    the run continues from its last checkpoint on the cluster, under its config.yaml (or
+    ``job``, which a config.yaml with masked credentials needs) plus the overrides. What
+    can be checked here is, before anything is sent: RUN_DIR is a URL or an absolute path
+    (the cluster's processes read it), a fedray run, with a checkpoint (without one a
+    resume would start again from round 1: submit the job again instead), and the config
+    the resume would run under has no unknown key or wrong type, nor a relative store. The
+    comparison with the config the checkpoint records needs the run's data and model, so the
+    cluster makes it: a refusal there is the job's last log line."""
+    from fedray.config import FedrayConfig, load_structured
+    from fedray.state.checkpoint import (
+        CHECKPOINT_FILE,
+        masked_keys,
+        read_checkpoint_header,
+        saved_config,
+    )
+
+    if _local_relative(run_dir) or run_dir.startswith("memory://"):
+        raise FedrayError(f"--resume {run_dir}: a job on a cluster continues a run where "
+                          "every node can reach it: give the run's URL (s3://bucket/runs/x) "
+                          "or its absolute path on shared storage")
+    saved = saved_config(run_dir)  # "not a fedray run directory (no config.yaml)"
+    head = read_checkpoint_header(run_dir)
+    if head is None:
+        raise FedrayError(f"--resume {run_dir}: it has no {CHECKPOINT_FILE} to continue "
+                          "from (a resume would start again from round 1); submit its job "
+                          "again with a new output.dir")
+    masked = masked_keys(saved) if job is None else []
+    if masked:
+        raise FedrayError(f"--resume {run_dir}: its config.yaml has masked credentials in "
+                          f"{', '.join(masked)}; give the job again: fedray submit JOB.yaml "
+                          f"--resume {run_dir}")
+    cfg = load_structured(FedrayConfig, job if job is not None else saved, overrides)
+    check_cluster_paths(OmegaConf.merge(cfg, {"output": {"dir": run_dir}}))
+    job_id = _send(f"submit --resume {run_dir}", job, overrides, cfg, address, submission_id,
+                   agent_wait_s, resume={"run_dir": run_dir,
+                                         "allow_change": list(allow_changes)})
+    return Resumed(job_id, head.round)
+
+
+def _send(what: str, job: str | None, overrides: Sequence[str], cfg: Any,
+          address: str | None, submission_id: str | None, agent_wait_s: float,
+          resume: dict | None = None) -> str:
+    """Ship a checked job to the cluster's job server, with this machine's fedray package
+    and the user's modules ``cfg`` names; return the job's id."""
+    import fedray
+
     modules = user_modules(job_refs(cfg))
     jobs = client(address)
     package = os.path.dirname(os.path.abspath(fedray.__file__))
@@ -192,7 +296,8 @@ def submit(job: str, overrides: list[str], address: str | None = None,
             if m.by_file:
                 _stage_file(m, staging)
         spec = job_spec(job, overrides, staging,
-                        [package] + [m.path for m in modules if not m.by_file], cfg.name)
+                        [package] + [m.path for m in modules if not m.by_file], cfg.name,
+                        resume=resume)
         deadline = time.monotonic() + agent_wait_s
         while True:
             try:
@@ -202,31 +307,65 @@ def submit(job: str, overrides: list[str], address: str | None = None,
                 if "No available agent" in str(exc) and time.monotonic() < deadline:
                     time.sleep(2.0)
                     continue
-                raise FedrayError(f"submit {job}: {one_line(exc)}") from None
+                raise FedrayError(f"{what}: {one_line(exc)}") from None
+            except Exception as exc:
+                refused = auth_failure(exc, job_server(address))
+                if refused is None:
+                    raise
+                raise refused from None
     finally:
         shutil.rmtree(staging, ignore_errors=True)
 
 
-def job_spec(job: str, overrides: Sequence[str], staging: str, py_modules: list[str],
-             name: str) -> dict[str, Any]:
+def job_spec(job: str | None, overrides: Sequence[str], staging: str, py_modules: list[str],
+             name: str, resume: dict | None = None) -> dict[str, Any]:
     """What ``submit`` hands Ray Jobs: the entrypoint, the runtime environment and the
     metadata, with the job file and the overrides staged in ``staging`` (the job's working
     directory). Everything returned here is shown to whoever can list the cluster's jobs
     (``ray job list``, the dashboard, the job log's first line), so it holds no override
     value, which may carry a credential (``output.dir=s3://KEY:SECRET@...``): the values
     travel in ``overrides.json`` (fedray.cluster.entrypoint), the metadata names only the
-    keys."""
+    keys. A resume (``resume``: the run directory and the --allow-change keys) travels the
+    same way, in ``resume.json``, which ``python -m fedray.cluster.submit`` reads
+    (``resume_argv``); its job file, if any, is optional."""
     from fedray.cluster.entrypoint import JOB_FILE, OVERRIDES_FILE
 
-    shutil.copyfile(job, os.path.join(staging, JOB_FILE))
+    if job is not None:
+        shutil.copyfile(job, os.path.join(staging, JOB_FILE))
     with open(os.path.join(staging, OVERRIDES_FILE), "w", encoding="utf-8") as f:
         json.dump(list(overrides), f)
     keys = ", ".join(o.split("=", 1)[0] for o in overrides)
-    return {"entrypoint": shlex.join(["python", "-m", "fedray.cluster.entrypoint"]),
+    module = "fedray.cluster.entrypoint"
+    metadata = {"fedray_job": mask(os.path.basename(job)) if job is not None else "",
+                "fedray_name": mask(name), "fedray_overrides": mask(keys)}
+    if resume is not None:
+        with open(os.path.join(staging, RESUME_FILE), "w", encoding="utf-8") as f:
+            json.dump(resume, f)
+        module = "fedray.cluster.submit"
+        metadata["fedray_resume"] = mask(resume["run_dir"])
+    return {"entrypoint": shlex.join(["python", "-m", module]),
             "runtime_env": {"working_dir": staging, "py_modules": py_modules,
                             "excludes": ["__pycache__"]},
-            "metadata": {"fedray_job": mask(os.path.basename(job)), "fedray_name": mask(name),
-                         "fedray_overrides": mask(keys)}}
+            "metadata": metadata}
+
+
+def resume_argv(resume_file: str = RESUME_FILE) -> list[str]:
+    """The ``fedray`` arguments a resumed job runs, in its working directory:
+    ``run [job.yaml] --resume RUN_DIR OVERRIDES... --allow-change KEY ... --quiet``, from
+    the files ``job_spec`` staged (the run directory, like an override, may hold a
+    credential, so it is not on the command line Ray shows)."""
+    from fedray.cluster.entrypoint import JOB_FILE, run_argv
+
+    with open(resume_file, encoding="utf-8") as f:
+        resume = json.load(f)
+    run_dir, allow = resume.get("run_dir"), resume.get("allow_change", [])
+    if not isinstance(run_dir, str) or not isinstance(allow, list) or \
+            not all(isinstance(k, str) for k in allow):
+        raise ValueError(f"{resume_file} must hold a run_dir string and an allow_change list")
+    overrides = run_argv()[2:-1]  # overrides.json's, checked there
+    job = [JOB_FILE] if os.path.exists(JOB_FILE) else []
+    return ["run", *job, "--resume", run_dir, *overrides,
+            *[a for k in allow for a in ("--allow-change", k)], "--quiet"]
 
 
 def _stage_file(module: UserModule, staging: str) -> None:
@@ -247,15 +386,20 @@ def _stage_file(module: UserModule, staging: str) -> None:
         shutil.copyfile(path, os.path.join(folder, os.path.basename(path)))
 
 
-def _call(what: str, job_id: str, fn: Callable[[], Any]) -> Any:
+def _call(what: str, job_id: str, fn: Callable[[], Any], address: str | None) -> Any:
     try:
         return fn()
     except RuntimeError as exc:
         raise FedrayError(f"{what} {job_id}: {one_line(exc)}") from None
+    except Exception as exc:  # a token refused between two calls of `logs --follow`
+        refused = auth_failure(exc, job_server(address))
+        if refused is None:
+            raise
+        raise refused from None
 
 
 def status(job_id: str, address: str | None = None) -> dict[str, Any]:
-    info = _call("status", job_id, lambda: client(address).get_job_info(job_id))
+    info = _call("status", job_id, lambda: client(address).get_job_info(job_id), address)
     return {"job_id": job_id, "status": str(info.status.value if hasattr(info.status, "value")
                                             else info.status),
             "message": mask(info.message or ""), "entrypoint": mask(info.entrypoint)}
@@ -264,11 +408,11 @@ def status(job_id: str, address: str | None = None) -> dict[str, Any]:
 def logs(job_id: str, address: str | None = None) -> str:
     """The job's log, credentials masked (a job of an older fedray had them in its first
     line, the entrypoint)."""
-    return mask(_call("logs", job_id, lambda: client(address).get_job_logs(job_id)))
+    return mask(_call("logs", job_id, lambda: client(address).get_job_logs(job_id), address))
 
 
 def stop(job_id: str, address: str | None = None) -> bool:
-    return bool(_call("stop", job_id, lambda: client(address).stop_job(job_id)))
+    return bool(_call("stop", job_id, lambda: client(address).stop_job(job_id), address))
 
 
 def follow(job_id: str, address: str | None = None, out: Callable[[str], None] = print,
@@ -278,9 +422,9 @@ def follow(job_id: str, address: str | None = None, out: Callable[[str], None] =
     shown = 0
     start = time.monotonic()
     while True:
-        state = _call("status", job_id, lambda: jobs.get_job_status(job_id))
+        state = _call("status", job_id, lambda: jobs.get_job_status(job_id), address)
         state = str(getattr(state, "value", state))
-        text = _call("logs", job_id, lambda: jobs.get_job_logs(job_id))
+        text = _call("logs", job_id, lambda: jobs.get_job_logs(job_id), address)
         if len(text) > shown:
             out(mask(text[shown:].rstrip("\n")))
             shown = len(text)
@@ -289,3 +433,15 @@ def follow(job_id: str, address: str | None = None, out: Callable[[str], None] =
         if timeout_s is not None and time.monotonic() - start > timeout_s:
             raise FedrayError(f"job {job_id}: still {state} after {timeout_s:.0f}s")
         time.sleep(poll_s)
+
+
+def main() -> int:
+    """A resumed job's entrypoint on the cluster (``python -m fedray.cluster.submit``):
+    ``fedray run --resume`` with what ``job_spec`` staged."""
+    from fedray.cli import main as fedray_main
+
+    return fedray_main(resume_argv())
+
+
+if __name__ == "__main__":
+    sys.exit(main())
