@@ -33,12 +33,12 @@ examples:
 
 The run directory (output.dir, any fsspec URL) receives config.yaml, metrics.jsonl,
 summary.json, events.out.tfevents.fedray (TensorBoard), model.safetensors,
-server_state.safetensors, checkpoint.safetensors (every checkpoint.every rounds) and, for
-SCAFFOLD, client_state/. --resume RUN_DIR continues
+server_state.safetensors, checkpoint.safetensors (every checkpoint.every rounds or
+checkpoint.every_s seconds) and, for SCAFFOLD, client_state/. --resume RUN_DIR continues
 from the checkpoint, bit-identically; the checkpoint must be the run's own (the run id on
 config.yaml's first line), and the config (RUN_DIR/config.yaml, or JOB.yaml given again,
 plus overrides) must equal the one the checkpoint records, except keys named with
---allow-change (rounds, eval.every, eval.batch_size, checkpoint.every, output.*, runtime.*
+--allow-change (rounds, eval.every, eval.batch_size, checkpoint.*, output.*, runtime.*
 keep the run bit-identical; any other changes the rounds after the checkpoint, and is said).
 Config keys: docs/config.md; algorithms: docs/algorithms.md; faults and resuming:
 docs/fault_tolerance.md."""
@@ -157,7 +157,7 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--allow-change", metavar="KEY", action="append", default=[],
                      help="with --resume: let this config key differ from the config the "
                      "run's checkpoint records; repeatable. Safe keys (rounds, eval.every, "
-                     "eval.batch_size, checkpoint.every, output.save_weights, "
+                     "eval.batch_size, checkpoint.*, output.save_weights, "
                      "output.tensorboard, output.mlflow, output.wandb, output.callbacks, "
                      "runtime.*) keep the run bit-identical; any other changes the rounds "
                      "after the checkpoint")
@@ -274,7 +274,9 @@ def _sweep(args: argparse.Namespace) -> int:
     if result.failed:
         raise FedrayError(f"sweep {where}: trials {', '.join(result.failed)} failed (see "
                           f"{RESULTS_FILE}); finish them with fedray sweep --resume {where}")
-    print(f"done: {len(result.rows)} trials, {result.wall_s:.1f}s; {RESULTS_FILE} and report/ "
+    took = f"{result.wall_s:.1f}s" + (f" ({result.session_s:.1f}s since the resume)"
+                                      if result.wall_s > result.session_s + 0.05 else "")
+    print(f"done: {len(result.rows)} trials, {took}; {RESULTS_FILE} and report/ "
           f"in {where}; tensorboard --logdir {where}/trials", flush=True)
     return 0
 
