@@ -152,7 +152,9 @@ class LocalHead(_RayStart):
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
-                raise RuntimeError(f"ray start exited: {self.output()[-2000:]}")
+                said = self.output()[-2000:]
+                self.stop()
+                raise RuntimeError(f"ray start exited: {said}")
             ports = [self.port] + ([self.dashboard_port] if self.dashboard_port else [])
             if all(_listening(p) for p in ports):
                 return
@@ -209,7 +211,9 @@ class LocalNode(_RayStart):
             if self.READY in self.output():
                 return
             if self.proc.poll() is not None:
-                raise RuntimeError(f"ray start --address exited: {self.output()[-2000:]}")
+                said = self.output()[-2000:]
+                self.stop()  # what it started, and its temp dir
+                raise RuntimeError(f"ray start --address exited: {said}")
             time.sleep(0.5)
         self.stop()
         raise RuntimeError(f"the worker node did not start in {timeout_s:.0f}s")
