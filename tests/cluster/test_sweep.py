@@ -501,6 +501,13 @@ def test_a_trial_tune_ends_after_ctrl_c_is_interrupted_not_stopped(tmp_path):
             statuses.append(record.entries[plan[0][0]]["status"])
         assert statuses == [STOPPED, INTERRUPTED]
         assert tune_got == [signal.SIGINT]  # Tune's handler still got the Ctrl-C
+        # a resumed sweep counts on from the trials that had ended before it
+        lines: list[str] = []
+        progress = _progress_callback(sweep, 5, lines.append, TrialRecord(sweep.output, plan),
+                                      ended=3)
+        trial = SimpleNamespace(config={"trial": plan[1][0]}, trial_id="t1")
+        progress.on_trial_complete(0, [], trial)
+        assert lines[-1].endswith("[4/5 ended]"), lines
     finally:
         signal.signal(signal.SIGINT, previous)
 
