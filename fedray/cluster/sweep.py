@@ -131,7 +131,17 @@ def load_sweep(source: Any, overrides: list[str] | tuple = ()) -> tuple[DictConf
     """The sweep (its job inlined) and the job config; reads no data, starts nothing."""
     from fedray.config import load_structured
 
-    sweep = load_structured(SweepConfig, source, overrides, what="sweep", kind="sweep")
+    # job.KEY=VALUE on the command line: a key of the job. Merged into a sweep whose job is
+    # a file's path, it would replace the path with that one key (the job's other keys, its
+    # data among them, silently back to their defaults), so there it joins `overrides`
+    outer = [o for o in overrides if not str(o).startswith("job.")]
+    sweep = load_structured(SweepConfig, source, outer, what="sweep", kind="sweep")
+    if len(outer) < len(overrides):
+        if isinstance(sweep.job, str):
+            sweep.overrides = [*sweep.overrides,
+                               *(str(o)[4:] for o in overrides if str(o).startswith("job."))]
+        else:
+            sweep = load_structured(SweepConfig, source, overrides, what="sweep", kind="sweep")
     base_dir = os.path.dirname(os.path.abspath(source)) if isinstance(source, str | os.PathLike
                                                                       ) else os.getcwd()
     job = _job_config(sweep, base_dir)

@@ -577,3 +577,18 @@ def test_a_sweep_says_its_client_state_disk_first_and_refuses_a_trial_over_budge
         client_state_disk(sweep, job, plan_trials(sweep))
     assert client_state_disk(*load_sweep(_sweep(tmp_path)), plan_trials(load_sweep(
         _sweep(tmp_path))[0])) is None  # FedAvg keeps none
+
+
+def test_a_job_key_set_on_the_command_line_keeps_the_job_file(tmp_path):
+    """`fedray sweep s.yaml job.rounds=9` on a sweep whose job is a file: the file's keys
+    stay (merging job.rounds into the path used to replace the whole job with one key, its
+    data silently back to the synthetic default)."""
+    job = tiny_job(tmp_path, rounds=7)
+    job["data"] = {"partition": "synthetic", "synthetic": {**job["data"]["synthetic"],
+                                                           "num_clients": 50}}
+    (tmp_path / "job.yaml").write_text(yaml.safe_dump(job))
+    (tmp_path / "s.yaml").write_text(yaml.safe_dump({"job": "job.yaml",
+                                                     "parameters": {"seed": [1]}}))
+    sweep, cfg = load_sweep(str(tmp_path / "s.yaml"), ["job.rounds=9", "name=x"])
+    assert cfg.rounds == 9 and cfg.name == "tiny" and cfg.data.synthetic.num_clients == 50
+    assert sweep.name == "x"
