@@ -15,6 +15,7 @@ driver and its workers are objects of this process instead, and Ray is not used 
 
 from __future__ import annotations
 
+import os
 import sys
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -195,7 +196,7 @@ def _write_failure(url: str, exc: OSError, kept: bool) -> FedrayError:
         return key_error("output.dir", f"{reason}; nothing was kept in {url}")
     where = _checkpoint_left(url)
     return key_error("output.dir", f"{reason}; {where}; when the storage is fixed, continue "
-                     f"with: fedray run --resume {url}")
+                     f"with: {resume_command(url)}")
 
 
 def _ray_failure(url: str, exc: FedrayError, kept: bool) -> FedrayError:
@@ -206,7 +207,17 @@ def _ray_failure(url: str, exc: FedrayError, kept: bool) -> FedrayError:
     if not kept:
         return FedrayError(f"{exc}; nothing was kept in {url}: run the same command again")
     return FedrayError(f"{exc}; {_checkpoint_left(url)}; continue with: "
-                       f"fedray run --resume {url}")
+                       f"{resume_command(url)}")
+
+
+def resume_command(url: str) -> str:
+    """The command that continues the run at ``url``, as the user would type it: ``fedray
+    submit --resume`` when this run is a job ``fedray submit`` sent (its log is read on
+    another machine), else ``fedray run --resume``."""
+    from fedray.cluster.entrypoint import SUBMITTED_ENV
+
+    verb = "submit" if os.environ.get(SUBMITTED_ENV) else "run"
+    return f"fedray {verb} --resume {url}"
 
 
 def _checkpoint_left(url: str) -> str:
@@ -315,6 +326,10 @@ def run(config: ConfigSource | None = None, model_fn: Callable[[], nn.Module] | 
 
         if isinstance(exc, RayFailure):
             raise _ray_failure(url, exc, kept) from None
+        if isinstance(exc, KeyboardInterrupt) and kept and not str(exc):
+            # Ctrl-C, SIGTERM, `fedray stop`: what is kept, and the command that continues
+            raise type(exc)(f"{_checkpoint_left(url)}; continue with: "
+                            f"{resume_command(url)}") from None
         raise
     finally:
         claim.release()

@@ -2,6 +2,7 @@
 
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -153,7 +154,7 @@ def _first_round(proc, err):
     return proc, err
 
 
-def _stop(proc, err, signals: list, code: int, line: str | None) -> None:
+def _stop(proc, err, signals: list, code: int, line: str | re.Pattern | None) -> None:
     """Send ``signals`` to a run started by _start_long_run (a second one 0.3 s after the
     first, as a user pressing Ctrl-C twice); check how it ended, and that every Ray process
     it had started is gone within 10 s."""
@@ -172,7 +173,9 @@ def _stop(proc, err, signals: list, code: int, line: str | None) -> None:
     assert proc.wait(timeout=60) == code, err.read_text()
     text = err.read_text()
     assert "SIGTERM received" not in text and "Traceback" not in text, text
-    if line is not None:
+    if isinstance(line, re.Pattern):
+        assert line.fullmatch(text.splitlines()[-1]), text
+    elif line is not None:
         assert text.splitlines()[-1] == line, text
     assert _gone(ray_procs, 10) == []
 
@@ -245,9 +248,25 @@ def test_two_runs_on_one_output_dir_and_sigterm(tmp_path):
                                      f"{tmp_path / 'first'} is in use by another run (pid "
                                      f"{proc.pid} on "), out.stderr
         assert yaml.safe_load((tmp_path / "first" / "config.yaml").read_text())["rounds"] == 500
-        _stop(proc, err, [signal.SIGTERM], 143, "fedray: terminated")
+        # what it keeps and how to continue, in the one line
+        _stop(proc, err, [signal.SIGTERM], 143, re.compile(
+            r"fedray: terminated; (its checkpoint after round \d+ is intact|it has no "
+            r"checkpoint yet \(a resume starts from round 1\)); continue with: "
+            f"fedray run --resume {re.escape(str(tmp_path / 'first'))}"))
     finally:
         if proc.poll() is None:
             proc.kill()
     assert (tmp_path / "first" / "metrics.jsonl").read_text().count("\n") >= 1
     assert not (tmp_path / "first" / ".fedray.lock").exists()
+
+
+def test_the_continue_hint_of_a_submitted_job_is_fedray_submit(monkeypatch):
+    """A run cut short says how to continue it: in a job fedray submit sent (its log is read
+    on the user's machine) that is `fedray submit --resume`, else `fedray run --resume`."""
+    from fedray.api import resume_command
+    from fedray.cluster.entrypoint import SUBMITTED_ENV
+
+    monkeypatch.delenv(SUBMITTED_ENV, raising=False)
+    assert resume_command("s3://b/runs/a") == "fedray run --resume s3://b/runs/a"
+    monkeypatch.setenv(SUBMITTED_ENV, "1")
+    assert resume_command("s3://b/runs/a") == "fedray submit --resume s3://b/runs/a"

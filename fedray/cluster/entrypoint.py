@@ -17,6 +17,9 @@ import sys
 
 JOB_FILE = "job.yaml"
 OVERRIDES_FILE = "overrides.json"
+# set in a job fedray submit sent: the hint a cut run prints is then `fedray submit --resume`
+# (what continues it from the user's machine), not `fedray run --resume`
+SUBMITTED_ENV = "FEDRAY_SUBMITTED_JOB"
 
 
 def run_argv(overrides_file: str = OVERRIDES_FILE) -> list[str]:
@@ -29,8 +32,11 @@ def run_argv(overrides_file: str = OVERRIDES_FILE) -> list[str]:
 
 
 def main() -> int:
+    import os
+
     from fedray.cli import main as fedray_main
 
+    os.environ[SUBMITTED_ENV] = "1"
     return fedray_main(run_argv())
 
 

@@ -439,7 +439,9 @@ def main() -> int:
     """A resumed job's entrypoint on the cluster (``python -m fedray.cluster.submit``):
     ``fedray run --resume`` with what ``job_spec`` staged."""
     from fedray.cli import main as fedray_main
+    from fedray.cluster.entrypoint import SUBMITTED_ENV
 
+    os.environ[SUBMITTED_ENV] = "1"
     return fedray_main(resume_argv())
 
 
