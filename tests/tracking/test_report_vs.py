@@ -13,6 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from omegaconf import OmegaConf
+from test_report import _error as report_error
 
 from fedray.cli import main
 from fedray.errors import FedrayError
@@ -84,12 +85,8 @@ def study(tmp_path) -> list[str]:
 
 
 def _error(argv, capsys) -> str:
-    rc = main(argv)
-    err = capsys.readouterr().err
-    assert rc == 2, err
-    lines = err.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("fedray: error: "), err
-    return lines[0].removeprefix("fedray: error: ")
+    """The CLI's one error line (test_report's check), without its prefix."""
+    return report_error(argv, capsys).removeprefix("fedray: error: ")
 
 
 def _csv(out: Path) -> list[dict]:
