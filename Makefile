@@ -17,7 +17,7 @@ venv: $(BIN)/.installed
 demo: venv  ## FedAvg on 1,000 synthetic FEMNIST writers (about a minute on 2 cores)
 	$(BIN)/fedray run jobs/quickstart.yaml
 
-test: venv  ## the whole test suite (about 15 minutes on 2 cores)
+test: venv  ## the whole test suite (about 40 minutes on 2 cores)
 	$(BIN)/ruff check .
 	$(BIN)/python -m pytest -q
 
