@@ -396,14 +396,12 @@ def _run_claimed(cfg: DictConfig, url: str, model_fn: Callable | None,
     """The run, once its directory is claimed: Ray, the driver and its workers, every round
     (appended to ``metrics`` as they arrive)."""
     from fedray.algorithms.registry import resolve
-    from fedray.core.models import model_factory
+    from fedray.core.models import source_model_factory
     from fedray.data.source import build_source
 
     if cfg.runtime.backend == "inline":
         source = build_source(cfg, client_data, test_data, manifest)
-        make_model = model_fn or model_factory(
-            cfg.model.name, OmegaConf.to_container(cfg.model.args, resolve=True),
-            tuple(source.input_shape), source.num_classes)
+        make_model = model_fn or source_model_factory(cfg.model, source)
         summary, weights = _run_inline(cfg, url, source, make_model, callbacks, resume,
                                        metrics)
         return RunResult(weights=weights, metrics=metrics, summary=summary, run_dir=url,
@@ -418,9 +416,7 @@ def _run_claimed(cfg: DictConfig, url: str, model_fn: Callable | None,
 
     with ray_session(cfg):
         source = build_source(cfg, client_data, test_data, manifest)
-        make_model = model_fn or model_factory(
-            cfg.model.name, OmegaConf.to_container(cfg.model.args, resolve=True),
-            tuple(source.input_shape), source.num_classes)
+        make_model = model_fn or source_model_factory(cfg.model, source)
         strategy, resources = _placement()
         num_workers = pool_size(cfg, resources)
         driver_cls = ray.remote(Driver).options(num_cpus=0, scheduling_strategy=strategy)

@@ -169,7 +169,7 @@ def load_sweep(source: Any, overrides: list[str] | tuple = ()) -> tuple[DictConf
     seen: dict[str, str] = {}  # config key -> the parameter that sets it
     for key, spec in sweep.parameters.items():
         where = f"parameters.{key}"
-        for k in ([k for option in spec for k in option] if is_choice(spec) else [key]):
+        for k in _keys_set(key, spec):
             r(seen.get(k, key) == key, where, f"sets {k}, which parameters.{seen.get(k)} "
               "sets too; set each config key in one parameter", k)
             seen[k] = key
@@ -319,12 +319,17 @@ def choice_settings(spec: Any) -> list[dict[str, Any]]:
     return [s for option in spec for s in _option_settings(option)]
 
 
+def _keys_set(key: str, spec: Any) -> list[str]:
+    """The config keys parameter ``key`` sets: itself, or a choice's options' keys."""
+    return [k for option in spec for k in option] if is_choice(spec) else [key]
+
+
 def swept_keys(sweep: DictConfig) -> list[str]:
     """The config keys the sweep sets, in the order the file gives them (a choice's keys
     where its options first name them): results.csv's columns and the report's grouping."""
     keys: list[str] = []
     for key, spec in sweep.parameters.items():
-        for k in ([k for option in spec for k in option] if is_choice(spec) else [key]):
+        for k in _keys_set(key, spec):
             if k not in keys:
                 keys.append(k)
     return keys
@@ -333,7 +338,7 @@ def swept_keys(sweep: DictConfig) -> list[str]:
 def _option_of(spec: Any, params: dict[str, Any]) -> dict[str, Any]:
     """The setting of the choice ``spec`` that the trial's ``params`` hold (load_sweep refuses
     choices whose settings repeat, so there is exactly one)."""
-    own = {k for option in spec for k in option}
+    own = set(_keys_set("", spec))
     keys = {k for k in params if k in own}
     return next(s for s in choice_settings(spec)
                 if set(s) == keys and all(params[k] == v for k, v in s.items()))
@@ -420,7 +425,7 @@ def client_state_disk(sweep: DictConfig, job: DictConfig,
     from fedray.algorithms.registry import resolve
     from fedray.api import prepare
     from fedray.core.flat_model import FlatModel
-    from fedray.core.models import model_factory
+    from fedray.core.models import source_model_factory
     from fedray.data.source import build_source
     from fedray.runtime.driver import most_clients
     from fedray.runtime.worker import keeps_client_state
@@ -437,9 +442,7 @@ def client_state_disk(sweep: DictConfig, job: DictConfig,
                               for k in ("data", "model", "algorithm", "server")], default=str)
             if key not in built:
                 source = build_source(cfg)
-                template = FlatModel(model_factory(
-                    cfg.model.name, OmegaConf.to_container(cfg.model.args, resolve=True),
-                    tuple(source.input_shape), source.num_classes)())
+                template = FlatModel(source_model_factory(cfg.model, source)())
                 parts = resolve(cfg.algorithm, cfg.server)
                 built[key] = (source.population, template, parts.client, parts.stages)
             population, template, client, stages = built[key]
@@ -875,8 +878,9 @@ class TrialRecord:
 
 
 def _run_tune(sweep: DictConfig, job: DictConfig, plan: dict[str, dict], names: list[str],
-              progress) -> None:
-    """Run the planned trials ``names`` on Tune, ``sweep.max_concurrent_trials`` at a time.
+              progress, modules: bytes | None) -> None:
+    """Run the planned trials ``names`` on Tune, ``sweep.max_concurrent_trials`` at a time;
+    ``modules``: the user's modules every trial puts on its path (``pack_modules``).
 
     ``tune.run`` with a fresh state every time, never a restore: Tune's restore unpickles its
     files in the sweep directory (Tuner.restore), and so does its ResultGrid (each failed
@@ -898,7 +902,7 @@ def _run_tune(sweep: DictConfig, job: DictConfig, plan: dict[str, dict], names: 
     trainable = tune.with_resources(
         tune.with_parameters(_trial, plan=plan, job=OmegaConf.to_container(job, resolve=True),
                              sweep_dir=sweep.output, workers=sweep.workers_per_trial,
-                             modules=pack_modules(_module_refs(sweep, job))),
+                             modules=modules),
         _placement(job, sweep.workers_per_trial))
     scheduler = None
     if sweep.scheduler.name == "asha":
@@ -1070,8 +1074,8 @@ def _run_sweep(source: Any, overrides: list[str] | tuple, resume: str | None,
     prepared: dict[str, DictConfig] = {}
     trials = check_trials(sweep, job, prepared)
     plan = plan_trials(sweep)
-    state_line = client_state_disk(sweep, job, plan, pack_modules(_module_refs(sweep, job)),
-                                   prepared)
+    modules = pack_modules(_module_refs(sweep, job))  # zipped once: the estimate's, the trials'
+    state_line = client_state_disk(sweep, job, plan, modules, prepared)
     record = TrialRecord(sweep.output, plan,
                          TrialRecord.read(sweep.output, plan) if resume is not None else None)
     todo = _to_run(sweep, record)
@@ -1099,7 +1103,7 @@ def _run_sweep(source: Any, overrides: list[str] | tuple, resume: str | None,
                 progress = _progress_callback(sweep, len(plan), log, record,
                                               ended=len(plan) - len(todo))
                 with _tune_signals():
-                    _run_tune(sweep, job, dict(plan), todo, progress)
+                    _run_tune(sweep, job, dict(plan), todo, progress, modules)
         except KeyboardInterrupt as exc:  # a second Ctrl-C, SIGTERM, or a Ctrl-C before
             stop = exc  # Tune's loop took it over (Ray starting, Tune importing)
     cut = _mark_interrupted(record)  # Tune ends early only when interrupted (Ctrl-C)

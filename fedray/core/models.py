@@ -301,6 +301,16 @@ def model_factory(name: str, args: Mapping[str, Any] | None, input_shape: tuple[
                              tuple(input_shape), num_classes)
 
 
+def source_model_factory(model: Any, source: Any) -> Callable[[], nn.Module]:
+    """``model_factory`` for a job's ``model`` section (name and args) and the inputs and
+    classes of the ``source`` it trains on: what a run, and a sweep's estimate of a trial,
+    build."""
+    from omegaconf import OmegaConf
+
+    return model_factory(model.name, OmegaConf.to_container(model.args, resolve=True),
+                         tuple(source.input_shape), source.num_classes)
+
+
 def fit_problem(module: nn.Module, input_shape: tuple[int, ...], num_classes: int,
                 loss: str, data: str = "the data", label_shape: tuple[int, ...] = ()
                 ) -> str | None:

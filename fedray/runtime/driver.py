@@ -272,8 +272,9 @@ class Driver:
         state_url = self.run_dir.url_of(CLIENT_STATE_DIR)
         # per-client state (the client part's): which version of each client's state is current
         stateful = keeps_client_state(client, self.stages)
-        self.state_store = (ClientStateStore(state_url, cache_mb=0, half=c.runtime.worker
-                                             .state_dtype == "float16") if stateful else None)
+        state_half = c.runtime.worker.state_dtype == "float16"  # the driver's store, workers'
+        self.state_store = (ClientStateStore(state_url, cache_mb=0, half=state_half)
+                            if stateful else None)
         self.versions = ClientVersions(source.population) if stateful else None
         # (client, version, pack) of states the last checkpoint needs, though superseded
         self._superseded: list[tuple[int, int, int]] = []
@@ -327,7 +328,7 @@ class Driver:
             resources=WorkerResources(num_cpus=w.num_cpus, cache_mb=w.cache_mb,
                                       state_cache_mb=w.state_cache_mb,
                                       state_pack_mb=w.state_pack_mb,
-                                      state_half=w.state_dtype == "float16",
+                                      state_half=state_half,
                                       vectorize=self._vectorize_plan(client)),
             client=worker_parts[0], aggregator=worker_parts[1], state_url=state_url,
             per_round=parse_per_round(c.data.get("per_round")), stages=worker_parts[2],

@@ -292,12 +292,22 @@ class ClientStateStore:
         ``pack`` of that version (-1: the client's own file); None for version 0 (the client
         has no state yet), without touching the disk. A ``half`` store's float16 tensors
         come back as float32."""
-        tensors = self._get(client_id, version, pack)
-        if self.half and tensors is not None:
-            return {k: t.float() if t.dtype == torch.float16 else t for k, t in tensors.items()}
-        return tensors
+        found = self._get(client_id, version, pack)
+        if found is None:
+            return None
+        tensors, cached = found
+        return {k: self._out(t, cached) for k, t in tensors.items()}
 
-    def _get(self, client_id: int, version: int, pack: int) -> Tensors | None:
+    def _out(self, t: torch.Tensor, cached: bool) -> torch.Tensor:
+        """A tensor ``get`` returns: float32 again for a ``half`` store's float16 (a new
+        tensor, so no other copy); a copy of one the cache holds; else the one read."""
+        if self.half and t.dtype == torch.float16:
+            return t.float()
+        return t.clone() if cached else t
+
+    def _get(self, client_id: int, version: int, pack: int
+             ) -> tuple[Tensors, bool] | None:
+        """The stored tensors, and whether the cache holds them (so the caller must copy)."""
         cid, v = _check_id(client_id), _check_version(version, 0)
         if v == 0:
             return None
@@ -307,13 +317,11 @@ class ClientStateStore:
             if entry is not None:
                 self._cache.move_to_end(key)
                 self.hits += 1
-                return {k: t.clone() for k, t in entry[0].items()}
+                return entry[0], True
         self.misses += 1
         if pack >= 0:
             tensors = self._from_pack(cid, v, int(pack))
-            if self._remember(key, tensors):
-                return {k: t.clone() for k, t in tensors.items()}
-            return tensors
+            return tensors, self._remember(key, tensors)
         fs = self._fs
         path = self._file(cid, v)
         try:
@@ -329,9 +337,7 @@ class ClientStateStore:
         except Exception as exc:  # safetensors raises its own SafetensorError
             raise FedrayError(f"client state file {fs.unstrip_protocol(path)} is corrupt: "
                               f"{exc}") from None
-        if self._remember(key, tensors):
-            return {k: t.clone() for k, t in tensors.items()}
-        return tensors
+        return tensors, self._remember(key, tensors)
 
     def put(self, client_id: int, version: int, tensors: Tensors) -> None:
         """Write version ``version`` (>= 1) of the state of ``client_id``, atomically; the
