@@ -87,3 +87,32 @@ def test_a_run_over_its_client_state_budget_is_refused_before_round_1(tmp_path):
                        r"client state is expected to take .* MB on disk \(.* clients sampled, "):
         fedray.run(job)
     assert not (tmp_path / "run").exists()
+
+
+def test_a_run_with_float16_state_resumes_bit_for_bit(tmp_path):
+    """SCAFFOLD with runtime.worker.state_dtype=float16, cut after round 4 (checkpoint every
+    2) and resumed: the weights and every client's stored state equal the uninterrupted
+    run's, since the stored float16 values are what both read back."""
+    import torch
+    from timing.clocked_runs import CrashAfter
+
+    def job(name: str) -> dict:
+        return tiny_job(tmp_path, rounds=6, algorithm={"name": "scaffold"},
+                        checkpoint={"every": 2, "every_s": 0},
+                        runtime={"backend": "inline", "num_workers": 2,
+                                 "worker": {"state_dtype": "float16"}},
+                        output={"dir": str(tmp_path / name)})
+
+    whole = fedray.run(job("whole"))
+    with pytest.raises(KeyboardInterrupt):
+        fedray.run(job("cut"), callbacks=[CrashAfter(3)])
+    resumed = fedray.run(resume=str(tmp_path / "cut"))
+    assert resumed.summary["resumed_from_round"] == 2
+    assert all(torch.equal(whole.weights[k], resumed.weights[k]) for k in whole.weights)
+    states = []
+    for name in ("whole", "cut"):
+        store = ClientStateStore(str(tmp_path / name / "client_state"), cache_mb=0, half=True)
+        states.append(store.current(read_checkpoint(str(tmp_path / name)).client_versions))
+    assert states[0].keys() == states[1].keys()
+    for cid, (_, s) in states[0].items():
+        assert all(torch.equal(t, states[1][cid][1][k]) for k, t in s.items())
