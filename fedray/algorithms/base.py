@@ -56,7 +56,7 @@ from fedray.algorithms.reduction import PartialSum
 __all__ = ["Aggregator", "ClientContext", "ClientOptimizer", "ClientRows", "ClientWork",
            "ClipNorm", "GradTransform", "LocalTerms", "LocalUpdate", "Normalize", "ParamError",
            "PartialSum", "Payload", "Phase", "RoundPlan", "UpdateStage", "WorkerEnv",
-           "global_norm", "require"]
+           "global_norm", "require", "require_length"]
 
 
 class ParamError(ValueError):
@@ -72,6 +72,20 @@ def require(ok: bool, key: str, rule: str, value: Any) -> None:
     """For a part's ``check``: raise ``ParamError`` unless ``ok``."""
     if not ok:
         raise ParamError(key, rule, value)
+
+
+def require_length(steps: int | None, epochs: int | None, lr: float | None,
+                   prefix: str = "") -> None:
+    """For a part's ``check``: a phase's own length and learning rate, each optional (None:
+    the job's client section), ``steps`` or ``epochs`` but not both; the keys are
+    ``{prefix}steps``, ``{prefix}epochs`` and ``{prefix}lr``."""
+    for key, value in ((f"{prefix}steps", steps), (f"{prefix}epochs", epochs)):
+        require(value is None or isinstance(value, int) and not isinstance(value, bool)
+                and value >= 1, key, "must be an integer >= 1 (or unset)", value)
+    require(steps is None or epochs is None, f"{prefix}steps", "give steps or epochs, not "
+            "both", steps)
+    require(lr is None or isinstance(lr, int | float) and not isinstance(lr, bool)
+            and 0 < lr < float("inf"), f"{prefix}lr", "must be > 0 (or unset)", lr)
 
 
 @dataclass(frozen=True)
@@ -488,6 +502,15 @@ class ClientWork(Part):
         never trained). None: the broadcast model with the ``local`` parameters from its
         state -- what federated evaluation and ``eval.personalize`` then start from. A
         personal-model algorithm returns the stored personal model here."""
+        return None
+
+    def eval_phase(self, env: WorkerEnv) -> Phase | None:
+        """Local training every evaluated client does on its own training split, from its
+        ``eval_weights``, before it is evaluated: Per-FedAvg's one step of adaptation
+        (``Phase(steps=1, lr=alpha)``). Run by the sequential kernel from the client's
+        adaptation seed for the eval round (its own stream: it shifts no training draw);
+        the ``start``, ``send`` and ``keep`` of the phase mean nothing here, and nothing it
+        trains is kept. None: clients are evaluated as ``eval_weights`` says."""
         return None
 
     # a part's own local training, in place of the phases: the worker calls it after

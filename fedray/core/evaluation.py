@@ -69,17 +69,23 @@ def merge_sums(parts: list[EvalSums]) -> EvalSums:
 @dataclass
 class ClientEval:
     """One evaluated client's row, as a worker sends it back: the global model's sums on
-    the client's test split, and, with personalized evaluation, the sums of the copy it
-    fine-tuned on its train split. Rows, not weights: the driver only ever merges numbers."""
+    the client's test split (or, for a client part with personalized models, its own
+    model's, with the global model's in ``global_sums``), and, with personalized
+    evaluation (eval.personalize), the sums of the copy it fine-tuned on its train split.
+    Rows, not weights: the driver only ever merges numbers."""
 
     client_id: int
     sums: EvalSums
     personalized: EvalSums | None = None
+    # for a client part that evaluates each client with its own model (a local head, a
+    # personal model, an adapted copy: ``sums``), the global model's sums beside them
+    global_sums: EvalSums | None = None
 
 
-def pooled(rows: list[ClientEval], personalized: bool = False) -> EvalSums:
-    """The rows' sums added in client-id order: the pooled federated evaluation, the same
-    floats whichever worker evaluated which client."""
+def pooled(rows: list[ClientEval], which: str = "sums") -> EvalSums:
+    """The rows' ``which`` sums (``sums``, ``personalized``, ``global_sums``) added in
+    client-id order: the pooled federated evaluation, the same floats whichever worker
+    evaluated which client."""
     ordered = sorted(rows, key=lambda row: row.client_id)
-    return merge_sums([row.personalized if personalized else row.sums for row in ordered])
+    return merge_sums([getattr(row, which) for row in ordered])
 

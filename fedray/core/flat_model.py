@@ -16,6 +16,8 @@ from contextlib import contextmanager
 import torch
 from torch import nn
 
+from fedray.core.model_parts import select
+
 
 class FlatModel:
     def __init__(self, module: nn.Module, device: torch.device | str = "cpu"):
@@ -70,18 +72,23 @@ class FlatModel:
 
     def positions(self, prefixes: tuple[str, ...]) -> torch.Tensor:
         """The flat positions (int64, ascending) of every parameter and buffer whose name
-        starts with one of ``prefixes`` ("head." or "fc2", "bn1.running_mean"): how a part's
-        ``local`` parameters are cut out of, and put back into, a flat weight vector."""
-        picked = [torch.arange(o, o + n) for name, o, n in self.spans
-                  if name.startswith(tuple(prefixes))]
+        starts with one of ``prefixes`` ("head." or "fc2", "bn1.running_mean"), or that a
+        selector among them picks (``@head``, ``@body``, ``@norm``, ``!X``:
+        fedray.core.model_parts): how a part's ``local`` parameters are cut out of, and put
+        back into, a flat weight vector."""
+        hits = select(self.module, (name for name, _, _ in self.spans), prefixes)
+        picked = [torch.arange(o, o + n) for (_, o, n), hit in zip(self.spans, hits,
+                                                                    strict=True) if hit]
         return (torch.cat(picked) if picked else torch.zeros(0, dtype=torch.int64)).to(
             self.device)
 
     def trainable(self, prefixes: tuple[str, ...] | None) -> list[bool]:
-        """Per parameter (``param_list`` order), whether its name starts with one of
-        ``prefixes`` (None: all do) -- a phase's ``trainable``."""
+        """Per parameter (``param_list`` order), whether ``prefixes`` (prefixes or
+        selectors, as ``positions``) selects it (None: all do) -- a phase's ``trainable``."""
         names = [name for name, _, _ in self.spans[: len(self.param_list)]]
-        return [prefixes is None or n.startswith(tuple(prefixes)) for n in names]
+        if prefixes is None:
+            return [True] * len(names)
+        return select(self.module, names, prefixes)
 
     @contextmanager
     def own_grads(self) -> Iterator[list[torch.Tensor]]:

@@ -31,6 +31,7 @@ TAG_DP_NOISE = 15  # central DP's noise on the round's sum, per (seed, round)
 TAG_DP_LOCAL = 16  # local DP's noise on a client's update, from its round seed
 TAG_QUANTIZE = 17  # stochastic rounding of a client's update (quantize, secagg), ditto
 TAG_PHASE = 18  # a client's training phase i > 0 (Phase), from its round seed and i
+TAG_ADAPT = 19  # an evaluated client's adaptation (ClientWork.eval_phase), per round
 
 
 def derive_seed(*parts: int) -> int:

@@ -879,8 +879,10 @@ class Driver:
         self.run_dir.write_bytes(table_name(r), table_bytes(table))
         out.update(client_metrics(table))
         sums = {"fed_test": pooled(rows)}
+        if rows and rows[0].global_sums is not None:  # each client's own model, and beside
+            sums["fed_test_global"] = pooled(rows, "global_sums")  # it the global one's
         if self.personalize is not None:
-            sums["fed_test_personalized"] = pooled(rows, personalized=True)
+            sums["fed_test_personalized"] = pooled(rows, "personalized")
         return sums
 
     def begin(self) -> dict[str, Any]:

@@ -37,7 +37,7 @@ from fedray.algorithms.base import (
 )
 from fedray.core.evaluation import ClientEval, EvalSums, evaluate
 from fedray.core.flat_model import FlatModel
-from fedray.core.seeding import TAG_PHASE, client_seed, derive_seed, personalize_seed
+from fedray.core.seeding import TAG_ADAPT, TAG_PHASE, client_seed, derive_seed, personalize_seed
 from fedray.core.tensors import readonly_tensor, reused_rows
 from fedray.data.per_round import PerRound, apply_per_round
 from fedray.data.source import ClientCache, ClientSource, sizes_of
@@ -204,6 +204,13 @@ def evaluates_with_state(client: ClientWork) -> bool:
     part keeps ``local`` parameters or says its clients' weights (``eval_weights``). Else
     every client is evaluated with the global model, reading no state."""
     return bool(client.local) or type(client).eval_weights is not ClientWork.eval_weights
+
+
+def evaluates_own_model(client: ClientWork) -> bool:
+    """Whether each evaluated client has a model of its own (from its state, or adapted on
+    its data: ``ClientWork.eval_phase``), so that federated evaluation measures it and, beside
+    it, the global model."""
+    return evaluates_with_state(client) or type(client).eval_phase is not ClientWork.eval_phase
 
 
 def _parts(worker: ClientWorker) -> PartNames | None:
@@ -826,14 +833,24 @@ class ClientWorker:
         (``_client_weights``)."""
         t = self.spec.training
         self._weights.copy_(readonly_tensor(weights))
+        self.env.global_weights = self._weights
+        adapt = self.client.eval_phase(self.env)
+        own = evaluates_own_model(self.client)
         rows = []
         for i, cid in enumerate(client_ids):
             start = self._weights if versions is None else self._client_weights(
                 cid, versions[i], packs[i] if packs else -1)
-            self.model.load_(start)
             x, y = self.cache.get(cid, "test")
+            glob = None
+            if own:  # the global model's numbers beside the client's own model's
+                self.model.load_(self._weights)
+                glob = evaluate(self.model.module, x, y, t.eval_batch_size, self.device,
+                                t.loss)
+            if adapt is not None:
+                start = self._adapted(cid, round_idx, adapt, start)
+            self.model.load_(start)
             row = ClientEval(cid, evaluate(self.model.module, x, y, t.eval_batch_size,
-                                           self.device, t.loss))
+                                           self.device, t.loss), global_sums=glob)
             if personalize is not None:
                 tx, ty = self.cache.get(cid)
                 if len(ty):
@@ -847,6 +864,19 @@ class ClientWorker:
                                             self.device, t.loss)
             rows.append(row)
         return rows
+
+    def _adapted(self, cid: int, round_idx: int, phase: Phase,
+                 start: torch.Tensor) -> torch.Tensor:
+        """Client ``cid``'s model adapted on its training split by the client part's
+        ``eval_phase`` (from ``start``, its eval weights), as a copy: the client's own
+        adaptation seed for the round, no algorithm terms but the phase's."""
+        tx, ty = self.cache.get(cid)
+        if not len(ty):
+            return start
+        seed = derive_seed(self.spec.seed, TAG_ADAPT, round_idx, cid)
+        ctx = ClientContext(cid, round_idx, seed, tx, ty, self.env.batch_size_for(len(ty)))
+        self.env.local_sgd(ctx, phase, weights=start)
+        return self.model.flat.clone()
 
     def _client_weights(self, cid: int, version: int, pack: int = -1) -> torch.Tensor:
         """Client ``cid``'s model for evaluation: what the client part's ``eval_weights``

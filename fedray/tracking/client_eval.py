@@ -10,9 +10,13 @@ directory and their statistics as ``clients_*`` keys of metrics.jsonl.
 Columns: ``client_id`` int64, ``count`` int64 (test examples, or counted positions for a
 sequence loss), ``loss_sum`` float64, ``correct`` int64, ``loss`` (= loss_sum / count) and
 ``accuracy`` (= correct / count) float64; ``correct`` and ``accuracy`` only where the loss
-has an accuracy (not ``mse``); with ``eval.personalize`` the same four again, prefixed
-``personalized_``. Rows are in client-id order; the pooled ``fed_test_*`` metrics are their
-sums added in that order, so they can be recomputed from the table exactly.
+has an accuracy (not ``mse``). For a client part that evaluates each client with its own
+model (a local head or normalization layers, a personal model, an adapted copy: the
+personalization family), those columns are the client's own model's, and the same four
+again, prefixed ``global_``, are the global model's on the same examples; with
+``eval.personalize`` the same four again, prefixed ``personalized_``. Rows are in client-id
+order; the pooled ``fed_test_*`` metrics are their sums added in that order, so they can be
+recomputed from the table exactly.
 """
 
 from __future__ import annotations
@@ -73,6 +77,8 @@ def client_table(rows: Sequence[ClientEval], accuracy: bool) -> pa.Table:
     rows = sorted(rows, key=lambda row: row.client_id)
     cols: dict[str, Any] = {"client_id": np.array([r.client_id for r in rows], np.int64)}
     cols |= _columns([r.sums for r in rows], "", accuracy)
+    if rows and rows[0].global_sums is not None:
+        cols |= _columns([r.global_sums for r in rows], "global_", accuracy)
     if rows and rows[0].personalized is not None:
         cols |= _columns([r.personalized for r in rows], "personalized_", accuracy)
     return pa.table(cols)
@@ -92,11 +98,12 @@ def read_table(data: bytes) -> pa.Table:
 
 def client_metrics(table: pa.Table) -> dict[str, float]:
     """The ``clients_*`` keys of metrics.jsonl: how many clients had test data, and the
-    statistics of their accuracy and loss (and personalized ones) over those clients."""
+    statistics of their accuracy and loss (and the global model's, ``clients_global_*``,
+    and the fine-tuned copies', ``clients_personalized_*``) over those clients."""
     count = table.column("count").to_numpy()
     has = count > 0
     out: dict[str, float] = {"clients_evaluated": int(has.sum())}
-    for prefix in ("", "personalized_"):
+    for prefix in ("", "global_", "personalized_"):
         if f"{prefix}loss" not in table.column_names:
             continue
         name = f"clients_{prefix}"
