@@ -4,10 +4,16 @@ Architectures follow the papers fedray reproduces: ``emnist_cnn`` (TFF / Reddi e
 ``leaf_cnn`` (LEAF FEMNIST, Caldas et al.), ``mlp`` (SCAFFOLD's 2-layer fully connected
 network; its width is fedray's choice), ``logreg``, ``resnet18_gn`` (GroupNorm ResNet-18
 for CIFAR-100, Hsieh et al. / Reddi et al., with its input preprocessing built in) and
-``shakespeare_lstm`` (seed 002's character LSTM). A job may instead name a user's model by
-import path (``model.name: my_models:Net`` or ``path/to/file.py:Net``, the syntax and resolver
-of algorithm parts, fedray.algorithms.registry) with keyword arguments from ``model.args``;
-from Python, any nn.Module factory can be passed as ``fedray.run(model_fn=...)``.
+``shakespeare_lstm`` (seed 002's character LSTM). ``emnist_cnn_bn`` and ``cifar_cnn_bn`` are
+BatchNorm CNNs for FedBN-style personalization (Li et al., ICLR 2021), kept apart from the
+networks above because BatchNorm's running statistics are buffers: such a model trains one
+client after another (fedray.kernels.vectorized.unsupported_reason refuses it), and its
+statistics travel in the flat weight vector with the parameters.
+
+A job may instead name a user's model by import path (``model.name: my_models:Net`` or
+``path/to/file.py:Net``, the syntax and resolver of algorithm parts,
+fedray.algorithms.registry) with keyword arguments from ``model.args``; from Python, any
+nn.Module factory can be passed as ``fedray.run(model_fn=...)``.
 """
 
 from __future__ import annotations
@@ -25,21 +31,50 @@ from torch import nn
 ModelFactory = Callable[[tuple[int, ...], int], nn.Module]
 
 
+class SafeBatchNorm1d(nn.BatchNorm1d):
+    """BatchNorm1d that trains on a batch of one example instead of raising.
+
+    torch refuses a training batch with one value per feature (its variance is zero), but
+    fedray's batches can hold one example: the last minibatch of an epoch when a client's
+    count is 1 more than a multiple of the batch size, or a client with one example. Such a
+    batch is normalized with the running statistics, as in evaluation, and leaves them
+    unchanged; every other batch is plain BatchNorm1d."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.training and x.shape[0] == 1 and self.track_running_stats:
+            return nn.functional.batch_norm(x, self.running_mean, self.running_var,
+                                            self.weight, self.bias, False, 0.0, self.eps)
+        return super().forward(x)
+
+
 class EmnistCNN(nn.Module):
     """The EMNIST CNN of TFF and Reddi et al. (Adaptive Federated Optimization, Table 4):
-    conv3x3-32, conv3x3-64, maxpool 2x2, dropout 0.25, fc128, dropout 0.5, fc62."""
+    conv3x3-32, conv3x3-64, maxpool 2x2, dropout 0.25, fc128, dropout 0.5, fc62.
 
-    def __init__(self, input_shape: tuple[int, ...] = (1, 28, 28), num_classes: int = 62):
+    ``batch_norm``: a BatchNorm after each convolution (BatchNorm2d) and after fc128
+    (BatchNorm1d), each between its layer and the ReLU (``emnist_cnn_bn``, fedray's
+    variant for FedBN). Those three layers then drop their bias, which the normalization
+    would cancel (BatchNorm's own shift takes its place). Off, the model is the paper's,
+    built with the same random draws as before the option existed."""
+
+    def __init__(self, input_shape: tuple[int, ...] = (1, 28, 28), num_classes: int = 62,
+                 batch_norm: bool = False):
         super().__init__()
         channels, height, width = input_shape
+        bias = not batch_norm
+
+        def norm(layer: type[nn.Module], size: int) -> list[nn.Module]:
+            return [layer(size)] if batch_norm else []
+
         self.features = nn.Sequential(
-            nn.Conv2d(channels, 32, 3), nn.ReLU(),
-            nn.Conv2d(32, 64, 3), nn.ReLU(),
+            nn.Conv2d(channels, 32, 3, bias=bias), *norm(nn.BatchNorm2d, 32), nn.ReLU(),
+            nn.Conv2d(32, 64, 3, bias=bias), *norm(nn.BatchNorm2d, 64), nn.ReLU(),
             nn.MaxPool2d(2), nn.Dropout(0.25), nn.Flatten(),
         )
         flat = 64 * ((height - 4) // 2) * ((width - 4) // 2)
         self.classifier = nn.Sequential(
-            nn.Linear(flat, 128), nn.ReLU(), nn.Dropout(0.5), nn.Linear(128, num_classes),
+            nn.Linear(flat, 128, bias=bias), *norm(SafeBatchNorm1d, 128), nn.ReLU(),
+            nn.Dropout(0.5), nn.Linear(128, num_classes),
         )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -51,10 +86,55 @@ def logistic_regression(input_shape: tuple[int, ...], num_classes: int) -> nn.Mo
     return nn.Sequential(nn.Flatten(), nn.Linear(math.prod(input_shape), num_classes))
 
 
+def _image_shape(name: str, input_shape: tuple[int, ...], least: int) -> None:
+    if len(input_shape) != 3:
+        raise ValueError(f"{name} needs (channels, height, width) inputs, got {input_shape}")
+    if input_shape[1] < least or input_shape[2] < least:
+        raise ValueError(f"{name} needs height and width >= {least}, got {input_shape}")
+
+
 def emnist_cnn(input_shape: tuple[int, ...], num_classes: int) -> nn.Module:
     if len(input_shape) != 3:
         raise ValueError(f"emnist_cnn needs (channels, height, width) inputs, got {input_shape}")
     return EmnistCNN(input_shape, num_classes)
+
+
+def emnist_cnn_bn(input_shape: tuple[int, ...], num_classes: int) -> nn.Module:
+    """``emnist_cnn`` with conv-BatchNorm-ReLU blocks and a BatchNorm after fc128 (EmnistCNN's
+    ``batch_norm``): the model FedBN keeps the normalization layers of local (``@norm``);
+    its head, the last Linear (``classifier.5``), is still its last parameterized module.
+    A separate name, not an option of ``emnist_cnn``: BatchNorm's running statistics are
+    buffers, so it trains one client after another (the vectorized kernel refuses it) and
+    averaging it also averages the statistics, which a job should choose knowingly."""
+    _image_shape("emnist_cnn_bn", input_shape, 6)
+    return EmnistCNN(input_shape, num_classes, batch_norm=True)
+
+
+def cifar_cnn_bn(input_shape: tuple[int, ...], num_classes: int) -> nn.Module:
+    """A small BatchNorm CNN for CIFAR-shaped (3, 32, 32) inputs: conv5x5-32 (padding 2)-BN-
+    ReLU-maxpool2, conv5x5-64 (padding 2)-BN-ReLU-maxpool2, fc512-BN-ReLU, fc.
+
+    fedray's choice, modelled on the CIFAR CNN of McMahan et al. 2017 (FedAvg) with a
+    BatchNorm after each hidden layer, as FedBN adds them, so that its normalization layers
+    can stay local (``@norm``); the layers a BatchNorm follows drop their bias, which it
+    would cancel. No preprocessing is built in (unlike ``resnet18_gn``): it trains on the
+    inputs as stored. Any (C, H, W) with H, W >= 4 works (the two poolings give
+    64 * (H // 4) * (W // 4) features). Like ``emnist_cnn_bn``, it trains one client after
+    another (the vectorized kernel refuses BatchNorm's buffers)."""
+    _image_shape("cifar_cnn_bn", input_shape, 4)
+    channels, height, width = input_shape
+    flat = 64 * (height // 4) * (width // 4)
+    features = nn.Sequential(
+        nn.Conv2d(channels, 32, 5, padding=2, bias=False), nn.BatchNorm2d(32), nn.ReLU(),
+        nn.MaxPool2d(2),
+        nn.Conv2d(32, 64, 5, padding=2, bias=False), nn.BatchNorm2d(64), nn.ReLU(),
+        nn.MaxPool2d(2), nn.Flatten(),
+    )
+    classifier = nn.Sequential(
+        nn.Linear(flat, 512, bias=False), SafeBatchNorm1d(512), nn.ReLU(),
+        nn.Linear(512, num_classes),
+    )
+    return nn.Sequential(OrderedDict(features=features, classifier=classifier))
 
 
 def leaf_cnn(input_shape: tuple[int, ...], num_classes: int) -> nn.Module:
@@ -204,7 +284,9 @@ def shakespeare_lstm(input_shape: tuple[int, ...], num_classes: int) -> nn.Modul
 
 
 MODELS: dict[str, ModelFactory] = {
+    "cifar_cnn_bn": cifar_cnn_bn,
     "emnist_cnn": emnist_cnn,
+    "emnist_cnn_bn": emnist_cnn_bn,
     "leaf_cnn": leaf_cnn,
     "logreg": logistic_regression,
     "mlp": mlp,

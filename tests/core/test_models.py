@@ -9,10 +9,18 @@ import torchvision
 from tolerance import f32_atol
 from torch import nn
 
-from fedray.core.models import MODELS, CifarPreprocess, build_model, per_image_standardization
+from fedray.core.models import (
+    MODELS,
+    CifarPreprocess,
+    SafeBatchNorm1d,
+    build_model,
+    per_image_standardization,
+)
 
 SHAPES = {
+    "cifar_cnn_bn": ((3, 32, 32), 10),
     "emnist_cnn": ((1, 28, 28), 62),
+    "emnist_cnn_bn": ((1, 28, 28), 62),
     "leaf_cnn": ((1, 28, 28), 62),
     "logreg": ((1, 28, 28), 10),
     "mlp": ((1, 28, 28), 10),
@@ -109,10 +117,92 @@ def test_resnet18_gn_flat_model_forward_backward():
     ("resnet18_gn", (3, 32, 20), "resnet18_gn"),
     ("resnet18_gn", (3072,), "resnet18_gn"),
     ("mlp", (), "mlp"),
+    ("emnist_cnn_bn", (784,), "emnist_cnn_bn"),
+    ("emnist_cnn_bn", (1, 5, 28), "emnist_cnn_bn"),
+    ("cifar_cnn_bn", (3072,), "cifar_cnn_bn"),
+    ("cifar_cnn_bn", (3, 32, 3), "cifar_cnn_bn"),
 ])
 def test_bad_shapes_raise(name, shape, needle):
     with pytest.raises(ValueError, match=needle):
         build_model(name, shape, 10)
+
+
+# --- BatchNorm models (FedBN) ------------------------------------------------------------
+
+BN_MODELS = {"emnist_cnn_bn": [((1, 28, 28), 10), ((3, 32, 32), 10)],
+             "cifar_cnn_bn": [((3, 32, 32), 10), ((1, 28, 28), 10)]}
+
+
+@pytest.mark.parametrize("name", sorted(BN_MODELS))
+def test_bn_model_shapes_stats_and_flat_vector(name):
+    """Each BatchNorm model builds for MNIST and CIFAR shapes, has running statistics, one
+    training step updates them, and the flat vector carries them (so averaging and FedBN's
+    ``local`` reach them)."""
+    from fedray.core.flat_model import FlatModel
+    from fedray.core.model_parts import head_prefixes
+
+    for shape, classes in BN_MODELS[name]:
+        torch.manual_seed(0)
+        model = build_model(name, shape, classes)
+        bns = [m for m in model.modules() if isinstance(m, nn.modules.batchnorm._BatchNorm)]
+        assert [type(m) for m in bns] == [nn.BatchNorm2d, nn.BatchNorm2d, SafeBatchNorm1d]
+        flat = FlatModel(model)
+        names = [n for n, _, _ in flat.spans]
+        assert sum(n.endswith("running_mean") for n in names) == 3
+        assert sum(n.endswith("running_var") for n in names) == 3
+        assert flat.size == flat.num_params + 2 * sum(m.num_features for m in bns)
+        assert head_prefixes(model) == ("classifier." + str(len(model.classifier) - 1) + ".",)
+        before = flat.flat.clone()
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        model.train()
+        x, y = torch.rand(8, *shape), torch.randint(0, classes, (8,))
+        loss = nn.functional.cross_entropy(model(x), y)
+        loss.backward()
+        opt.step()
+        assert torch.isfinite(loss) and torch.isfinite(flat.flat).all()
+        moved = {n for n, o, k in flat.spans if not torch.equal(flat.flat[o:o + k],
+                                                                 before[o:o + k])}
+        assert {n for n in names if "running_" in n} <= moved
+        with torch.no_grad():
+            assert model.eval()(x).shape == (8, classes)
+
+
+def test_emnist_cnn_bn_is_emnist_cnn_with_normalization():
+    """The same layers as emnist_cnn, the three a BatchNorm follows without their bias."""
+    plain, bn = (build_model(n, (1, 28, 28), 62) for n in ("emnist_cnn", "emnist_cnn_bn"))
+    norm = 2 * (32 + 64 + 128)  # each BatchNorm's weight and bias
+    assert num_params(bn) == num_params(plain) - (32 + 64 + 128) + norm
+    assert [type(m) for m in bn.features] == [nn.Conv2d, nn.BatchNorm2d, nn.ReLU, nn.Conv2d,
+                                              nn.BatchNorm2d, nn.ReLU, nn.MaxPool2d,
+                                              nn.Dropout, nn.Flatten]
+
+
+def test_cifar_cnn_bn_param_count():
+    expected = (3 * 32 * 25 + 2 * 32) + (32 * 64 * 25 + 2 * 64) + (4096 * 512 + 2 * 512) \
+        + (512 * 10 + 10)
+    assert num_params(build_model("cifar_cnn_bn", (3, 32, 32), 10)) == expected
+
+
+def test_a_training_batch_of_one_example_uses_the_running_statistics():
+    """A batch of one (an epoch's last, a one-example client) trains instead of raising,
+    normalized like evaluation, and leaves the fc BatchNorm's statistics as they were."""
+    torch.manual_seed(0)
+    model = build_model("emnist_cnn_bn", (1, 28, 28), 10).train()
+    bn1d = model.classifier[1]
+    mean, var = bn1d.running_mean.clone(), bn1d.running_var.clone()
+    loss = nn.functional.cross_entropy(model(torch.rand(1, 1, 28, 28)), torch.tensor([3]))
+    loss.backward()
+    assert torch.isfinite(loss)
+    assert torch.equal(bn1d.running_mean, mean) and torch.equal(bn1d.running_var, var)
+    x = torch.rand(1, 128)
+    torch.testing.assert_close(bn1d(x), bn1d.eval()(x), rtol=0, atol=0)
+
+
+def test_bn_models_are_refused_by_the_vectorized_kernel():
+    from fedray.kernels.vectorized import unsupported_reason
+
+    for name in BN_MODELS:
+        assert "batch-norm" in unsupported_reason(build_model(name, *SHAPES[name]))
 
 
 # --- preprocessing -----------------------------------------------------------------------
