@@ -437,6 +437,12 @@ class Part:
         """Its hyper-parameters, as recorded in config.yaml."""
         return dataclasses.asdict(self.params) if self.params is not None else {}
 
+    def check_model(self, model: Any) -> None:
+        """On the driver, once, before any worker starts: refuse a model (a
+        fedray.core.flat_model.FlatModel of the job's model) the part cannot work with --
+        a head that selects nothing, say -- by raising ``ParamError`` for the field at
+        fault, which the run reports as ``config key 'algorithm.<section>.<field>'``."""
+
     def setup(self, env: WorkerEnv) -> None:
         """On each worker, once: allocate buffers the size of the model, say."""
 

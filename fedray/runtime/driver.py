@@ -48,6 +48,7 @@ from fedray.algorithms.base import (
     Aggregator,
     ClientRows,
     ClientWork,
+    ParamError,
     PartialSum,
     Payload,
     RoundPlan,
@@ -242,6 +243,12 @@ class Driver:
         self.weights = self.template.flat.clone()
         self.algorithm = algorithm if algorithm is not None else resolve(c.algorithm, c.server)
         client = self.algorithm.client
+        for part in self.algorithm.parts:  # against the model, before any worker starts
+            try:
+                part.check_model(self.template)
+            except ParamError as exc:
+                raise key_error(f"algorithm.{part.section or part.name}.{exc.key}",
+                                exc.rule, exc.value) from None
         # the workers' copies, before the driver's aggregator grows its server state
         worker_parts = copy.deepcopy((client, self.algorithm.aggregator,
                                       self.algorithm.stages))
