@@ -33,15 +33,21 @@ sequences per role on average), 1 local epoch, batch 4 (seed 002's Shakespeare b
 
 Algorithm API v2's examples (issue 40), against built-in FedAvg in the same invocation:
   examples-logreg, examples-mlp: logistic regression or the MLP, 100 clients per round, the
-  same job with algorithm fedavg, examples/local_head.py (FedPer; the head is logreg's bias
-  or the MLP's output layer), examples/personal_model.py (Ditto, lam 0.1, a personal phase
-  as long as the global one) and examples/median.py (coordinate-wise median over individual
-  updates), each through fedray's vectorized kernels (runtime.worker.vectorize=on), no raw
-  loop; and built-in SCAFFOLD, a built-in part with per-client state, for reference. An
-  update is a client's round (what it sends up); Ditto's clients train twice per update, so
-  its rate is also given per pass of local training (x2).
+  same job with algorithm fedavg, fedper (the built-in successor of examples/local_head.py;
+  the head is logreg's bias or the MLP's output layer), ditto (of examples/personal_model.py:
+  lam 0.1, a personal phase as long as the global one) and examples/median.py
+  (coordinate-wise median over individual updates); and built-in SCAFFOLD, a built-in part
+  with per-client state, for reference. An update is a client's round (what it sends up);
+  Ditto's clients train twice per update, so its rate is also given per pass of local
+  training (x2).
+  pers-logreg, pers-mlp (issue 42): the same against every personalization preset (fedper,
+  fedrep, lg_fedavg, ditto, apfl, pfedme, per_fedavg, per_fedavg_hf; fedbn needs a
+  BatchNorm model, which never trains vectorized). Each runs vectorized where its hooks
+  allow (runtime.worker.vectorize=auto; the summary says which did); FedRep's clients make
+  1 + algorithm.fedrep.head_epochs passes per update.
 
     python benchmarks/throughput.py --workload examples-logreg examples-mlp --repeat 3
+    python benchmarks/throughput.py --workload pers-logreg pers-mlp --repeat 3
 """
 
 from __future__ import annotations
@@ -59,6 +65,7 @@ import torch.nn.functional as F
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
+from fedray.algorithms.partial_models import FedRepParams  # noqa: E402
 from fedray.core.models import build_model  # noqa: E402
 from fedray.core.sampling import sample_clients  # noqa: E402
 from fedray.core.seeding import TAG_INIT, client_seed, derive_seed  # noqa: E402
@@ -77,33 +84,34 @@ WORKLOADS = {
     "lstm-10": {"model": "shakespeare_lstm", "clients_per_round": 10, "lr": 1.0,
                 "rounds": LARGE, "data": "text"},
     "examples-logreg": {"model": "logreg", "clients_per_round": 100, "lr": 0.01,
-                        "rounds": SMALL, "algorithms": True},
+                        "rounds": SMALL, "algorithms": "examples"},
     "examples-mlp": {"model": "mlp", "clients_per_round": 100, "lr": 0.05, "rounds": SMALL,
-                     "algorithms": True},
+                     "algorithms": "examples"},
+    "pers-logreg": {"model": "logreg", "clients_per_round": 100, "lr": 0.01,
+                    "rounds": SMALL, "algorithms": "personalization"},
+    "pers-mlp": {"model": "mlp", "clients_per_round": 100, "lr": 0.05, "rounds": SMALL,
+                 "algorithms": "personalization"},
 }
 
 
 def example_algorithm(name: str, model: str) -> dict:
-    """The ``algorithm`` section of the examples workloads (import paths from the
-    repository root, which this script puts on sys.path)."""
-    if name == "fedavg":
-        return {"name": "fedavg"}
-    if name == "local_head":  # logreg has one layer: keep its bias local, share its weights
-        return {"client": "examples.local_head:LocalHead",
-                "local_head": {"prefix": "1.bias" if model == "logreg" else "3."}}
-    if name == "personal_model":
-        return {"client": "examples.personal_model:Ditto", "ditto": {"lam": 0.1}}
+    """The ``algorithm`` section of an algorithms workload: a built-in preset by name, or
+    an example by import path (from the repository root, which this script puts on
+    sys.path)."""
     if name == "median":
         return {"aggregator": "examples.median:Median"}
-    if name == "scaffold":
-        return {"name": "scaffold"}
-    raise ValueError(name)
+    if name == "ditto":
+        return {"name": "ditto", "ditto": {"lam": 0.1}}
+    return {"name": name}
 
 
 # built-in SCAFFOLD is there as a reference: a built-in part that keeps per-client state
-# (c_i) in the client state store, whose writes local_head and personal_model pay too
-EXAMPLES = ["fedavg", "local_head", "personal_model", "median", "scaffold"]
-PASSES = {"personal_model": 2}  # passes of local training per update (Ditto: two phases)
+# (c_i) in the client state store, whose writes fedper and ditto pay too
+ALGORITHMS = {"examples": ["fedavg", "fedper", "ditto", "median", "scaffold"],
+              "personalization": ["fedavg", "fedper", "fedrep", "lg_fedavg", "ditto", "apfl",
+                                  "pfedme", "per_fedavg", "per_fedavg_hf"]}
+# passes of local training per update (Ditto: two phases; FedRep: the head's, then one)
+PASSES = {"ditto": 2, "fedrep": 1 + FedRepParams().head_epochs}
 # what each kind of data looks like to the model: (input shape, classes, batch, loss)
 DATA = {"images": ((1, 28, 28), 62, 20, "cross_entropy"),
         "text": ((80,), 90, 4, "sequence_cross_entropy")}
@@ -364,11 +372,12 @@ def measure_algorithms(name: str, clients, args) -> dict:
     row = {"workload": name, "model": model, "clients_per_round": k, "rounds": rounds,
            "warmup": warmup, "repeat": args.repeat}
     rates: dict[str, list[float]] = {}
+    names = ALGORITHMS[w["algorithms"]]
     for _ in range(args.repeat):
-        for algo in EXAMPLES:
+        for algo in names:
             with tempfile.TemporaryDirectory() as tmp:
                 times, _, summary = fedray_run(clients, model, k, lr, rounds, args.workers,
-                                               f"{tmp}/run", "on",
+                                               f"{tmp}/run", "auto",
                                                args.vectorized_worker_cpus,
                                                example_algorithm(algo, model))
             rates.setdefault(algo, []).append(steady_rate(times, k, warmup))
@@ -376,7 +385,7 @@ def measure_algorithms(name: str, clients, args) -> dict:
             row[f"{algo}_workers"] = summary["num_workers"]
     base = float(np.median(rates["fedavg"]))
     parts = []
-    for algo in EXAMPLES:
+    for algo in names:
         rate = float(np.median(rates[algo]))
         row[f"{algo}_updates_per_s"], row[f"{algo}_runs"] = rate, rates[algo]
         row[f"{algo}_vs_fedavg"] = rate / base
@@ -394,7 +403,8 @@ def measure_algorithms(name: str, clients, args) -> dict:
             text += " (NOT vectorized)"
         parts.append(text)
     print(f"{name:15s} ({model}, {k} clients/round, {rounds - warmup} timed rounds"
-          f"{f', median of {args.repeat}' if args.repeat > 1 else ''}, vectorized, "
+          f"{f', median of {args.repeat}' if args.repeat > 1 else ''}, vectorized where "
+          "allowed, "
           f"{row['fedavg_workers']} workers): " + " | ".join(parts), flush=True)
     return row
 
