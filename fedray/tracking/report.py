@@ -793,11 +793,18 @@ def client_rounds(run: Run) -> dict[int, str]:
     return dict(sorted(out.items()))
 
 
+# the columns a per-client table may hold beside a metric's, and how plots name them: the
+# global model's (a personalization preset's table, whose plain columns are each client's
+# own model) and the fine-tuned copies' (eval.personalize)
+BESIDE = ("global_", "personalized_")
+BESIDE_LABEL = {"global_": " (global model)", "personalized_": " (personalized)"}
+
+
 def client_values(url: str, metric: str) -> dict[str, np.ndarray]:
-    """``metric``'s column of one per-client table, and ``personalized_<metric>``'s when the
-    table has it, over the clients with test data (``count`` > 0: a client without any has
-    no accuracy); one line naming the file and the column when the table cannot be read or
-    lacks it."""
+    """``metric``'s column of one per-client table, and ``global_<metric>``'s and
+    ``personalized_<metric>``'s when the table has them, over the clients with test data
+    (``count`` > 0: a client without any has no accuracy); one line naming the file and
+    the column when the table cannot be read or lacks it."""
     import pyarrow as pa
 
     fs, path = filesystem(url, "client table", what=None)
@@ -813,18 +820,18 @@ def client_values(url: str, metric: str) -> dict[str, np.ndarray]:
                               f"{', '.join(table.column_names)})")
     has = table.column("count").to_numpy(zero_copy_only=False) > 0
     columns = [metric]
-    if not metric.startswith("personalized_") and f"personalized_{metric}" in table.column_names:
-        columns.append(f"personalized_{metric}")
+    if not metric.startswith(BESIDE):  # the global model's, the fine-tuned copies'
+        columns += [f"{p}{metric}" for p in BESIDE if f"{p}{metric}" in table.column_names]
     return {c: table.column(c).to_numpy(zero_copy_only=False).astype(np.float64)[has]
             for c in columns}
 
 
 def client_groups(groups: Sequence[Group], metric: str, round_: int | None
                   ) -> tuple[list[ClientGroup], list[str]]:
-    """Per group, the pooled per-client ``metric`` (and ``personalized_<metric>`` where
-    the tables have it) at each run's last table round (or ``round_``), and the URLs of the
-    runs without per-client tables (left out). Groups none of whose runs has a table are
-    left out; ([], ...) when no run has one."""
+    """Per group, the pooled per-client ``metric`` (and ``global_<metric>`` and
+    ``personalized_<metric>`` where the tables have them) at each run's last table round
+    (or ``round_``), and the URLs of the runs without per-client tables (left out). Groups
+    none of whose runs has a table are left out; ([], ...) when no run has one."""
     out: list[ClientGroup] = []
     missing: list[str] = []
     for g in groups:
@@ -886,7 +893,8 @@ def client_table(cgroups: Sequence[ClientGroup], metric: str) -> str:
 
 def cdf_figure(cgroups: Sequence[ClientGroup], metric: str, title: str) -> Any:
     """The empirical CDF of the per-client metric, a line per group and column: a group's
-    colour, each line its own line style and marker, hollow markers for personalized."""
+    colour, each line its own line style and marker, hollow markers for the global model's
+    and the fine-tuned copies' columns beside each client's own."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -900,12 +908,12 @@ def cdf_figure(cgroups: Sequence[ClientGroup], metric: str, title: str) -> Any:
                 continue
             x = np.sort(values)
             y = np.arange(1, len(x) + 1) / len(x)
-            personal = column.startswith("personalized_") and not metric.startswith(
-                "personalized_")
+            beside = next((p for p in BESIDE if column.startswith(p)
+                           and not metric.startswith(p)), None)
             style = {**line_style(n), "color": f"C{i % 10}"}
             ax.step(x, y, where="post", markersize=4, markevery=_mark_every(n, len(x)),
-                    markerfacecolor="none" if personal else style["color"],
-                    label=f"{g.label}{' (personalized)' if personal else ''} "
+                    markerfacecolor="none" if beside else style["color"],
+                    label=f"{g.label}{BESIDE_LABEL.get(beside, '')} "
                           f"(n={len(values)})", **style)
             n += 1
     ax.set_xlabel(f"per-client {metric}")

@@ -259,20 +259,21 @@ def test_every_zoo_model_has_a_head_and_a_body():
     docs/algorithms.md says."""
     expected = {"emnist_cnn": ("classifier.3.",), "leaf_cnn": ("9.",), "logreg": ("1.bias",),
                 "mlp": ("3.",), "shakespeare_lstm": ("out.",),
-                "emnist_cnn_bn": None, "cifar_cnn_bn": None}
+                "resnet18_gn": ("net.fc.",), "emnist_cnn_bn": ("classifier.4.",),
+                "cifar_cnn_bn": ("classifier.3.",)}
     from fedray.core.model_parts import head_prefixes
 
     for name, head in expected.items():
-        shape = {"shakespeare_lstm": (80,), "cifar_cnn_bn": (3, 32, 32)}.get(name, (1, 28, 28))
+        shape = {"shakespeare_lstm": (80,), "cifar_cnn_bn": (3, 32, 32),
+                 "resnet18_gn": (3, 32, 32)}.get(name, (1, 28, 28))
         model = FlatModel(build_model(name, shape, 90 if name == "shakespeare_lstm" else 62))
-        if head is not None:
-            assert head_prefixes(model.module) == head, name
+        assert head_prefixes(model.module) == head, name
         n_head = model.positions(("@head",)).numel()
         n_body = model.positions(("@body",)).numel()
         assert 0 < n_head < model.size and n_head + n_body == model.size, name
         assert model.positions(("!@head",)).tolist() == model.positions(("@body",)).tolist()
         norm = model.positions(("@norm",)).numel()
-        assert (norm > 0) is name.endswith("_bn"), name
+        assert (norm > 0) is name.endswith(("_bn", "_gn")), name
 
 
 @pytest.mark.parametrize("algorithm, model_fn, match", [

@@ -106,6 +106,31 @@ def test_table_and_pooled_sums_are_in_client_order():
     assert "accuracy" not in no_acc.column_names and "clients_loss_mean" in client_metrics(no_acc)
 
 
+def test_own_models_are_reported_beside_the_global_model(tmp_path):
+    """A personalization preset's rows carry the global model's sums beside each client's
+    own: the table's global_* columns, clients_global_* statistics, the pooled global sums,
+    and `fedray report`'s per-client values and CDF (a line labelled as the global
+    model's)."""
+    from fedray.tracking.report import ClientGroup, cdf_figure, client_values
+
+    rows = [ClientEval(3, EvalSums(1.0, 3, 4), global_sums=EvalSums(2.0, 1, 4)),
+            ClientEval(1, EvalSums(0.5, 2, 2), global_sums=EvalSums(1.5, 0, 2))]
+    table = client_table(rows, accuracy=True)
+    assert table.column("accuracy").to_pylist() == [1.0, 0.75]
+    assert table.column("global_accuracy").to_pylist() == [0.0, 0.25]
+    m = client_metrics(table)
+    assert m["clients_accuracy_mean"] == 0.875 and m["clients_global_accuracy_mean"] == 0.125
+    assert pooled(rows, "global_sums") == EvalSums(1.5 + 2.0, 1, 6)
+    path = tmp_path / "round_000001.arrow"
+    path.write_bytes(table_bytes(table))
+    values = client_values(str(path), "accuracy")
+    assert list(values) == ["accuracy", "global_accuracy"]
+    assert values["global_accuracy"].tolist() == [0.0, 0.25]
+    fig = cdf_figure([ClientGroup("fedper", [1], values, 1)], "accuracy", "t")
+    labels = [t.get_text() for t in fig.axes[0].get_legend().get_texts()]
+    assert labels == ["fedper (n=2)", "fedper (global model) (n=2)"]
+
+
 def test_per_client_table_every_eval_round_adds_up_to_the_pooled_metrics(tmp_path):
     res = run(tmp_path, "one")
     for m in read_metrics(res.run_dir):
