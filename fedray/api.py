@@ -70,6 +70,7 @@ def prepare(config: ConfigSource | None, overrides: list[str] | tuple = (),
                         "and none was given", "memory")
     filesystem(absolute_url(cfg.output.dir), "output.dir", durable=True)
     has_client_test = client_data is None
+    manifest = None  # a partition store's, read below
     train_counts = None  # synthetic writers have at least data.synthetic.min_examples >= 1
     if client_data is not None:
         from fedray.data.source import client_splits
@@ -119,7 +120,26 @@ def prepare(config: ConfigSource | None, overrides: list[str] | tuple = (),
         raise key_error("eval.federated_clients", "this data has no per-client test split; set "
                         "it to 0, or give in-memory clients as {'train': (x, y), "
                         "'test': (x, y)}", cfg.eval.federated_clients)
+    _check_parts_against_model(cfg, client_data, model_fn, test_data, manifest)
     return cfg
+
+
+def _check_parts_against_model(cfg: DictConfig, client_data: Mapping | None,
+                               model_fn: Callable | None, test_data: tuple | None,
+                               manifest: dict | None) -> None:
+    """The algorithm's parts against the job's model (a head selector that selects
+    nothing), before Ray starts: built only when a part checks it
+    (registry.check_against_model)."""
+    from fedray.algorithms.registry import check_against_model, resolve
+
+    def make_model() -> Any:
+        from fedray.core.models import source_model_factory
+        from fedray.data.source import build_source
+
+        source = build_source(cfg, client_data, test_data, manifest)
+        return (model_fn or source_model_factory(cfg.model, source))()
+
+    check_against_model(resolve(cfg.algorithm, cfg.server), make_model)
 
 
 def _clock_traces(cfg: DictConfig) -> DictConfig:

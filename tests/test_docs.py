@@ -168,3 +168,30 @@ def test_api_doc_says_model_loss_applies_to_model_fn():
     doc = (ROOT / "docs" / "api.md").read_text()
     row = next(ln for ln in doc.splitlines() if ln.startswith("| `model_fn` |"))
     assert "model.loss" in row and "the loss is cross-entropy" not in row
+
+
+def test_every_preset_and_part_parameter_is_documented():
+    """Every registered preset is in docs/config.md's `algorithm.name` row and in
+    docs/algorithms.md's presets table, and every hyper-parameter of every registered part
+    has its row (`algorithm.<section>.<field>`) in both, so a new family cannot land with
+    undocumented keys."""
+    import dataclasses
+
+    from fedray.algorithms import registry
+
+    registry.load_builtins()
+    config = (ROOT / "docs" / "config.md").read_text()
+    algorithms = (ROOT / "docs" / "algorithms.md").read_text()
+    name_row = next(line for line in config.splitlines() if line.startswith("| `algorithm.name`"))
+    presets = algorithms[algorithms.index("## Presets"):algorithms.index("## The families")]
+    for preset in registry.PRESETS:
+        assert f"`{preset}`" in name_row, preset
+        assert f"`{preset}`" in presets, preset
+    for kind in ("client", "aggregator", "server_opt", "stage"):
+        for cls in registry.registered(kind).values():
+            if cls.section is None or cls.Params is None or kind == "server_opt":
+                continue  # the server optimizers' keys are the server section's
+            for f in dataclasses.fields(cls.Params):
+                key = f"`algorithm.{cls.section}.{f.name}`"
+                assert key in config, (cls.name, key)
+                assert key in algorithms, (cls.name, key)

@@ -362,6 +362,30 @@ def _build(cls: type, params: Any, key: str, server: Any, part: str = "") -> Any
                         f"{': ' + text.splitlines()[0] if text else ''}") from exc
 
 
+def check_against_model(resolved: Resolved, make_model: Any) -> None:
+    """Each part's ``check_model`` against the job's model, before anything starts; a
+    ``ParamError`` is reported as its part's config key. The model is built only when a
+    part has such a check (a model that cannot be built is the driver's to report, with
+    the data's shape)."""
+    from fedray.algorithms.base import ParamError, Part
+
+    checking = [p for p in resolved.parts if type(p).check_model is not Part.check_model]
+    if not checking:
+        return
+    from fedray.core.flat_model import FlatModel
+
+    try:
+        model = FlatModel(make_model())
+    except (ValueError, RuntimeError, TypeError):
+        return
+    for part in checking:
+        try:
+            part.check_model(model)
+        except ParamError as exc:
+            raise key_error(f"algorithm.{part.section or part.name}.{exc.key}", exc.rule,
+                            exc.value) from None
+
+
 def resolve(algorithm: Any, server: Any = None, *, notes: list[str] | None = None) -> Resolved:
     """The parts of a job's ``algorithm`` section (and ``server`` section, for the server
     optimizer): the preset, with overrides applied, each part's hyper-parameters read from

@@ -48,7 +48,6 @@ from fedray.algorithms.base import (
     Aggregator,
     ClientRows,
     ClientWork,
-    ParamError,
     PartialSum,
     Payload,
     RoundPlan,
@@ -64,6 +63,7 @@ from fedray.core.models import fit_problem
 from fedray.core.sampling import federated_eval_clients, select_round
 from fedray.core.seeding import TAG_INIT, derive_seed
 from fedray.core.tensors import readonly_tensor, reused_rows
+from fedray.data.per_client import check_data, parse_per_client
 from fedray.data.per_round import parse_per_round
 from fedray.data.source import ClientSource, sizes_of
 from fedray.errors import ConfigError, DivergedError, FedrayError, PartError, key_error
@@ -240,15 +240,12 @@ class Driver:
                               tuple(getattr(source, "label_shape", ())))
         if problem is not None:  # before any round, and before the run directory is written
             raise FedrayError(f"{where} {problem}")
+        per_client = parse_per_client(c.data.get("per_client"))
+        check_data(per_client, tuple(source.input_shape),
+                   tuple(getattr(source, "label_shape", ())), data)
         self.weights = self.template.flat.clone()
         self.algorithm = algorithm if algorithm is not None else resolve(c.algorithm, c.server)
         client = self.algorithm.client
-        for part in self.algorithm.parts:  # against the model, before any worker starts
-            try:
-                part.check_model(self.template)
-            except ParamError as exc:
-                raise key_error(f"algorithm.{part.section or part.name}.{exc.key}",
-                                exc.rule, exc.value) from None
         # the workers' copies, before the driver's aggregator grows its server state
         worker_parts = copy.deepcopy((client, self.algorithm.aggregator,
                                       self.algorithm.stages))
@@ -338,7 +335,8 @@ class Driver:
                                       state_half=state_half,
                                       vectorize=self._vectorize_plan(client)),
             client=worker_parts[0], aggregator=worker_parts[1], state_url=state_url,
-            per_round=parse_per_round(c.data.get("per_round")), stages=worker_parts[2],
+            per_round=parse_per_round(c.data.get("per_round")), per_client=per_client,
+            stages=worker_parts[2],
             labels=(self.algorithm.names["client"], self.algorithm.names["aggregator"],
                     *self.algorithm.stage_names))
         reduce = c.runtime.reduce
