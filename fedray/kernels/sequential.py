@@ -249,8 +249,20 @@ class _PhaseStep:
         else:  # within model.own_grads (local_sgd)
             for p in params:
                 p.grad = None
-            value = self.criterion(model.module(xb), yb)
-            value.backward()
+            # frozen parameters take no gradient: backward() then skips their weight
+            # gradients and, below the lowest trainable layer, the whole backward pass (a
+            # head trained on a frozen body: FedRep); the trainable ones' are the same floats
+            frozen = [p for p, f in zip(params, self.trainable, strict=True)
+                      if not f and p.requires_grad]
+            for p in frozen:
+                p.requires_grad_(False)
+            try:
+                value = self.criterion(model.module(xb), yb)
+                if self.live:
+                    value.backward()
+            finally:
+                for p in frozen:
+                    p.requires_grad_(True)
             grads = [torch.zeros_like(p) if p.grad is None else p.grad for p in params]
             batch_loss = value.detach()
         with torch.no_grad():
