@@ -75,6 +75,20 @@ class PerRoundConfig:
 
 
 @dataclass
+class PerClientConfig:
+    """data.per_client: a feature shift fixed per client (its domain), drawn from
+    (seed, client_id) alone and applied to its train and test splits (fedray.data.per_client);
+    every option is off at its default."""
+
+    rotation: float = 0.0  # max |angle| in degrees: each client's is uniform in [-max, max]
+    contrast: list[float] = field(default_factory=lambda: [1.0, 1.0])  # factor's [lo, hi]
+    brightness: float = 0.0  # max |offset| added to every value
+    noise: float = 0.0  # max std of Gaussian noise, fixed per example
+    domains: int = 0  # 0: a shift per client; K: K shared shifts, client c in domain c % K
+    clip: list[float] | None = None  # [lo, hi]: shifted values clipped into it ([0, 1]: pixels)
+
+
+@dataclass
 class DataConfig:
     # 'synthetic', a partition store's path or URL, or 'memory' (fedray.run's client_data)
     partition: str = "synthetic"
@@ -82,6 +96,7 @@ class DataConfig:
     open_shards: int = 16  # per-worker LRU of open (memory-mapped) store shards
     synthetic: SyntheticConfig = field(default_factory=SyntheticConfig)
     per_round: PerRoundConfig = field(default_factory=PerRoundConfig)
+    per_client: PerClientConfig = field(default_factory=PerClientConfig)
 
 
 @dataclass
@@ -740,9 +755,11 @@ def validate(cfg: DictConfig, population: int, *, custom_model: bool = False) ->
     r(bool(cfg.data.partition), "data.partition",
       "must be 'synthetic' or the path or URL of a partition store", cfg.data.partition)
     r(cfg.data.open_shards >= 1, "data.open_shards", "must be >= 1", cfg.data.open_shards)
+    from fedray.data.per_client import parse_per_client
     from fedray.data.per_round import parse_per_round
 
-    parse_per_round(cfg.data.per_round)  # one line naming the key of an impossible value
+    # one line naming the key of an impossible value
+    parse_per_client(cfg.data.per_client, parse_per_round(cfg.data.per_round))
     syn = cfg.data.synthetic
     if cfg.data.partition == "synthetic":
         r(1 <= syn.num_clients <= MAX_SYNTHETIC_CLIENTS, "data.synthetic.num_clients",

@@ -39,6 +39,7 @@ from fedray.core.evaluation import ClientEval, EvalSums, evaluate
 from fedray.core.flat_model import FlatModel
 from fedray.core.seeding import TAG_ADAPT, TAG_PHASE, client_seed, derive_seed, personalize_seed
 from fedray.core.tensors import readonly_tensor, reused_rows
+from fedray.data.per_client import PerClient, shift_inputs
 from fedray.data.per_round import PerRound, apply_per_round
 from fedray.data.source import ClientCache, ClientSource, sizes_of
 from fedray.errors import PartError
@@ -130,6 +131,7 @@ class WorkerSpec:
     state_url: str | None = None  # client state store, under the run dir (when the client
     # part keeps per-client state)
     per_round: PerRound | None = None  # data.per_round: each round's client data transform
+    per_client: PerClient | None = None  # data.per_client: each client's fixed input shift
     stages: tuple[UpdateStage, ...] = ()  # algorithm.stages, in order
     # the job's names of the client part, the aggregator and the stages, in that order
     # (registered names or import paths): what an error from one of them says
@@ -307,16 +309,27 @@ class ClientWorker:
         return (np.concatenate([np.asarray(x) for x, _ in parts]),
                 np.concatenate([np.asarray(y) for _, y in parts]))
 
+    def client_split(self, cid: int, split: str = "train") -> tuple[torch.Tensor, torch.Tensor]:
+        """A client's stored examples of ``split`` as the client holds them: shifted into its
+        domain by ``data.per_client`` when the job sets it (fedray.data.per_client: a pure
+        function of (seed, client_id) and the data, the same in every round and for both
+        splits, so a client is evaluated in the domain it trains in)."""
+        x, y = self.cache.get(cid, split)
+        pc = self.spec.per_client
+        if pc is None or not len(y):
+            return x, y
+        return readonly_tensor(shift_inputs(pc, self.spec.seed, cid, split, x.numpy())), y
+
     def client_data(self, round_idx: int, cid: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """A client's training data for a round: its stored examples, transformed by
-        ``data.per_round`` when the job sets it (fedray.data.per_round: a pure function of
-        (seed, round, client_id), so the same on any worker and in any order)."""
+        """A client's training data for a round: its stored examples (``client_split``),
+        transformed by ``data.per_round`` when the job sets it (fedray.data.per_round: a pure
+        function of (seed, round, client_id), so the same on any worker and in any order)."""
         pr = self.spec.per_round
         if pr is None:
-            return self.cache.get(cid)
+            return self.client_split(cid)
         x = y = own = None
         if self._pool is None:
-            x, y = (a.numpy() for a in self.cache.get(cid))
+            x, y = (a.numpy() for a in self.client_split(cid))
         elif pr.size is None:  # pool: all draws from the pool: only the client's size is read
             own = int(sizes_of(self.spec.source, [cid])[0])
         nx, ny, _ = apply_per_round(pr, self.spec.seed, round_idx, cid, x, y,
@@ -840,7 +853,7 @@ class ClientWorker:
         for i, cid in enumerate(client_ids):
             start = self._weights if versions is None else self._client_weights(
                 cid, versions[i], packs[i] if packs else -1)
-            x, y = self.cache.get(cid, "test")
+            x, y = self.client_split(cid, "test")
             glob = None
             if own:  # the global model's numbers beside the client's own model's
                 self.model.load_(self._weights)
