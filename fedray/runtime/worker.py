@@ -865,7 +865,7 @@ class ClientWorker:
             row = ClientEval(cid, evaluate(self.model.module, x, y, t.eval_batch_size,
                                            self.device, t.loss), global_sums=glob)
             if personalize is not None:
-                tx, ty = self.cache.get(cid)
+                tx, ty = self.client_split(cid)
                 if len(ty):
                     local_sgd(self.model, start, tx, ty, lr=personalize.lr,
                               batch_size=personalize.batch_size or t.batch_size_for(len(ty)),
@@ -883,7 +883,7 @@ class ClientWorker:
         """Client ``cid``'s model adapted on its training split by the client part's
         ``eval_phase`` (from ``start``, its eval weights), as a copy: the client's own
         adaptation seed for the round, no algorithm terms but the phase's."""
-        tx, ty = self.cache.get(cid)
+        tx, ty = self.client_split(cid)
         if not len(ty):
             return start
         seed = derive_seed(self.spec.seed, TAG_ADAPT, round_idx, cid)
