@@ -129,8 +129,20 @@ def _check_parts_against_model(cfg: DictConfig, client_data: Mapping | None,
                                manifest: dict | None) -> None:
     """The algorithm's parts against the job's model (a head selector that selects
     nothing), before Ray starts: built only when a part checks it
-    (registry.check_against_model)."""
+    (registry.check_against_model). A part whose clients each have their own model, in a
+    job that never evaluates clients, gets a note saying so."""
+    from fedray.algorithms.base import evaluates_own_model
     from fedray.algorithms.registry import check_against_model, resolve
+
+    resolved = resolve(cfg.algorithm, cfg.server)
+    if evaluates_own_model(resolved.client) and not cfg.eval.federated_clients:
+        note = (f"algorithm.client {resolved.names['client']} gives every client a model of "
+                "its own, which only federated evaluation measures; with "
+                "eval.federated_clients=0 the metrics are the global model's alone (set "
+                "eval.federated_clients=K)")
+        if note not in _SAID:
+            _SAID.add(note)
+            _note(note)
 
     def make_model() -> Any:
         from fedray.core.models import source_model_factory
@@ -139,7 +151,7 @@ def _check_parts_against_model(cfg: DictConfig, client_data: Mapping | None,
         source = build_source(cfg, client_data, test_data, manifest)
         return (model_fn or source_model_factory(cfg.model, source))()
 
-    check_against_model(resolve(cfg.algorithm, cfg.server), make_model)
+    check_against_model(resolved, make_model)
 
 
 def _clock_traces(cfg: DictConfig) -> DictConfig:

@@ -56,7 +56,8 @@ from fedray.algorithms.reduction import PartialSum
 __all__ = ["Aggregator", "ClientContext", "ClientOptimizer", "ClientRows", "ClientWork",
            "ClipNorm", "GradTransform", "LocalTerms", "LocalUpdate", "Normalize", "ParamError",
            "PartialSum", "Payload", "Phase", "RoundPlan", "UpdateStage", "WorkerEnv",
-           "global_norm", "require", "require_length"]
+           "evaluates_own_model", "evaluates_with_state", "global_norm", "require",
+           "require_length"]
 
 
 class ParamError(ValueError):
@@ -529,6 +530,20 @@ class ClientWork(Part):
                acc: PartialSum) -> dict[str, torch.Tensor] | None:
         """After the client is folded in (not for a dropped update): its new state, if any."""
         return None
+
+
+def evaluates_with_state(client: ClientWork) -> bool:
+    """Whether federated evaluation builds each client's model from its stored state: the
+    part keeps ``local`` parameters or says its clients' weights (``eval_weights``). Else
+    every client is evaluated with the global model, reading no state."""
+    return bool(client.local) or type(client).eval_weights is not ClientWork.eval_weights
+
+
+def evaluates_own_model(client: ClientWork) -> bool:
+    """Whether each evaluated client has a model of its own (from its state, or adapted on
+    its data: ``ClientWork.eval_phase``), so that federated evaluation measures it and, beside
+    it, the global model."""
+    return evaluates_with_state(client) or type(client).eval_phase is not ClientWork.eval_phase
 
 
 class Aggregator(ServerState, Part):

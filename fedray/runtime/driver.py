@@ -52,6 +52,7 @@ from fedray.algorithms.base import (
     Payload,
     RoundPlan,
     UpdateStage,
+    evaluates_with_state,
     extra_sizes,
 )
 from fedray.algorithms.registry import Resolved, resolve
@@ -80,7 +81,6 @@ from fedray.runtime.worker import (
     Personalize,
     WorkerResources,
     WorkerSpec,
-    evaluates_with_state,
     keeps_client_state,
 )
 from fedray.state.checkpoint import (

@@ -33,6 +33,7 @@ from fedray.algorithms.base import (
     Phase,
     UpdateStage,
     WorkerEnv,
+    evaluates_own_model,
     extra_sizes,
 )
 from fedray.core.evaluation import ClientEval, EvalSums, evaluate
@@ -199,20 +200,6 @@ class _Rows:
         n = self.n
         return ClientUpdates(self.updates[:n], self.ids[:n], self.num_examples[:n],
                              self.losses[:n])
-
-
-def evaluates_with_state(client: ClientWork) -> bool:
-    """Whether federated evaluation builds each client's model from its stored state: the
-    part keeps ``local`` parameters or says its clients' weights (``eval_weights``). Else
-    every client is evaluated with the global model, reading no state."""
-    return bool(client.local) or type(client).eval_weights is not ClientWork.eval_weights
-
-
-def evaluates_own_model(client: ClientWork) -> bool:
-    """Whether each evaluated client has a model of its own (from its state, or adapted on
-    its data: ``ClientWork.eval_phase``), so that federated evaluation measures it and, beside
-    it, the global model."""
-    return evaluates_with_state(client) or type(client).eval_phase is not ClientWork.eval_phase
 
 
 def _parts(worker: ClientWorker) -> PartNames | None:
