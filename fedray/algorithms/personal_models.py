@@ -39,7 +39,8 @@ on the step's batch xi and with the values before the step:
     alpha <- clip(alpha - alpha_lr <v - w, g>, 0, 1)    (with ``adaptive``: d f(vbar)/d alpha)
 
 lr is client.lr, alpha_lr ``algorithm.apfl.alpha_lr`` (unset: client.lr). It sends w - w^t,
-which the server averages as FedAvg (``proportional``); v_k and alpha_k are stored. A client
+which the server averages by example counts as FedAvg (``proportional``, fedray's choice;
+``algorithm.aggregator=uniform`` weighs every client 1); v_k and alpha_k are stored. A client
 is evaluated with alpha_k v_k + (1 - alpha_k) w, w the current global model: the paper mixes
 v_k with the client's own local w, which fedray does not keep between rounds (it would be a
 second model-sized tensor per client), so fedray's choice is the broadcast model -- the
