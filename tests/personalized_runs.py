@@ -24,16 +24,18 @@ from fedray.state.run_dir import load_weights
 LR, STEPS, ROUNDS, TEST = 0.1, 3, 3, 5
 
 
-def make_clients() -> dict[int, dict[str, tuple[np.ndarray, np.ndarray]]]:
-    """Three heterogeneous regression clients (tests/linear_regression.py) of 8, 11 and 14
-    training examples, each holding out its last 5 examples as its own test split."""
+def clients_with_tests(sizes: list[int], scale_step: float = 0.5
+                       ) -> dict[int, dict[str, tuple[np.ndarray, np.ndarray]]]:
+    """Heterogeneous regression clients (tests/linear_regression.py) of ``sizes`` training
+    examples, each holding out TEST more as its own test split."""
     out = {}
-    for cid, (x, y) in regression_clients([8 + TEST, 11 + TEST, 14 + TEST]).items():
+    for cid, (x, y) in regression_clients([n + TEST for n in sizes],
+                                          scale_step=scale_step).items():
         out[cid] = {"train": (x[:-TEST], y[:-TEST]), "test": (x[-TEST:], y[-TEST:])}
     return out
 
 
-CLIENTS = make_clients()
+CLIENTS = clients_with_tests([8, 11, 14])  # full participation, 3 clients
 
 
 def f64(split: tuple[np.ndarray, np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
@@ -60,23 +62,36 @@ def run_linear(tmp_path: pathlib.Path, name: str, algorithm: dict, model_fn, vec
     return {k: v.double().numpy() for k, v in res.weights.items()}, run_dir
 
 
-def stored(run_dir: pathlib.Path) -> dict[int, dict[str, torch.Tensor]]:
+def stored_versions(run_dir: pathlib.Path | str) -> dict[int, tuple[int, dict]]:
     """Every client's current state, as the run's final checkpoint locates it in the
-    client state store (and every client with state in the store is in the index)."""
+    client state store: (version, tensors); and every client with state in the store is in
+    the checkpoint's index."""
     store = ClientStateStore(f"{run_dir}/client_state")
     current = store.current(read_checkpoint(str(run_dir)).client_versions)
     assert sorted(current) == sorted(store.versions())
-    return {cid: state for cid, (_, state) in current.items()}
+    return dict(current.items())
+
+
+def stored(run_dir: pathlib.Path | str) -> dict[int, dict[str, torch.Tensor]]:
+    """Every client's current state's tensors (``stored_versions`` without the versions)."""
+    return {cid: state for cid, (_, state) in stored_versions(run_dir).items()}
+
+
+def eval_table(run_dir: pathlib.Path | str, r: int, clients: dict
+               ) -> dict[str, dict[int, float]]:
+    """Round ``r``'s per-client table (client_eval/round_NNNNNN.arrow): column -> {client id:
+    value}, every one of ``clients`` evaluated, each with its own test split."""
+    from fedray.tracking.client_eval import read_table, table_name
+
+    table = read_table((pathlib.Path(run_dir) / table_name(r)).read_bytes()).to_pydict()
+    assert sorted(table["client_id"]) == sorted(clients)
+    return {col: dict(zip(table["client_id"], table[col], strict=True)) for col in table}
 
 
 def eval_losses(run_dir: pathlib.Path, r: int, column: str = "loss") -> dict[int, float]:
-    """Round ``r``'s per-client mean test loss (client_eval/round_NNNNNN.arrow): the
-    client's own model's (``loss``) or the global model's (``global_loss``)."""
-    from fedray.tracking.client_eval import read_table, table_name
-
-    table = read_table((run_dir / table_name(r)).read_bytes()).to_pydict()
-    assert sorted(table["client_id"]) == sorted(CLIENTS)  # every client, each with its test
-    return dict(zip(table["client_id"], table[column], strict=True))
+    """Round ``r``'s per-client mean test loss: the client's own model's (``loss``) or the
+    global model's (``global_loss``)."""
+    return eval_table(run_dir, r, CLIENTS)[column]
 
 
 def loss_atol(residual: np.ndarray, x: np.ndarray, weight_atol: float, loss: float,

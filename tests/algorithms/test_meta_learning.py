@@ -17,7 +17,8 @@ import pathlib
 import numpy as np
 import pytest
 import torch
-from linear_regression import W0, linear_model_fn, regression_clients
+from linear_regression import W0, linear_model_fn
+from personalized_runs import clients_with_tests, eval_table
 from tolerance import F32_EPS, ULPS_PER_STEP, f32_atol, merge_ulps
 
 import fedray
@@ -27,23 +28,13 @@ from fedray.state.checkpoint import read_checkpoint
 from fedray.state.run_dir import SERVER_STATE_FILE, load_tensors
 
 SEED = 7
-ROUNDS, STEPS, PER_ROUND, TEST = 4, 3, 3, 5
+ROUNDS, STEPS, PER_ROUND = 4, 3, 3
 LR = 0.1  # client.lr: the meta step beta
 ALPHA = 0.05  # the personalization step
 PRESETS = {"fo": "per_fedavg", "hf": "per_fedavg_hf"}
 
 
-def make_clients() -> dict[int, dict[str, tuple[np.ndarray, np.ndarray]]]:
-    """Five heterogeneous regression clients (tests/linear_regression.py) of 6, 9, 12, 15
-    and 18 training examples, each holding out its last TEST examples as its test split."""
-    out = {}
-    for cid, (x, y) in regression_clients([6 + 3 * i + TEST for i in range(5)], 0,
-                                          scale_step=0.25).items():
-        out[cid] = {"train": (x[:-TEST], y[:-TEST]), "test": (x[-TEST:], y[-TEST:])}
-    return out
-
-
-CLIENTS = make_clients()
+CLIENTS = clients_with_tests([6 + 3 * i for i in range(5)], scale_step=0.25)
 POPULATION = len(CLIENTS)
 
 
@@ -138,15 +129,6 @@ def straight(tmp_path_factory):
     return get
 
 
-def eval_table(run_dir: str, r: int) -> dict[str, dict[int, float]]:
-    """Round ``r``'s client_eval table: column -> {client id: value}."""
-    from fedray.tracking.client_eval import read_table, table_name
-
-    table = read_table((pathlib.Path(run_dir) / table_name(r)).read_bytes()).to_pydict()
-    assert sorted(table["client_id"]) == sorted(CLIENTS)
-    return {col: dict(zip(table["client_id"], table[col], strict=True)) for col in table}
-
-
 # -- the tests ----------------------------------------------------------------------------
 
 @pytest.mark.parametrize("variant", ["fo", "hf"])
@@ -177,7 +159,7 @@ def test_per_fedavg_matches_the_paper(straight, variant):
     # 1/2 mean(r^2) with weights within that moves by at most mean(|r| |dr| + dr^2 / 2),
     # |dr| <= sum_j |x_j| of it, plus a few ulps of the loss for the float32 evaluation
     assert max(ALPHA * np.abs(hessian(k)).sum(1).max() for k in CLIENTS) < 1
-    table = eval_table(res.run_dir, ROUNDS)
+    table = eval_table(res.run_dir, ROUNDS, CLIENTS)
     for cid in CLIENTS:
         x, y = f64(cid, "test")
         dr = np.abs(x).sum(1) * 2 * atol
@@ -210,7 +192,7 @@ def test_resume_is_bit_identical(straight, tmp_path, variant):
     a = load_tensors(base.run_dir, SERVER_STATE_FILE)
     b = load_tensors(more.run_dir, SERVER_STATE_FILE)
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
-    assert eval_table(base.run_dir, ROUNDS) == eval_table(more.run_dir, ROUNDS)
+    assert eval_table(base.run_dir, ROUNDS, CLIENTS) == eval_table(more.run_dir, ROUNDS, CLIENTS)
 
 
 @pytest.mark.parametrize("variant", ["fo", "hf"])

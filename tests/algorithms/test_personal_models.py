@@ -14,23 +14,22 @@ and the worker-count test's one worker."""
 
 from __future__ import annotations
 
-import pathlib
-
 import numpy as np
 import pytest
 import torch
-from linear_regression import W0, D, linear_model_fn, regression_clients
+from linear_regression import W0, D, linear_model_fn
+from personalized_runs import clients_with_tests, eval_table
+from personalized_runs import stored_versions as stored
 from tolerance import F32_EPS, ULPS_PER_STEP, f32_atol, merge_ulps
 
 import fedray
 from fedray.core.sampling import sample_clients
 from fedray.errors import ConfigError
 from fedray.state.checkpoint import read_checkpoint
-from fedray.state.client_state import ClientStateStore
 from fedray.state.run_dir import SERVER_STATE_FILE, load_tensors
 
 SEED = 7
-ROUNDS, STEPS, PER_ROUND, TEST = 4, 3, 3, 5
+ROUNDS, STEPS, PER_ROUND = 4, 3, 3
 LR = 0.1  # client.lr
 
 # APFL: a first alpha away from both ends, and a step for alpha that moves it: some clients'
@@ -44,17 +43,7 @@ PARAMS = {"apfl": {"alpha": ALPHA0, "alpha_lr": ALPHA_LR},
 SERVER_LR = {"apfl": 1.0, "pfedme": BETA}
 
 
-def make_clients() -> dict[int, dict[str, tuple[np.ndarray, np.ndarray]]]:
-    """Five heterogeneous regression clients (tests/linear_regression.py) of 6, 9, 12, 15
-    and 18 training examples, each holding out its last TEST examples as its test split."""
-    out = {}
-    for cid, (x, y) in regression_clients([6 + 3 * i + TEST for i in range(5)], 0,
-                                          scale_step=0.25).items():
-        out[cid] = {"train": (x[:-TEST], y[:-TEST]), "test": (x[-TEST:], y[-TEST:])}
-    return out
-
-
-CLIENTS = make_clients()
+CLIENTS = clients_with_tests([6 + 3 * i for i in range(5)], scale_step=0.25)
 POPULATION = len(CLIENTS)
 
 
@@ -89,27 +78,9 @@ def weights_of(res) -> np.ndarray:
     return res.weights["weight"].double().numpy().reshape(-1)
 
 
-def stored(run_dir: str) -> dict[int, tuple[int, dict[str, torch.Tensor]]]:
-    """Every client's current stored state, as the final checkpoint locates it: (version,
-    tensors); and every client with state in the store is in the checkpoint's index."""
-    store = ClientStateStore(f"{run_dir}/client_state")
-    current = store.current(read_checkpoint(run_dir).client_versions)
-    assert sorted(current) == sorted(store.versions())
-    return dict(current.items())
-
-
 def rounds_of() -> dict[int, list[int]]:
     return {i: [r for r in range(1, ROUNDS + 1)
                 if i in sample_clients(SEED, r, POPULATION, PER_ROUND)] for i in CLIENTS}
-
-
-def eval_table(run_dir: str, r: int) -> dict[str, dict[int, float]]:
-    """Round ``r``'s client_eval table: column -> {client id: value}."""
-    from fedray.tracking.client_eval import read_table, table_name
-
-    table = read_table((pathlib.Path(run_dir) / table_name(r)).read_bytes()).to_pydict()
-    assert sorted(table["client_id"]) == sorted(CLIENTS)
-    return {col: dict(zip(table["client_id"], table[col], strict=True)) for col in table}
 
 
 # -- the NumPy references -----------------------------------------------------------------
@@ -220,7 +191,7 @@ def check_eval(run_dir: str, personalized: dict[int, np.ndarray], w: np.ndarray,
     weight_atol, plus the float32 evaluation's own rounding, a few ulps of the loss (a
     5-term mean of squares of 3-term sums). ``distinct``: the clients whose personalized
     model is not the global one."""
-    table = eval_table(run_dir, ROUNDS)
+    table = eval_table(run_dir, ROUNDS, CLIENTS)
     for cid in CLIENTS:
         x, y = f64(cid, "test")
         dr = np.abs(x).sum(1) * weight_atol
