@@ -302,12 +302,13 @@ def test_bad_selections_are_refused_in_one_line(tmp_path, algorithm, model_fn, m
 # -- the vectorized kernels, the CLI with a resume, 1 against 3 Ray workers ---------------
 
 @pytest.mark.parametrize("model", ["logreg", "mlp"])
-@pytest.mark.parametrize("preset", ["fedper", "fedrep", "lg_fedavg"])
+@pytest.mark.parametrize("preset", ["fedper", "fedrep", "lg_fedavg", "ditto"])
 def test_vectorize_on_trains_them_in_the_batched_kernel(tmp_path, monkeypatch, preset,
                                                         model):
     """`runtime.worker.vectorize: on` is accepted, and no client trains on the sequential
     path (which raises here: the in-process backend's workers are this process's
-    objects): every phase runs batched, logreg's head being its bias."""
+    objects): every phase runs batched, logreg's head being its bias (Ditto, a personal
+    model of two phases, here too)."""
     from example_runs import tiny_job
 
     from fedray.runtime.worker import ClientWorker
