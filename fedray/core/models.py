@@ -102,7 +102,7 @@ def emnist_cnn(input_shape: tuple[int, ...], num_classes: int) -> nn.Module:
 def emnist_cnn_bn(input_shape: tuple[int, ...], num_classes: int) -> nn.Module:
     """``emnist_cnn`` with conv-BatchNorm-ReLU blocks and a BatchNorm after fc128 (EmnistCNN's
     ``batch_norm``): the model FedBN keeps the normalization layers of local (``@norm``);
-    its head, the last Linear (``classifier.5``), is still its last parameterized module.
+    its head, the last Linear (``classifier.4``), is still its last parameterized module.
     A separate name, not an option of ``emnist_cnn``: BatchNorm's running statistics are
     buffers, so it trains one client after another (the vectorized kernel refuses it) and
     averaging it also averages the statistics, which a job should choose knowingly."""
