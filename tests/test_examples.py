@@ -236,6 +236,18 @@ def test_submit_ships_it_to_the_cluster(tmp_path):
     assert yaml.safe_load((out_dir / "config.yaml").read_text())["algorithm"]["qffl"]["q"] == 2.0
 
 
+def test_a_package_reached_twice_on_sys_path_ships_once(monkeypatch):
+    """A directory on sys.path twice under two spellings (``benchmarks/..`` and the working
+    directory, as a script that puts the repository root on its path makes it) holds one
+    package, shipped once: a namespace package's search locations list it under both."""
+    from fedray.cluster.submit import user_modules
+
+    monkeypatch.chdir(REPO)
+    monkeypatch.syspath_prepend(str(REPO / "benchmarks" / ".."))
+    found = user_modules([("algorithm.aggregator", QFFL)])
+    assert [(m.key, m.path) for m in found] == [("algorithm.aggregator", str(REPO / "examples"))]
+
+
 def test_what_submit_and_sweep_ship(tmp_path, monkeypatch):
     """Without a cluster: a module name ships its top-level package from the working
     directory (a sweep zips its source files for the trials), a relative .py path goes into

@@ -178,7 +178,7 @@ def user_modules(refs: Iterable[tuple[str, str]], cwd: str | None = None) -> lis
             if not os.path.isfile(path):
                 raise key_error(key, f"no such file: {path}", ref)
             siblings(key, ref, path)  # what _stage_file copies, checked here
-            out.setdefault(path, UserModule(key, module, path, True))
+            out.setdefault(os.path.realpath(path), UserModule(key, module, path, True))
             continue
         top = module.split(".")[0]
         if top == "fedray":
@@ -191,9 +191,11 @@ def user_modules(refs: Iterable[tuple[str, str]], cwd: str | None = None) -> lis
         if not spec.submodule_search_locations and paths[0].endswith(".py") and \
                 not installed(paths[0]):
             paths = siblings(key, ref, paths[0])  # a module file: its neighbours too
-        for path in paths:
+        for path in paths:  # one directory reached twice on sys.path ("a/../b" and "b",
+            # a symlink) is one module: keyed by its real path
             if path and os.path.exists(path) and not installed(path):
-                out.setdefault(path, UserModule(key, module, os.path.abspath(path), False))
+                out.setdefault(os.path.realpath(path),
+                               UserModule(key, module, os.path.abspath(path), False))
     return list(out.values())
 
 
