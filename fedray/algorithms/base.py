@@ -45,6 +45,7 @@ the finishing step runs once per round on the driver.
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
@@ -56,8 +57,8 @@ from fedray.algorithms.reduction import PartialSum
 __all__ = ["Aggregator", "ClientContext", "ClientOptimizer", "ClientRows", "ClientWork",
            "ClipNorm", "GradTransform", "LocalTerms", "LocalUpdate", "Normalize", "ParamError",
            "PartialSum", "Payload", "Phase", "RoundPlan", "UpdateStage", "WorkerEnv",
-           "evaluates_own_model", "evaluates_with_state", "global_norm", "require",
-           "require_length"]
+           "evaluates_own_model", "evaluates_with_state", "finite_number", "global_norm",
+           "require", "require_length"]
 
 
 class ParamError(ValueError):
@@ -75,6 +76,13 @@ def require(ok: bool, key: str, rule: str, value: Any) -> None:
         raise ParamError(key, rule, value)
 
 
+def finite_number(value: Any) -> bool:
+    """A real number, not a bool, and finite: what most hyper-parameters must be (a YAML
+    ``.inf`` or ``true`` would otherwise pass a comparison)."""
+    return isinstance(value, int | float) and not isinstance(value, bool) \
+        and math.isfinite(value)
+
+
 def require_length(steps: int | None, epochs: int | None, lr: float | None,
                    prefix: str = "") -> None:
     """For a part's ``check``: a phase's own length and learning rate, each optional (None:
@@ -85,8 +93,8 @@ def require_length(steps: int | None, epochs: int | None, lr: float | None,
                 and value >= 1, key, "must be an integer >= 1 (or unset)", value)
     require(steps is None or epochs is None, f"{prefix}steps", "give steps or epochs, not "
             "both", steps)
-    require(lr is None or isinstance(lr, int | float) and not isinstance(lr, bool)
-            and 0 < lr < float("inf"), f"{prefix}lr", "must be > 0 (or unset)", lr)
+    require(lr is None or finite_number(lr) and lr > 0, f"{prefix}lr",
+            "must be > 0 (or unset)", lr)
 
 
 @dataclass(frozen=True)

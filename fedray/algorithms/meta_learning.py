@@ -45,7 +45,6 @@ one plain (or proximal) SGD step per batch for a group of clients at once, canno
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 import torch
@@ -56,6 +55,7 @@ from fedray.algorithms.base import (
     LocalUpdate,
     Phase,
     WorkerEnv,
+    finite_number,
     require,
 )
 from fedray.algorithms.personal_models import replica_gradient
@@ -83,8 +83,7 @@ class PerFedAvg(ClientWork):
 
     def check(self, params: PerFedAvgParams) -> None:
         a = params.alpha
-        require(isinstance(a, int | float) and not isinstance(a, bool) and math.isfinite(a)
-                and a > 0, "alpha", "must be a finite number > 0", a)
+        require(finite_number(a) and a > 0, "alpha", "must be a finite number > 0", a)
         require(params.variant in VARIANTS, "variant", f"must be {' or '.join(VARIANTS)}",
                 params.variant)
 

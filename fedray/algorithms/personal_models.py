@@ -78,7 +78,6 @@ schedule (``env.batches``: the same batches on any worker, at any worker count).
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 import torch
@@ -91,6 +90,7 @@ from fedray.algorithms.base import (
     PartialSum,
     Phase,
     WorkerEnv,
+    finite_number,
     require,
     require_length,
 )
@@ -124,8 +124,8 @@ class Ditto(PersonalModel):
     Params = DittoParams
 
     def check(self, params: DittoParams) -> None:
-        require(isinstance(params.lam, int | float) and 0 <= params.lam < float("inf"),
-                "lam", "must be a finite number >= 0", params.lam)
+        require(finite_number(params.lam) and params.lam >= 0, "lam",
+                "must be a finite number >= 0", params.lam)
         require_length(params.steps, params.epochs, params.lr)
 
     def phases(self, env: WorkerEnv, ctx: ClientContext) -> list[Phase]:
@@ -154,11 +154,6 @@ def replica_gradient(model, criterion, x: torch.Tensor, y: torch.Tensor) -> torc
     return loss.detach()
 
 
-def _number(value: object) -> bool:
-    return isinstance(value, int | float) and not isinstance(value, bool) \
-        and math.isfinite(value)
-
-
 @dataclass
 class APFLParams:
     alpha: float = 0.25  # a client's mixing weight before its first round (fedray's default)
@@ -176,11 +171,11 @@ class APFL(PersonalModel):
     state = ("personal", "alpha")
 
     def check(self, params: APFLParams) -> None:
-        require(_number(params.alpha) and 0 <= params.alpha <= 1, "alpha",
+        require(finite_number(params.alpha) and 0 <= params.alpha <= 1, "alpha",
                 "must be a number in [0, 1]", params.alpha)
         require(isinstance(params.adaptive, bool), "adaptive", "must be true or false",
                 params.adaptive)
-        require(params.alpha_lr is None or _number(params.alpha_lr) and params.alpha_lr > 0,
+        require(params.alpha_lr is None or finite_number(params.alpha_lr) and params.alpha_lr > 0,
                 "alpha_lr", "must be a finite number > 0 (or unset: client.lr)",
                 params.alpha_lr)
 
@@ -264,12 +259,12 @@ class PFedMe(PersonalModel):
     Params = PFedMeParams
 
     def check(self, params: PFedMeParams) -> None:
-        require(_number(params.lam) and params.lam > 0, "lam", "must be a finite number > 0",
+        require(finite_number(params.lam) and params.lam > 0, "lam", "must be a finite number > 0",
                 params.lam)
         k = params.inner_steps
         require(isinstance(k, int) and not isinstance(k, bool) and k >= 1, "inner_steps",
                 "must be an integer >= 1", k)
-        require(_number(params.personal_lr) and params.personal_lr > 0, "personal_lr",
+        require(finite_number(params.personal_lr) and params.personal_lr > 0, "personal_lr",
                 "must be a finite number > 0", params.personal_lr)
 
     def setup(self, env: WorkerEnv) -> None:
