@@ -191,6 +191,12 @@ class _PhaseStep:
                              f"{len(params)} parameters")
         self.trainable = [bool(t) for t in trainable]
         self.live = [i for i, t in enumerate(self.trainable) if t]
+        # frozen parameters take no gradient in a step (__call__): backward() then skips
+        # their weight gradients and, below the lowest trainable layer, the whole backward
+        # pass (a head trained on a frozen body: FedRep); the trainable ones' are the same
+        # floats. Those a user's model already froze stay as they are.
+        self.frozen = [p for p, t in zip(params, self.trainable, strict=True)
+                       if not t and p.requires_grad]
         self.transform = transform
         self.per_example = transform is not None and transform.per_example
         if self.per_example and model.size != model.num_params:
@@ -249,19 +255,14 @@ class _PhaseStep:
         else:  # within model.own_grads (local_sgd)
             for p in params:
                 p.grad = None
-            # frozen parameters take no gradient: backward() then skips their weight
-            # gradients and, below the lowest trainable layer, the whole backward pass (a
-            # head trained on a frozen body: FedRep); the trainable ones' are the same floats
-            frozen = [p for p, f in zip(params, self.trainable, strict=True)
-                      if not f and p.requires_grad]
-            for p in frozen:
+            for p in self.frozen:
                 p.requires_grad_(False)
             try:
                 value = self.criterion(model.module(xb), yb)
                 if self.live:
                     value.backward()
             finally:
-                for p in frozen:
+                for p in self.frozen:
                     p.requires_grad_(True)
             grads = [torch.zeros_like(p) if p.grad is None else p.grad for p in params]
             batch_loss = value.detach()

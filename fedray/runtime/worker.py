@@ -846,13 +846,15 @@ class ClientWorker:
                 self.model.load_(self._weights)
                 glob = evaluate(self.model.module, x, y, t.eval_batch_size, self.device,
                                 t.loss)
+            # the training split, read (and shifted) once for the adaptation and the
+            # fine-tuning that start from it
+            tx, ty = self.client_split(cid) if adapt or personalize else (None, None)
             if adapt is not None:
-                start = self._adapted(cid, round_idx, adapt, start)
+                start = self._adapted(cid, round_idx, adapt, start, tx, ty)
             self.model.load_(start)
             row = ClientEval(cid, evaluate(self.model.module, x, y, t.eval_batch_size,
                                            self.device, t.loss), global_sums=glob)
             if personalize is not None:
-                tx, ty = self.client_split(cid)
                 if len(ty):
                     local_sgd(self.model, start, tx, ty, lr=personalize.lr,
                               batch_size=personalize.batch_size or t.batch_size_for(len(ty)),
@@ -865,12 +867,11 @@ class ClientWorker:
             rows.append(row)
         return rows
 
-    def _adapted(self, cid: int, round_idx: int, phase: Phase,
-                 start: torch.Tensor) -> torch.Tensor:
-        """Client ``cid``'s model adapted on its training split by the client part's
-        ``eval_phase`` (from ``start``, its eval weights), as a copy: the client's own
+    def _adapted(self, cid: int, round_idx: int, phase: Phase, start: torch.Tensor,
+                 tx: torch.Tensor, ty: torch.Tensor) -> torch.Tensor:
+        """Client ``cid``'s model adapted on its training split (tx, ty) by the client
+        part's ``eval_phase`` (from ``start``, its eval weights), as a copy: the client's own
         adaptation seed for the round, no algorithm terms but the phase's."""
-        tx, ty = self.client_split(cid)
         if not len(ty):
             return start
         seed = derive_seed(self.spec.seed, TAG_ADAPT, round_idx, cid)
