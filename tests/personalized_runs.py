@@ -42,19 +42,42 @@ def f64(split: tuple[np.ndarray, np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
     return split[0].astype(np.float64), split[1].astype(np.float64)
 
 
+def regression_job(out_dir: pathlib.Path | str, name: str, algorithm: dict, *, seed: int,
+                   rounds: int, clients: int, per_round: int, lr: float, steps: int,
+                   batch_size: int = 64, workers: int = 1, backend: str = "inline",
+                   vectorize: str = "off", eval_every: int = 1,
+                   extra: dict | None = None) -> dict:
+    """A job on regression clients with their own test splits (mse), every client
+    evaluated every ``eval_every`` rounds. batch_size 64 > every client's size: each local
+    step is a full-batch step (a permutation of all of the client's examples), so a NumPy
+    reference needs no batch order. ``extra``: more sections (server, checkpoint, client
+    keys), merged one level deep."""
+    job = {"name": name, "seed": seed, "rounds": rounds, "model": {"loss": "mse"},
+           "algorithm": algorithm,
+           "client": {"lr": lr, "batch_size": batch_size, "local_steps": steps},
+           "sampling": {"clients_per_round": per_round},
+           "runtime": {"backend": backend, "num_workers": workers,
+                       "worker": {"num_cpus": 0.5, "vectorize": vectorize}},
+           "eval": {"central": False, "federated_clients": clients, "every": eval_every},
+           "output": {"dir": str(out_dir)}}
+    for section, values in (extra or {}).items():
+        job[section] = job.get(section, {}) | values
+    return job
+
+
+def weights_of(res) -> np.ndarray:
+    """A one-layer model's weights (its ``weight``), flat, float64."""
+    return res.weights["weight"].double().numpy().reshape(-1)
+
+
 def run_linear(tmp_path: pathlib.Path, name: str, algorithm: dict, model_fn, vectorize: str,
                workers: int = 1, rounds: int = ROUNDS, **client: object
                ) -> tuple[dict[str, np.ndarray], pathlib.Path]:
-    """Full participation, STEPS full-batch steps (batch 64 > every client's size), MSE,
-    the in-process backend; every client evaluated (its own test split) after every round."""
-    job = {"name": name, "seed": 1, "rounds": rounds, "model": {"loss": "mse"},
-           "algorithm": algorithm,
-           "client": {"lr": LR, "batch_size": 64, "local_steps": STEPS, **client},
-           "sampling": {"clients_per_round": len(CLIENTS)},
-           "runtime": {"backend": "inline", "num_workers": workers,
-                       "worker": {"num_cpus": 0.5, "vectorize": vectorize}},
-           "eval": {"central": False, "federated_clients": len(CLIENTS), "every": 1},
-           "output": {"dir": str(tmp_path / name)}}
+    """Full participation, STEPS full-batch steps, the in-process backend; every client
+    evaluated (its own test split) after every round."""
+    job = regression_job(tmp_path / name, name, algorithm, seed=1, rounds=rounds,
+                         clients=len(CLIENTS), per_round=len(CLIENTS), lr=LR, steps=STEPS,
+                         workers=workers, vectorize=vectorize, extra={"client": client})
     res = fedray.run(job, model_fn=model_fn, client_data=CLIENTS)
     run_dir = pathlib.Path(res.run_dir)
     summary = json.loads((run_dir / "summary.json").read_text())

@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 import torch
 from linear_regression import W0, linear_model_fn
-from personalized_runs import clients_with_tests, eval_table
+from personalized_runs import clients_with_tests, eval_table, regression_job, weights_of
 from tolerance import F32_EPS, ULPS_PER_STEP, f32_atol, merge_ulps
 
 import fedray
@@ -45,29 +45,19 @@ def f64(cid: int, split: str = "train") -> tuple[np.ndarray, np.ndarray]:
 
 def job(out_dir, which: str, *, rounds: int = ROUNDS, workers: int = 1,
         backend: str = "inline", batch_size: int = 64, **params) -> dict:
-    """``which``: fo or hf, the preset per_fedavg or per_fedavg_hf. batch_size 64 > every
-    client's size: each of a step's batches D, D', D'' is all of the client's data (a
-    permutation), so the reference needs no batch order. Every client is evaluated on its
-    own test split every second round."""
-    section = {"alpha": ALPHA} | params
-    return {"name": PRESETS[which], "seed": SEED, "rounds": rounds, "model": {"loss": "mse"},
-            "algorithm": {"name": PRESETS[which], "per_fedavg": section},
-            "client": {"lr": LR, "batch_size": batch_size, "local_steps": STEPS},
-            "sampling": {"clients_per_round": PER_ROUND},
-            "checkpoint": {"every": 2},
-            "runtime": {"backend": backend, "num_workers": workers,
-                        "worker": {"num_cpus": 0.5, "vectorize": "off"}},
-            "eval": {"central": False, "federated_clients": POPULATION, "every": 2},
-            "output": {"dir": str(out_dir)}}
+    """``which``: fo or hf, the preset per_fedavg or per_fedavg_hf. At the default batch
+    size each of a step's batches D, D', D'' is all of the client's data (a permutation).
+    Every client is evaluated on its own test split every second round."""
+    return regression_job(out_dir, PRESETS[which],
+                          {"name": PRESETS[which], "per_fedavg": {"alpha": ALPHA} | params},
+                          seed=SEED, rounds=rounds, clients=POPULATION, per_round=PER_ROUND,
+                          lr=LR, steps=STEPS, batch_size=batch_size, workers=workers,
+                          backend=backend, eval_every=2, extra={"checkpoint": {"every": 2}})
 
 
 def run(out_dir, variant: str, **kw):
     return fedray.run(job(out_dir, variant, **kw), model_fn=linear_model_fn(),
                       client_data=CLIENTS)
-
-
-def weights_of(res) -> np.ndarray:
-    return res.weights["weight"].double().numpy().reshape(-1)
 
 
 # -- the NumPy reference ------------------------------------------------------------------

@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 import torch
 from linear_regression import W0, D, linear_model_fn
-from personalized_runs import clients_with_tests, eval_table
+from personalized_runs import clients_with_tests, eval_table, regression_job, weights_of
 from personalized_runs import stored_versions as stored
 from tolerance import F32_EPS, ULPS_PER_STEP, f32_atol, merge_ulps
 
@@ -54,28 +54,18 @@ def f64(cid: int, split: str = "train") -> tuple[np.ndarray, np.ndarray]:
 
 def job(out_dir, preset: str, *, rounds: int = ROUNDS, workers: int = 1,
         backend: str = "inline", **params) -> dict:
-    """batch_size 64 > every client's size: each local step is a full-batch step (a
-    permutation of all of the client's examples), so the reference needs no batch order.
-    Every client is evaluated on its own test split every second round."""
-    return {"name": preset, "seed": SEED, "rounds": rounds, "model": {"loss": "mse"},
-            "algorithm": {"name": preset, preset: PARAMS[preset] | params},
-            "client": {"lr": LR, "batch_size": 64, "local_steps": STEPS},
-            "server": {"lr": SERVER_LR[preset]},
-            "sampling": {"clients_per_round": PER_ROUND},
-            "checkpoint": {"every": 2},
-            "runtime": {"backend": backend, "num_workers": workers,
-                        "worker": {"num_cpus": 0.5, "vectorize": "off"}},
-            "eval": {"central": False, "federated_clients": POPULATION, "every": 2},
-            "output": {"dir": str(out_dir)}}
+    """Full-batch local steps; every client evaluated on its own test split every second
+    round."""
+    return regression_job(out_dir, preset, {"name": preset, preset: PARAMS[preset] | params},
+                          seed=SEED, rounds=rounds, clients=POPULATION, per_round=PER_ROUND,
+                          lr=LR, steps=STEPS, workers=workers, backend=backend,
+                          eval_every=2, extra={"server": {"lr": SERVER_LR[preset]},
+                                               "checkpoint": {"every": 2}})
 
 
 def run(out_dir, preset: str, **kw):
     return fedray.run(job(out_dir, preset, **kw), model_fn=linear_model_fn(),
                       client_data=CLIENTS)
-
-
-def weights_of(res) -> np.ndarray:
-    return res.weights["weight"].double().numpy().reshape(-1)
 
 
 def rounds_of() -> dict[int, list[int]]:
