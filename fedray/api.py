@@ -133,8 +133,13 @@ def _check_parts_against_model(cfg: DictConfig, client_data: Mapping | None,
     job that never evaluates clients, gets a note saying so."""
     from fedray.algorithms.base import evaluates_own_model
     from fedray.algorithms.registry import check_against_model, resolve
+    from fedray.runtime.adversary import resolve as resolve_adversary
 
     resolved = resolve(cfg.algorithm, cfg.server)
+    adversary = resolve_adversary(cfg.adversary, cfg.seed)
+    if adversary is not None:  # omniscient attacks need the individual path, before Ray
+        adversary.check_parts(resolved.aggregator, resolved.names["aggregator"],
+                              tuple(resolved.stage_names))
     if evaluates_own_model(resolved.client) and not cfg.eval.federated_clients:
         note = (f"algorithm.client {resolved.names['client']} gives every client a model of "
                 "its own, which only federated evaluation measures; with "

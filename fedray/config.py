@@ -127,6 +127,19 @@ class AlgorithmConfig:
 
 
 @dataclass
+class AdversaryConfig:
+    """Malicious clients and what they do (fedray.runtime.adversary; docs/robustness.md):
+    each client malicious with chance ``fraction``, fixed per (seed, client id), or the ids
+    in ``clients``; ``attacks`` in order (registered names or import paths). Beside these
+    keys the section is open: ``adversary.<section>`` holds an attack's hyper-parameters
+    (``adversary.backdoor.target``). Off while ``attacks`` is empty."""
+
+    fraction: float = 0.0
+    clients: list[int] = field(default_factory=list)
+    attacks: list[str] = field(default_factory=list)
+
+
+@dataclass
 class ClientConfig:
     lr: float = 0.1
     batch_size: int = 20
@@ -340,6 +353,7 @@ class FedrayConfig:
     data: DataConfig = field(default_factory=DataConfig)
     model: ModelConfig = field(default_factory=ModelConfig)
     algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)
+    adversary: AdversaryConfig = field(default_factory=AdversaryConfig)
     client: ClientConfig = field(default_factory=ClientConfig)
     server: ServerConfig = field(default_factory=ServerConfig)
     sampling: SamplingConfig = field(default_factory=SamplingConfig)
@@ -350,8 +364,9 @@ class FedrayConfig:
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     output: OutputConfig = field(default_factory=OutputConfig)
 
-    # the algorithm's parts bring their own sections (algorithm.<section>), checked by them
-    OPEN_SECTIONS = ("algorithm",)
+    # the algorithm's parts and the attacks bring their own sections (algorithm.<section>,
+    # adversary.<section>), checked by them
+    OPEN_SECTIONS = ("algorithm", "adversary")
 
 
 ConfigSource = str | os.PathLike | dict | DictConfig | FedrayConfig
@@ -890,6 +905,9 @@ def validate(cfg: DictConfig, population: int, *, custom_model: bool = False) ->
           "an import path module:Class)", cfg.model.name)
     r(cfg.model.loss in LOSSES, "model.loss", f"must be one of: {', '.join(LOSSES)}",
       cfg.model.loss)
+    from fedray.runtime.adversary import resolve as resolve_adversary
+
+    resolve_adversary(cfg.adversary, cfg.seed, population)
     # the algorithm's parts check their own sections when fedray.api.prepare resolves them
     # (with_algorithm), right after this
 

@@ -54,7 +54,7 @@ import torch
 
 from fedray.algorithms.reduction import PartialSum
 
-__all__ = ["Aggregator", "ClientContext", "ClientOptimizer", "ClientRows", "ClientWork",
+__all__ = ["Aggregator", "Attack", "ClientContext", "ClientOptimizer", "ClientRows", "ClientWork",
            "ClipNorm", "GradTransform", "LocalTerms", "LocalUpdate", "Normalize", "ParamError",
            "PartialSum", "Payload", "Phase", "RoundPlan", "UpdateStage", "WorkerEnv",
            "evaluates_own_model", "evaluates_with_state", "finite_number", "global_norm",
@@ -281,6 +281,9 @@ class LocalUpdate:
     # "t": the step count, shape [1]), which the worker keeps under ClientOptimizer.state;
     # None for plain SGD
     opt_state: dict[str, torch.Tensor] | None = None
+    # an update stage that defends (norm_bound) set it: the update was clipped or
+    # down-weighted, which the run's defense precision and recall count (docs/robustness.md)
+    flagged: bool = False
 
 
 @dataclass
@@ -592,6 +595,11 @@ class Aggregator(ServerState, Part):
     # update from all of them at once (a median, a trimmed mean, Krum): opt-in, as the
     # driver must hold k x d float32 values (runtime.individual_updates_mb bounds them)
     individual: ClassVar[bool] = False
+    # set by ``aggregate`` (an individual aggregator that defends): each row's share of the
+    # round's update, float64 [k], summing to 1 (the plain mean: 1/k each; Krum: 1 for the
+    # chosen row). A row below half its fair share (1/k) counts as discarded or
+    # down-weighted in the run's defense precision and recall (docs/robustness.md)
+    influence: torch.Tensor | None = None
 
     # -- on the driver --------------------------------------------------------------------
 
@@ -606,6 +614,11 @@ class Aggregator(ServerState, Part):
         place, as a sort does)."""
         raise NotImplementedError(f"aggregator {self.name} sets individual but has no "
                                   "aggregate()")
+
+    def check_plan(self, plan: RoundPlan) -> None:
+        """On the driver, once, before round 1: refuse (``ParamError``, for the field at
+        fault) a round size the aggregator's guarantee forbids -- Krum with
+        ``plan.clients_per_round`` <= 2f + 2, say."""
 
     def init_server(self, num_params: int, population: int) -> None:
         """Once, on the driver: size the server-side state."""
@@ -764,3 +777,60 @@ def extra_sizes(parts: tuple[Part, ...], num_params: int) -> dict[str, int]:
         for k, v in getattr(part, "extras", {}).items():
             out[k] = num_params if v == "params" else int(v)
     return out
+
+
+class Attack(Part):
+    """What the job's malicious clients do (the ``adversary`` section: docs/robustness.md).
+
+    The runtime decides who is malicious (a fraction of the population fixed per (seed,
+    client id), or a list of ids) and calls an attack's hooks for those clients only, at
+    the three places an attacker can act -- so that an attack is a few lines against this
+    class, and every defense meets it unchanged:
+
+    ``poison_data``    on the worker, the client's training data for the round, before it
+                       trains (label flipping, a backdoor trigger): data poisoning.
+    ``poison_update``  on the worker, the client's trained update, before the guard, the
+                       update stages and the aggregator see it (sign flip, boosting,
+                       noise): model poisoning by a client that knows only itself.
+    ``poison_rows``    on the driver, the round's individual updates (``omniscient``):
+                       the malicious rows rewritten from the benign ones (ALIE, IPM), as
+                       those papers' attacker, who sees every update, is assumed to. Needs
+                       an individual aggregator (``mean`` is FedAvg's).
+
+    ``poison_test`` says how the attack's success is measured: the central test set made
+    into one on which accuracy is the attack's success (a backdoor's triggered inputs of
+    the other classes, labelled with its target), reported as ``test_attack_success``.
+
+    Randomness comes from ``ctx.seed`` (the client's round seed: (seed, round, client id))
+    or the (seed, round) given, never from a worker's state, so the attack is the same at
+    any worker count and on resume."""
+
+    kind = "attack"
+    omniscient: ClassVar[bool] = False  # rewrites rows on the driver (poison_rows)
+
+    def check_data(self, input_shape: tuple[int, ...], num_classes: int,
+                   test_x: Any = None) -> None:
+        """On the driver, before round 1: refuse (``ParamError``) data the attack cannot
+        work on -- a target class the data lacks, a trigger on inputs that are not
+        images -- and keep what the hooks need of the data (``test_x``: the central test
+        set's inputs, numpy, or None without one)."""
+
+    def poison_data(self, env: WorkerEnv, ctx: ClientContext) -> None:
+        """Replace ``ctx.x`` / ``ctx.y`` (read-only tensors: make new ones) with the data a
+        malicious client trains on this round."""
+
+    def poison_update(self, env: WorkerEnv, ctx: ClientContext, update: LocalUpdate) -> None:
+        """Replace ``update.delta`` (a new tensor: the kernel's buffer is reused) with what
+        the malicious client sends."""
+
+    def poison_rows(self, updates: torch.Tensor, malicious: torch.Tensor,
+                    clients: ClientRows, seed: int, round_idx: int) -> None:
+        """With ``omniscient``: rewrite, in place, the rows of ``updates`` ((k, d) float32,
+        the round's individual updates in sampled order) where ``malicious`` (bool [k]) is
+        set, from the others."""
+
+    def poison_test(self, x: Any, y: Any) -> tuple[Any, Any] | None:
+        """The central test set (numpy x, y) made into one on which accuracy measures the
+        attack's success, or None: the attack has no such measure."""
+        return None
+

@@ -33,7 +33,7 @@ from fedray.errors import ConfigError, FedrayError, key_error
 
 KINDS = ("client", "aggregator", "server_opt")
 _BASES = {"client": "ClientWork", "aggregator": "Aggregator", "server_opt": "ServerOptimizer",
-          "stage": "UpdateStage"}
+          "stage": "UpdateStage", "attack": "Attack"}
 _REGISTRY: dict[str, dict[str, type]] = {k: {} for k in _BASES}
 _INTERNAL = {"base", "registry", "reduction", "terms"}
 
@@ -61,15 +61,16 @@ PART_KEYS = ("name", *KINDS, "stages")
 
 
 def _kind_of(cls: type) -> str:
-    from fedray.algorithms.base import Aggregator, ClientWork, UpdateStage
+    from fedray.algorithms.base import Aggregator, Attack, ClientWork, UpdateStage
     from fedray.algorithms.server_opt import ServerOptimizer
 
     for kind, base in (("client", ClientWork), ("aggregator", Aggregator),
-                       ("server_opt", ServerOptimizer), ("stage", UpdateStage)):
+                       ("server_opt", ServerOptimizer), ("stage", UpdateStage),
+                       ("attack", Attack)):
         if isinstance(cls, type) and issubclass(cls, base):
             return kind
-    raise TypeError(f"{cls!r} is not a ClientWork, Aggregator, ServerOptimizer or "
-                    "UpdateStage subclass")
+    raise TypeError(f"{cls!r} is not a ClientWork, Aggregator, ServerOptimizer, "
+                    "UpdateStage or Attack subclass")
 
 
 def register(cls: type) -> type:
@@ -260,7 +261,7 @@ class Resolved:
         return (self.client, self.aggregator, *self.stages)
 
 
-def _params(cls: type, section_cfg: Any, key: str, part: str = "") -> Any:
+def params_of(cls: type, section_cfg: Any, key: str, part: str = "") -> Any:
     """``cls.Params`` from the job's section (defaults filled, types checked). ``part``:
     how errors name the part (``algorithm.aggregator my_algos:Median``)."""
     import dataclasses
@@ -338,7 +339,7 @@ def _check_section(params: type, values: dict, key: str) -> None:
             raise key_error(where, "must be a list", value)
 
 
-def _build(cls: type, params: Any, key: str, server: Any, part: str = "") -> Any:
+def build(cls: type, params: Any, key: str, server: Any, part: str = "") -> Any:
     """The part, built from its checked ``params``. A user's class that fails otherwise
     than with ParamError (its ``check`` comparing a value it did not expect, say) is named
     in one line, ``part`` as the job names it; fedray's own keep their traceback (a bug)."""
@@ -424,7 +425,7 @@ def resolve(algorithm: Any, server: Any = None, *, notes: list[str] | None = Non
         if k in PART_KEYS:
             continue
         if k not in used and k in idle:
-            _params(registered("stage")[idle[k]], v, f"algorithm.{k}")  # a typo still fails
+            params_of(registered("stage")[idle[k]], v, f"algorithm.{k}")  # a typo still fails
             if notes is not None:
                 notes.append(f"algorithm.{k} is ignored: stage {idle[k]} is not in "
                              "algorithm.stages")
@@ -437,27 +438,28 @@ def resolve(algorithm: Any, server: Any = None, *, notes: list[str] | None = Non
             raise key_error(f"algorithm.{k}", "must be a section of keys", v)
     built: dict[str, Any] = {}
     sections: dict[str, dict] = {}
-    params_of: dict[str, Any] = {}
+    section_params: dict[str, Any] = {}
     for kind, cls in classes.items():
         section = getattr(cls, "section", None)
         key = f"algorithm.{section}" if section else f"algorithm.{kind}"
-        if section and section in params_of and type(params_of[section]) is cls.Params:
-            params = params_of[section]  # the parts of one family share their section
+        if section and section in section_params and \
+                type(section_params[section]) is cls.Params:
+            params = section_params[section]  # the parts of one family share their section
         else:
-            params = _params(cls, tree.get(section) if section else None, key,
+            params = params_of(cls, tree.get(section) if section else None, key,
                              f"algorithm.{kind} {names[kind]}")
-        built[kind] = _build(cls, params, key, server, f"algorithm.{kind} {names[kind]}")
+        built[kind] = build(cls, params, key, server, f"algorithm.{kind} {names[kind]}")
         if section and params is not None:
-            params_of[section] = params
+            section_params[section] = params
             sections[section] = built[kind].describe() if kind != "server_opt" else \
                 _asdict(params)
     client, aggregator = built["client"], built["aggregator"]
     stages = []
     for ref, cls in zip(stage_refs, stage_classes, strict=True):
         key = f"algorithm.{cls.section}" if cls.section else "algorithm.stages"
-        params = _params(cls, tree.get(cls.section) if cls.section else None, key,
+        params = params_of(cls, tree.get(cls.section) if cls.section else None, key,
                          f"algorithm.stages {ref}")
-        stages.append(_build(cls, params, key, server, f"algorithm.stages {ref}"))
+        stages.append(build(cls, params, key, server, f"algorithm.stages {ref}"))
         if cls.section and params is not None:
             sections[cls.section] = stages[-1].describe()
         _check_stage(ref, stages[-1], names, client, aggregator)

@@ -32,6 +32,8 @@ TAG_DP_LOCAL = 16  # local DP's noise on a client's update, from its round seed
 TAG_QUANTIZE = 17  # stochastic rounding of a client's update (quantize, secagg), ditto
 TAG_PHASE = 18  # a client's training phase i > 0 (Phase), from its round seed and i
 TAG_ADAPT = 19  # an evaluated client's adaptation (ClientWork.eval_phase), per round
+TAG_ADVERSARY = 20  # whether a client is malicious (adversary.fraction), per (seed, client id)
+TAG_ATTACK = 21  # an attack's draws for a malicious client, from its round seed
 
 
 def derive_seed(*parts: int) -> int:

@@ -48,6 +48,7 @@ from fedray.algorithms.base import (
     Aggregator,
     ClientRows,
     ClientWork,
+    ParamError,
     PartialSum,
     Payload,
     RoundPlan,
@@ -69,6 +70,8 @@ from fedray.data.per_round import parse_per_round
 from fedray.data.source import ClientSource, sizes_of
 from fedray.errors import ConfigError, DivergedError, FedrayError, PartError, key_error
 from fedray.kernels.vectorized import batch_failure, vectorize_plan
+from fedray.runtime.adversary import DefenseRound, flagged_rows
+from fedray.runtime.adversary import resolve as resolve_adversary
 from fedray.runtime.inline import InlinePool, frozen, frozen_tree
 from fedray.runtime.messages import Broadcast, ClientUpdates, RoundResult, RoundTask
 from fedray.runtime.part_errors import PartNames, check_sum, check_update, names_part_errors
@@ -258,6 +261,15 @@ class Driver:
                          num_params=self.template.num_params, dropout=c.sampling.dropout)
         for stage in self.stages:
             stage.init_server(plan)
+        self._check_plan(plan)
+        # the central test set, read once: the attacks' checks and measures need it too
+        test = source.central_test() if c.eval.central else None
+        self.adversary = resolve_adversary(c.adversary, c.seed, source.population)
+        if self.adversary is not None:
+            self.adversary.check_data(tuple(source.input_shape), source.num_classes,
+                                      None if test is None else test[0])
+            self.adversary.check_parts(self.aggregator, self.algorithm.names["aggregator"],
+                                       tuple(self.algorithm.stage_names))
         # the stage that decides which partial sums the driver may read (secure aggregation)
         self.merger = next((s for s in self.stages if type(s).merge is not UpdateStage.merge),
                            None)
@@ -338,7 +350,8 @@ class Driver:
             per_round=parse_per_round(c.data.get("per_round")), per_client=per_client,
             stages=worker_parts[2],
             labels=(self.algorithm.names["client"], self.algorithm.names["aggregator"],
-                    *self.algorithm.stage_names))
+                    *self.algorithm.stage_names),
+            adversary=self.adversary)
         reduce = c.runtime.reduce
         if reduce.group_size is not None and self.merger is not None:
             raise key_error("runtime.reduce.group_size", f"the update stage "
@@ -361,10 +374,16 @@ class Driver:
                                    timeout_s=c.runtime.worker_timeout_s)
         self.pool_start_s = time.perf_counter() - start
         self.test_ref, self.test_len = None, 0
-        if c.eval.central:
-            test = source.central_test()
-            if test is not None:
-                self.test_ref, self.test_len = self._put(test), len(test[1])
+        # (metric, test set ref, its length) of each attack that measures its success there
+        self.attack_tests: list[tuple[str, Any, int]] = []
+        if test is not None:
+            self.test_ref, self.test_len = self._put(test), len(test[1])
+            if self.adversary is not None:
+                made = self.adversary.test_sets(*test)
+                self.attack_tests = [
+                    ("test_attack_success" if len(made) == 1 else
+                     f"test_attack_success_{name}", self._put((x, y)), len(y))
+                    for name, x, y in made]
         self.fed_eval_ids = (federated_eval_clients(c.seed, source.population,
                                                     c.eval.federated_clients)
                              if c.eval.federated_clients else None)
@@ -375,6 +394,15 @@ class Driver:
         self.run_dir.create(RUN_ID_LINE.format(self.run_id)
                             + OmegaConf.to_yaml(self.cfg, resolve=True))
         return self.notes
+
+    def _check_plan(self, plan: RoundPlan) -> None:
+        """The aggregator's check of the round size its guarantee needs
+        (``Aggregator.check_plan``: Krum with n <= 2f + 2), in one line naming its key."""
+        try:
+            self.aggregator.check_plan(plan)
+        except ParamError as exc:
+            section = self.aggregator.section or self.aggregator.name
+            raise key_error(f"algorithm.{section}.{exc.key}", exc.rule, exc.value) from None
 
     def _check_individual(self, plan: RoundPlan) -> None:
         """An aggregator that needs every client's update (``individual``): refused, before
@@ -708,6 +736,7 @@ class Driver:
         worker_mem = 0.0
         stored: list[int] = []
         packs: list[int] = []
+        flagged: list[int] = []  # clients the guard or a stage defended against (adversary)
         # an individual aggregator's rows, in the round's sampled order
         rows = (_RoundRows(ids, self.weights.numel(), self._row_buffer) if self.individual
                 else None)
@@ -739,6 +768,7 @@ class Driver:
                 worker_mem = max(worker_mem, res.mem_mb)
                 stored += res.stored
                 packs += res.packs
+                flagged += res.flagged
             del partial, members, res
             merge_s += time.perf_counter() - start
         merge_s += self.pool.merge_s
@@ -755,10 +785,13 @@ class Driver:
             updates, clients = rows.assemble()
             del rows
             if len(clients.ids):  # none kept: as a round without examples, below
+                self._poison_rows(r, updates, clients)
+                self.aggregator.influence = None  # this round's, if the aggregator says it
                 update = self.aggregator.aggregate(updates, clients, acc)
                 self.weights = self._step(self._check_update("aggregate()", update), acc,
                                           "aggregate()")
                 part_metrics = self.aggregator.round_metrics()
+                flagged += self._down_weighted(clients)
             del updates
         elif acc.weight > 0:  # a round without examples (or all dropped) leaves the model as is
             self.weights = self._step(self._check_update("finish()",
@@ -766,6 +799,10 @@ class Driver:
             part_metrics = self.aggregator.round_metrics()
         for stage in self.stages:
             part_metrics |= stage.round_metrics()
+        if self.adversary is not None:  # the simulator knows who attacked: the defense's score
+            ids_ = np.asarray(ids, np.int64)
+            part_metrics |= DefenseRound(ids_[self.adversary.mask(ids_)].tolist(),
+                                         flagged).metrics()
         if self.schedule is not None:
             self._keep_version(r)
         self._nonfinite = int(stats["nonfinite"])
@@ -779,6 +816,36 @@ class Driver:
                 "worker_busy_s": stats["busy_s"], "worker_mem_mb": worker_mem, "merge_s": merge_s,
                 "upload_bytes": int(stats["updates"]) * self.update_bytes,
                 **clocked, **part_metrics}
+
+    def _poison_rows(self, r: int, updates: torch.Tensor, clients: ClientRows) -> None:
+        """The omniscient attacks (``Attack.poison_rows``): the malicious rows rewritten
+        from the round's others, before the aggregator sees them."""
+        attacks = self.adversary.row_attacks if self.adversary is not None else ()
+        if not attacks:
+            return
+        bad = torch.from_numpy(self.adversary.mask(clients.ids.numpy()))
+        if not bool(bad.any()):
+            return
+        for attack in attacks:
+            attack.poison_rows(updates, bad, clients, self.cfg.seed, r)
+            name = self.adversary.names[self.adversary.attacks.index(attack)]
+            if not bool(torch.isfinite(updates[bad]).all()):
+                raise PartError(f"attack {name} (adversary.attacks): poison_rows() left a "
+                                "non-finite value in a malicious row")
+
+    def _down_weighted(self, clients: ClientRows) -> list[int]:
+        """The clients an individual aggregator discarded or down-weighted this round (its
+        ``influence``), when the run has an adversary to score it against."""
+        influence = self.aggregator.influence
+        if self.adversary is None or influence is None:
+            return []
+        k = len(clients.ids)
+        try:
+            low = flagged_rows(influence, k)
+        except ValueError as exc:
+            raise PartError(f"{_parts(self).who(self.aggregator)}: aggregate() set "
+                            f"influence wrongly: {exc}") from None
+        return clients.ids.numpy()[low].tolist()
 
     def _check_update(self, method: str, update: Any) -> torch.Tensor:
         """The aggregator's round update as ``method`` (``finish()``, ``aggregate()``)
@@ -840,13 +907,19 @@ class Driver:
         n = len(self.pool)
         weights_ref = self._broadcast()
         pending: dict[str, tuple[str, list]] = {}
-        if self.test_ref is not None:
-            bounds = np.linspace(0, self.test_len, n + 1).astype(int)
-            pending["test"] = ("evaluate_range", [
-                (slot, (weights_ref, self.test_ref, int(lo), int(hi)),
-                 f"round {r} evaluation: test rows {lo}..{hi - 1}")
+
+        def ranges(name: str, ref: Any, length: int) -> tuple[str, list]:
+            bounds = np.linspace(0, length, n + 1).astype(int)
+            return ("evaluate_range", [
+                (slot, (weights_ref, ref, int(lo), int(hi)),
+                 f"round {r} evaluation: {name} rows {lo}..{hi - 1}")
                 for slot, (lo, hi) in enumerate(zip(bounds[:-1], bounds[1:], strict=True))
                 if hi > lo])
+
+        if self.test_ref is not None:
+            pending["test"] = ranges("test", self.test_ref, self.test_len)
+        for metric, ref, length in self.attack_tests:  # accuracy there: the attack's success
+            pending[metric] = ranges(metric, ref, length)
         if self.fed_eval_ids is not None:
             ids = self.fed_eval_ids
             groups = assign_balanced(ids, self.sizes_of(ids, "test"), n)
@@ -866,6 +939,9 @@ class Driver:
         has_accuracy = correct_fn(self.cfg.model.loss) is not None  # regression (mse): none
         for prefix, (method, tasks) in pending.items():
             parts = list(self.pool.gather(method, tasks))
+            if prefix.startswith("test_attack_success"):
+                out[prefix] = merge_sums(parts).accuracy
+                continue
             sums = {prefix: merge_sums(parts)} if prefix == "test" else \
                 self._client_evaluation(r, [row for rows in parts for row in rows],
                                         per_client)

@@ -67,6 +67,9 @@ class RoundResult:
     nonfinite: int = 0  # of ``dropped``, those dropped for NaN or Inf (the driver checks it)
     rows: ClientUpdates | None = None  # Aggregator.individual: each kept client's update
     packs: list[int] = field(default_factory=list)  # the pack of each of ``stored``
+    # clients the guard dropped or a stage flagged (clipped), with an adversary: the run's
+    # defense metrics (fedray.runtime.adversary.DefenseRound)
+    flagged: list[int] = field(default_factory=list)
 
     STATS = ("examples", "loss_sum", "examples_seen", "dropped", "updates", "nonfinite",
              "busy_s")

@@ -17,6 +17,7 @@ from collections import deque
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import torch
@@ -46,6 +47,7 @@ from fedray.data.source import ClientCache, ClientSource, sizes_of
 from fedray.errors import PartError
 from fedray.kernels.sequential import client_batch_size, local_sgd
 from fedray.kernels.vectorized import group_size, group_sizes, vmap_local_sgd
+from fedray.runtime.adversary import Adversary
 from fedray.runtime.messages import (
     Broadcast,
     ClientUpdates,
@@ -137,6 +139,7 @@ class WorkerSpec:
     # the job's names of the client part, the aggregator and the stages, in that order
     # (registered names or import paths): what an error from one of them says
     labels: tuple[str, ...] = ()
+    adversary: Adversary | None = None  # the job's malicious clients and their attacks
 
 
 def keeps_client_state(client: ClientWork, stages: tuple[UpdateStage, ...]) -> bool:
@@ -276,6 +279,11 @@ class ClientWorker:
         self._pack_of: dict[int, int] = {}  # the pack of each task client's current state
         self._staleness = 0  # the current task's (buffered asynchronous training)
         self._nonfinite = 0  # this round's updates the guard dropped for NaN or Inf
+        self._flagged: list[int] = []  # this round's clients the guard or a stage defended
+        # against (dropped, clipped): the run's defense metrics, with an adversary
+        adv = spec.adversary
+        self._data_attacks = adv.data_attacks if adv is not None else ()
+        self._update_attacks = adv.update_attacks if adv is not None else ()
         self._rows: _Rows | None = None  # this round's updates (Aggregator.individual)
         self._row_buffer: np.ndarray | None = None  # their memory, kept across rounds
         own_training = self.client.train is not None
@@ -356,6 +364,13 @@ class ClientWorker:
         x, y = self.client_data(round_idx, cid)
         ctx = ClientContext(cid, round_idx, seed, x, y, self.env.batch_size_for(len(y)),
                             version, staleness=self._staleness)
+        if self._data_attacks and len(y) and self.spec.adversary.is_malicious(cid):
+            for attack in self._data_attacks:  # a malicious client's data, as it trains on it
+                attack.poison_data(self.env, ctx)
+            if len(ctx.y) != len(y) or len(ctx.x) != len(ctx.y):
+                raise PartError(f"{self._attack_name(attack)}: poison_data() changed the "
+                                f"client's {len(y)} examples into {len(ctx.x)} inputs and "
+                                f"{len(ctx.y)} labels; keep their number")
         self.aggregator.prepare(self.env, ctx)
         if self.state is not None and len(ctx.y):  # read ahead with the data: a stateful
             # client's file is read while the clients before it train
@@ -450,7 +465,15 @@ class ClientWorker:
         with the rest, so a dropped update leaves the client's state as it was."""
         if update.num_examples == 0:
             return True
+        if self._update_attacks and self.spec.adversary.is_malicious(ctx.cid):
+            for attack in self._update_attacks:  # what a malicious client sends instead
+                attack.poison_update(self.env, ctx, update)
+                check_delta(lambda attack=attack: self._attack_name(attack),
+                            "poison_update()", update.delta, self.model.flat)
+            update.in_replica = False
         if not self._admissible(update.delta):
+            if self.spec.adversary is not None:
+                self._flagged.append(ctx.cid)
             return False
         new: dict[str, torch.Tensor] = {}
         for stage in self.stages:  # on the way up: clip, add noise, compress, encode
@@ -464,6 +487,8 @@ class ClientWorker:
                                     f"{tuple(stage.client_state)} does not declare")
             new |= own
             update.in_replica = False  # the delta may no longer be the replica's
+        if update.flagged and self.spec.adversary is not None:
+            self._flagged.append(ctx.cid)
         self._contribute(ctx, update, acc)
         new |= kept or {}
         own = self.client.finish(self.env, ctx, update, acc) or {}
@@ -761,6 +786,7 @@ class ClientWorker:
         loss_sum, seen, examples, dropped = 0.0, 0, 0, 0
         self._stored = []
         self._nonfinite = 0
+        self._flagged = []
         ids = task.client_ids
         if self.aggregator.individual:
             self._rows = _Rows(len(ids), self.model.size, self._row_buffer)
@@ -793,7 +819,12 @@ class ClientWorker:
                            loss_sum=loss_sum, examples_seen=seen, dropped=dropped,
                            updates=len(ids) - dropped, nonfinite=self._nonfinite,
                            stored=self._stored, packs=packs, rows=self._take_rows(),
+                           flagged=self._flagged,
                            busy_s=time.perf_counter() - start, mem_mb=private_mb())
+
+    def _attack_name(self, attack: Any) -> str:
+        adv = self.spec.adversary
+        return f"attack {adv.names[adv.attacks.index(attack)]} (adversary.attacks)"
 
     def _take_rows(self) -> ClientUpdates | None:
         """This round's rows, which the worker then lets go of (they travel in the result)."""

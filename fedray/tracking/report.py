@@ -209,8 +209,9 @@ def sweep_trials(url: str) -> tuple[list[str], list[str]] | None:
 
 
 def lower_is_better(metric: str) -> bool:
-    """Losses go down, everything else (accuracies) goes up: decides "best" and the target."""
-    return "loss" in metric.lower()
+    """Losses and an attack's success go down, everything else (accuracies) goes up: decides
+    "best" and the target."""
+    return "loss" in metric.lower() or "attack_success" in metric.lower()
 
 
 def _has(config: dict, key: str) -> bool:
