@@ -1,13 +1,14 @@
 """Individual updates (Aggregator.individual) against the partial sum: what an aggregator
 that sees every client's update costs the driver, in memory and round time.
 
-The same job twice, each in a process of its own (so that each process's peak memory is
-its own): the MLP (model.name mlp, 784-200-62: 169,462 parameters) on 1000 synthetic
-clients, ``--clients`` a round, ``runtime.backend: inline`` with 2 workers (the driver and
-the workers in this one process, so its memory counts the workers' rows as well as the
-driver's: an upper bound on what the driver alone holds on Ray). Once with the partial-sum
-path (proportional FedAvg: each worker folds its clients into one float64 sum), once with
-examples/median.py's coordinate-wise median (every kept client's float32 update reaches the
+The same job once per path (``--paths``), each in a process of its own (so that each
+process's peak memory is its own): the MLP (model.name mlp, 784-200-62: 169,462 parameters)
+on 1000 synthetic clients, ``--clients`` a round, ``runtime.backend: inline`` with 2 workers
+(the driver and the workers in this one process, so its memory counts the workers' rows as
+well as the driver's: an upper bound on what the driver alone holds on Ray). The
+partial-sum paths (proportional FedAvg, alone or behind the norm_bound stage: each worker
+folds its clients into one float64 sum) against the individual ones (examples/median.py's
+median, or a built-in robust aggregator: every kept client's float32 update reaches the
 driver, which calls ``aggregate`` once with the (k, d) rows).
 
 Reported per path: the (k, d) float32 buffer's size (k x d x 4 bytes; none for the sum),
@@ -20,6 +21,8 @@ row), the median time of the aggregation step itself (``finish`` on the merged s
 
     python benchmarks/individual_updates.py                    # 100 clients a round, 4 rounds
     python benchmarks/individual_updates.py --clients 20 --rounds 3   # quick
+    python benchmarks/individual_updates.py --clients 1000 --rounds 3 --paths proportional \\
+        norm_bound trimmed_mean median            # the robust aggregators (docs/robustness.md)
 """
 
 from __future__ import annotations
@@ -38,8 +41,15 @@ import time
 REPO = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
 sys.path.insert(0, REPO)
 
-PATHS = {"partial sum (proportional)": "proportional",
-         "individual (examples.median:Median)": "examples.median:Median"}
+# --paths KEY: (label, aggregator, update stages)
+PATHS = {"proportional": ("partial sum (proportional)", "proportional", []),
+         "norm_bound": ("partial sum + norm_bound stage", "proportional", ["norm_bound"]),
+         "example_median": ("individual (examples.median:Median)", "examples.median:Median",
+                            []),
+         "median": ("individual (median)", "median", []),
+         "trimmed_mean": ("individual (trimmed_mean, beta 0.1)", "trimmed_mean", []),
+         "krum": ("individual (krum, f 1)", "krum", []),
+         "multi_krum": ("individual (multi_krum, f 1)", "multi_krum", [])}
 
 
 def _rss_mb() -> float:
@@ -65,7 +75,7 @@ class _Sampler(threading.Thread):
             time.sleep(0.002)
 
 
-def child(aggregator: str, clients: int, rounds: int, out: str) -> dict:
+def child(key: str, clients: int, rounds: int, out: str) -> dict:
     import fedray
     from fedray.algorithms.base import Aggregator
     from fedray.tracking.callbacks import Callback
@@ -81,12 +91,18 @@ def child(aggregator: str, clients: int, rounds: int, out: str) -> dict:
                 times.append(time.perf_counter() - t)
         return wrapper
 
+    _, aggregator, stages = PATHS[key]
     if aggregator == "proportional":
         Aggregator.finish = timed(Aggregator.finish)
-    else:
+    elif aggregator.startswith("examples."):
         from examples.median import Median
 
         Median.aggregate = timed(Median.aggregate)
+    else:
+        from fedray.algorithms import registry
+
+        cls = registry.registered("aggregator")[aggregator]
+        cls.aggregate = timed(cls.aggregate)
     sampler = _Sampler()
     sampler.start()
 
@@ -99,7 +115,7 @@ def child(aggregator: str, clients: int, rounds: int, out: str) -> dict:
            "data": {"synthetic": {"num_clients": 1000, "test_writers": 2}},
            "model": {"name": "mlp"}, "client": {"lr": 0.01, "batch_size": 16},
            "sampling": {"clients_per_round": clients},
-           "algorithm": {"aggregator": aggregator},
+           "algorithm": {"aggregator": aggregator, "stages": stages},
            "runtime": {"backend": "inline", "num_workers": 2, "worker": {"num_cpus": 1}},
            "eval": {"every": 0, "central": False},
            "output": {"dir": out, "tensorboard": False, "save_weights": False}}
@@ -110,6 +126,7 @@ def child(aggregator: str, clients: int, rounds: int, out: str) -> dict:
     d = sum(v.numel() for v in res.weights.values())
     return {"k": clients, "d": d,
             "buffer_mb": clients * d * 4 / 2**20 if aggregator != "proportional" else 0.0,
+            "driver_mem_mb": max(m["driver_mem_mb"] for m in res.metrics),
             "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
             "round_rss_above_mb": sampler.peak - (sampler.base or 0.0),
             "train_s": statistics.median(m["train_s"] for m in later),
@@ -123,6 +140,9 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--clients", type=int, default=100)
     ap.add_argument("--rounds", type=int, default=4)
+    ap.add_argument("--paths", nargs="+", choices=list(PATHS),
+                    default=["proportional", "example_median"],
+                    help="the aggregation paths to measure, each in a process of its own")
     ap.add_argument("--child", help=argparse.SUPPRESS)
     a = ap.parse_args()
     if a.child:
@@ -130,8 +150,9 @@ def main() -> int:
             print(json.dumps(child(a.child, a.clients, a.rounds, out)))
         return 0
     rows = {}
-    for label, agg in PATHS.items():
-        out = subprocess.run([sys.executable, __file__, "--child", agg, "--clients",
+    for key in a.paths:
+        label = PATHS[key][0]
+        out = subprocess.run([sys.executable, __file__, "--child", key, "--clients",
                               str(a.clients), "--rounds", str(a.rounds)], cwd=REPO,
                              capture_output=True, text=True)
         if out.returncode:

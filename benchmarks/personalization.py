@@ -282,18 +282,21 @@ def final_metrics(run_dir: str) -> dict:
 
 
 def run_one(base: dict | str, overrides: list[str], run_dir: str,
-            log: Callable[[str], None], report_only: bool = False) -> dict:
+            log: Callable[[str], None], report_only: bool = False,
+            summarize: Callable[[str], dict] | None = None) -> dict:
     """One run, or its finished result: a directory with summary.json is read, not re-run;
     one with a checkpoint is resumed; anything else there is removed and run afresh. A run
     that diverges (a result about its learning rate) is recorded as such in
     ``RUN_DIR.failed.json`` and not retried; any other error stops the benchmark. With
-    ``report_only`` nothing is trained: an unfinished run is ``{"missing": True}``."""
+    ``report_only`` nothing is trained: an unfinished run is ``{"missing": True}``.
+    ``summarize``: what is kept of a finished run (default ``final_metrics``)."""
+    summarize = summarize or final_metrics
     import fedray
     from fedray.errors import DivergedError
 
     failed = run_dir.rstrip("/") + ".failed.json"
     if os.path.exists(os.path.join(run_dir, "summary.json")):
-        return {**final_metrics(run_dir), "reused": True}
+        return {**summarize(run_dir), "reused": True}
     if os.path.exists(failed):
         with open(failed) as f:
             return json.load(f)
@@ -312,7 +315,7 @@ def run_one(base: dict | str, overrides: list[str], run_dir: str,
         with open(failed, "w") as f:
             json.dump(out, f)
         return out
-    return {**final_metrics(run_dir), "run_s": time.perf_counter() - t0}
+    return {**summarize(run_dir), "run_s": time.perf_counter() - t0}
 
 
 def row_stats(method: Method, runs: list[dict]) -> dict:

@@ -120,22 +120,27 @@ def prepare(config: ConfigSource | None, overrides: list[str] | tuple = (),
         raise key_error("eval.federated_clients", "this data has no per-client test split; set "
                         "it to 0, or give in-memory clients as {'train': (x, y), "
                         "'test': (x, y)}", cfg.eval.federated_clients)
-    _check_parts_against_model(cfg, client_data, model_fn, test_data, manifest)
+    _check_parts_against_model(cfg, client_data, model_fn, test_data, manifest, population)
     return cfg
 
 
 def _check_parts_against_model(cfg: DictConfig, client_data: Mapping | None,
                                model_fn: Callable | None, test_data: tuple | None,
-                               manifest: dict | None) -> None:
+                               manifest: dict | None, population: int) -> None:
     """The algorithm's parts against the job's model (a head selector that selects
-    nothing), before Ray starts: built only when a part checks it
+    nothing) and round size (Krum's n > 2f + 2), and the adversary against the parts,
+    before Ray starts: the model built only when a part checks it
     (registry.check_against_model). A part whose clients each have their own model, in a
     job that never evaluates clients, gets a note saying so."""
-    from fedray.algorithms.base import evaluates_own_model
-    from fedray.algorithms.registry import check_against_model, resolve
+    from fedray.algorithms.base import RoundPlan, evaluates_own_model
+    from fedray.algorithms.registry import check_against_model, check_plan, resolve
     from fedray.runtime.adversary import resolve as resolve_adversary
 
     resolved = resolve(cfg.algorithm, cfg.server)
+    sm = cfg.sampling
+    check_plan(resolved.aggregator, RoundPlan(
+        seed=cfg.seed, population=population, clients_per_round=sm.clients_per_round,
+        sampling=sm.mode, rounds=cfg.rounds, num_params=0, dropout=sm.dropout))
     adversary = resolve_adversary(cfg.adversary, cfg.seed)
     if adversary is not None:  # omniscient attacks need the individual path, before Ray
         adversary.check_parts(resolved.aggregator, resolved.names["aggregator"],

@@ -199,3 +199,10 @@ def test_every_preset_and_part_parameter_is_documented():
                 key = f"algorithm.{cls.section}.{f.name}"
                 assert f"`{key}`" in config, (cls.name, key)
                 assert key in described[kind], (cls.name, key)
+    # the attacks' keys: config.md's adversary sections, and robustness.md names each
+    robustness = (ROOT / "docs" / "robustness.md").read_text()
+    for cls in registry.registered("attack").values():
+        assert f"`{cls.name}`" in robustness, cls.name
+        for f in dataclasses.fields(cls.Params):
+            key = f"adversary.{cls.section}.{f.name}"
+            assert f"`{key}`" in config, (cls.name, key)

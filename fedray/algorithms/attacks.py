@@ -64,6 +64,11 @@ LABEL_FLIP_MODES = ("all_to_one", "random")
 TRIGGERS = ("square", "plus")
 
 
+# each built-in attack's salt of the attack stream, so that two attacks on one client
+# (label_flip and backdoor) draw independently
+SALT_LABEL_FLIP, SALT_NOISE, SALT_BACKDOOR = 0, 1, 2
+
+
 def attack_rng(ctx_seed: int, salt: int = 0) -> np.random.Generator:
     """An attack's own stream from a client's round seed: what it draws never shifts the
     client's training draws (batches, dropout), which come from the seed itself."""
@@ -105,7 +110,8 @@ class LabelFlip(Attack):
         if self.params.mode == "all_to_one":
             new = np.full_like(y, self.params.target)
         else:  # a uniformly drawn class other than the true one: y + 1 + U{0..C-2} mod C
-            shift = attack_rng(ctx.seed).integers(1, self.num_classes, size=y.shape)
+            shift = attack_rng(ctx.seed, SALT_LABEL_FLIP).integers(1, self.num_classes,
+                                                                   size=y.shape)
             new = ((y + shift) % self.num_classes).astype(y.dtype)
         ctx.y = readonly_tensor(new)
 
@@ -197,7 +203,8 @@ class Backdoor(Attack):
         count = int(round(self.params.poison_fraction * n))
         if not count:
             return
-        pick = np.sort(attack_rng(ctx.seed).choice(n, size=count, replace=False))
+        pick = np.sort(attack_rng(ctx.seed, SALT_BACKDOOR).choice(n, size=count,
+                                                                  replace=False))
         x, y = ctx.x.numpy().copy(), ctx.y.numpy().copy()
         x[pick] = self.stamp(x[pick])
         y[pick] = self.params.target
@@ -265,7 +272,7 @@ class Noise(Attack):
         require(isinstance(params.add, bool), "add", "must be true or false", params.add)
 
     def poison_update(self, env: WorkerEnv, ctx: ClientContext, update: LocalUpdate) -> None:
-        gen = torch.Generator().manual_seed(derive_seed(ctx.seed, TAG_ATTACK, 1))
+        gen = torch.Generator().manual_seed(derive_seed(ctx.seed, TAG_ATTACK, SALT_NOISE))
         noise = torch.randn(update.delta.shape, generator=gen, dtype=torch.float32)
         noise = noise.mul_(self.params.std).to(update.delta.device)
         update.delta = update.delta + noise if self.params.add else noise

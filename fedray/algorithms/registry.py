@@ -220,7 +220,8 @@ def lookup(kind: str, ref: str, key: str) -> type:
             if _kind_of(cls) != kind:
                 raise TypeError
         except TypeError:
-            raise key_error(key, f"must name a {_BASES[kind]} subclass "
+            article = "an" if _BASES[kind][0] in "AEIOU" else "a"
+            raise key_error(key, f"must name {article} {_BASES[kind]} subclass "
                             f"(fedray.algorithms.base)", ref) from None
         return cls
     table = registered(kind)
@@ -361,6 +362,19 @@ def build(cls: type, params: Any, key: str, server: Any, part: str = "") -> Any:
         text = str(exc).strip()
         raise PartError(f"{part}: building it raised {type(exc).__name__}"
                         f"{': ' + text.splitlines()[0] if text else ''}") from exc
+
+
+def check_plan(aggregator: Any, plan: Any) -> None:
+    """The aggregator's ``check_plan`` (the round size its guarantee needs: Krum with
+    n <= 2f + 2) against the job's ``RoundPlan``, a ``ParamError`` reported as its config
+    key; before Ray starts (fedray.api) and again by the driver."""
+    from fedray.algorithms.base import ParamError
+
+    try:
+        aggregator.check_plan(plan)
+    except ParamError as exc:
+        raise key_error(f"algorithm.{aggregator.section or aggregator.name}.{exc.key}",
+                        exc.rule, exc.value) from None
 
 
 def check_against_model(resolved: Resolved, make_model: Any) -> None:

@@ -138,7 +138,8 @@ def resolve(section: Any, seed: int, population: int | None = None) -> Adversary
     if isinstance(fraction, bool) or not isinstance(fraction, int | float) \
             or not 0 <= fraction <= 1:
         raise key_error(f"{SECTION}.fraction", "must be in [0, 1]", fraction)
-    if not all(isinstance(c, int) and not isinstance(c, bool) and c >= 0 for c in clients):
+    if not isinstance(clients, list) or not all(
+            isinstance(c, int) and not isinstance(c, bool) and c >= 0 for c in clients):
         raise key_error(f"{SECTION}.clients", "must be a list of client ids >= 0", clients)
     if population is not None and clients and max(clients) >= population:
         raise key_error(f"{SECTION}.clients", f"names client {max(clients)}; the data has "

@@ -48,7 +48,6 @@ from fedray.algorithms.base import (
     Aggregator,
     ClientRows,
     ClientWork,
-    ParamError,
     PartialSum,
     Payload,
     RoundPlan,
@@ -56,7 +55,7 @@ from fedray.algorithms.base import (
     evaluates_with_state,
     extra_sizes,
 )
-from fedray.algorithms.registry import Resolved, resolve
+from fedray.algorithms.registry import Resolved, check_plan, resolve
 from fedray.core.assignment import assign_balanced
 from fedray.core.evaluation import ClientEval, EvalSums, merge_sums, pooled
 from fedray.core.flat_model import FlatModel
@@ -261,7 +260,7 @@ class Driver:
                          num_params=self.template.num_params, dropout=c.sampling.dropout)
         for stage in self.stages:
             stage.init_server(plan)
-        self._check_plan(plan)
+        check_plan(self.aggregator, plan)  # the round size its guarantee needs
         # the central test set, read once: the attacks' checks and measures need it too
         test = source.central_test() if c.eval.central else None
         self.adversary = resolve_adversary(c.adversary, c.seed, source.population)
@@ -394,15 +393,6 @@ class Driver:
         self.run_dir.create(RUN_ID_LINE.format(self.run_id)
                             + OmegaConf.to_yaml(self.cfg, resolve=True))
         return self.notes
-
-    def _check_plan(self, plan: RoundPlan) -> None:
-        """The aggregator's check of the round size its guarantee needs
-        (``Aggregator.check_plan``: Krum with n <= 2f + 2), in one line naming its key."""
-        try:
-            self.aggregator.check_plan(plan)
-        except ParamError as exc:
-            section = self.aggregator.section or self.aggregator.name
-            raise key_error(f"algorithm.{section}.{exc.key}", exc.rule, exc.value) from None
 
     def _check_individual(self, plan: RoundPlan) -> None:
         """An aggregator that needs every client's update (``individual``): refused, before

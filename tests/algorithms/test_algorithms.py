@@ -51,7 +51,7 @@ def test_part_sections_and_legacy_keys():
 
 @pytest.mark.parametrize("override, key", [
     ("algorithm.client=scaffoldx", "algorithm.client"),
-    ("algorithm.aggregator=median", "algorithm.aggregator"),
+    ("algorithm.aggregator=geomedian", "algorithm.aggregator"),
     ("algorithm.server_opt=lamb", "algorithm.server_opt"),
     # a legacy key, read where it counts
     ("algorithm.name=fedprox algorithm.prox_mu=-1", "algorithm.fedprox.mu"),
