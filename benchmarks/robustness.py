@@ -271,8 +271,6 @@ def benchmark(args: argparse.Namespace) -> dict:
     os.makedirs(args.out, exist_ok=True)
     with open(os.path.join(args.out, "table.md"), "w") as f:
         f.write(text)
-    with open(os.path.join(args.out, "results.json"), "w") as f:
-        json.dump(results, f, indent=2, default=float)
     # the strongest attack: the one that leaves FedAvg the lowest final accuracy
     scored = [(sum(r["accuracy"] for r in grid[a.key]["fedavg"] if "accuracy" in r)
                / max(1, sum("accuracy" in r for r in grid[a.key]["fedavg"])), a)
@@ -283,6 +281,8 @@ def benchmark(args: argparse.Namespace) -> dict:
         results["strongest"] = strongest.key
         figure(args, grid, strongest, defenses, args.figure
                or os.path.join(args.out, f"robustness_{args.dataset}.png"))
+    with open(os.path.join(args.out, "results.json"), "w") as f:
+        json.dump(results, f, indent=2, default=float)
     log(text)
     log(f"done: {count} runs in {results['total_s']:.0f}s; outputs in {args.out}")
     return results
