@@ -35,6 +35,10 @@ Use it by import path, from the repository root (or with this directory's parent
         'algorithm.stages=[examples.median:SignFlip]' algorithm.signflip.fraction=0.2
 
 and, to see the attack break FedAvg's mean, the same with algorithm.aggregator=uniform.
+
+fedray has since built both in, with the other robust aggregators and attacks
+(``algorithm.aggregator=median``, ``adversary.attacks=[sign_flip]``: docs/robustness.md);
+this file stays as the template of a user's aggregator that needs every client's update.
 """
 
 from __future__ import annotations

@@ -5,30 +5,19 @@ backend, no Ray; 2 rounds of 4 clients."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
-import sys
 from dataclasses import replace
 
 import numpy as np
 import pytest
-
-HERE = os.path.dirname(__file__)
+from benchmark_scripts import loaded
 
 
 @pytest.fixture(scope="module")
 def bench():
-    """The script as a module (benchmarks/ is not a package)."""
-    path = os.path.join(HERE, "..", "benchmarks", "personalization.py")
-    spec = importlib.util.spec_from_file_location("bench_personalization", path)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # its dataclasses look their module up there
-    try:
-        spec.loader.exec_module(module)
+    with loaded("personalization") as module:
         yield module
-    finally:
-        sys.modules.pop(spec.name, None)
 
 
 def test_tables_json_and_resume(bench, tmp_path, monkeypatch):

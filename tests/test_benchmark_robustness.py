@@ -5,28 +5,17 @@ backend, no Ray; 2 rounds."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
-import sys
 
 import pytest
-
-HERE = os.path.dirname(__file__)
+from benchmark_scripts import loaded
 
 
 @pytest.fixture(scope="module")
 def bench():
-    """The script as a module (benchmarks/ is not a package)."""
-    path = os.path.join(HERE, "..", "benchmarks", "robustness.py")
-    spec = importlib.util.spec_from_file_location("bench_robustness", path)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # its dataclasses look their module up there
-    try:
-        spec.loader.exec_module(module)
+    with loaded("robustness") as module:
         yield module
-    finally:
-        sys.modules.pop(spec.name, None)
 
 
 def test_table_json_figure_and_reuse(bench, tmp_path):

@@ -216,23 +216,32 @@ class Backdoor(Attack):
                                                           np.asarray(y).dtype)
 
 
+class _Multiply(Attack):
+    """An update sent as ``sign`` times its Params' one positive field (``key``) times the
+    honest one: the sign flip and the boost differ only in that sign and name."""
+
+    key = ""
+    sign = 1.0
+
+    def check(self, params: Any) -> None:
+        value = getattr(params, self.key)
+        require(finite_number(value) and value > 0, self.key, "must be > 0", value)
+
+    def poison_update(self, env: WorkerEnv, ctx: ClientContext, update: LocalUpdate) -> None:
+        update.delta = update.delta * (self.sign * getattr(self.params, self.key))
+
+
 @dataclass
 class SignFlipParams:
     scale: float = 1.0  # the update is sent as -scale times the honest one
 
 
 @register
-class SignFlip(Attack):
+class SignFlip(_Multiply):
     name = "sign_flip"
     section = "sign_flip"
     Params = SignFlipParams
-
-    def check(self, params: SignFlipParams) -> None:
-        require(finite_number(params.scale) and params.scale > 0, "scale", "must be > 0",
-                params.scale)
-
-    def poison_update(self, env: WorkerEnv, ctx: ClientContext, update: LocalUpdate) -> None:
-        update.delta = update.delta * -self.params.scale
+    key, sign = "scale", -1.0
 
 
 @dataclass
@@ -241,17 +250,11 @@ class ScalingParams:
 
 
 @register
-class Scaling(Attack):
+class Scaling(_Multiply):
     name = "scaling"
     section = "scaling"
     Params = ScalingParams
-
-    def check(self, params: ScalingParams) -> None:
-        require(finite_number(params.boost) and params.boost > 0, "boost", "must be > 0",
-                params.boost)
-
-    def poison_update(self, env: WorkerEnv, ctx: ClientContext, update: LocalUpdate) -> None:
-        update.delta = update.delta * self.params.boost
+    key = "boost"
 
 
 @dataclass
