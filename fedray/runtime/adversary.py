@@ -52,6 +52,11 @@ class Adversary:
             self.fraction > 0 and derive_seed(self.seed, TAG_ADVERSARY, int(cid))
             < self.fraction * 2.0 ** 63)
 
+    def label(self, attack: Any) -> str:
+        """How an error names one of the attacks: as the job does."""
+        at = next(i for i, a in enumerate(self.attacks) if a is attack)
+        return f"attack {self.names[at]} (adversary.attacks)"
+
     def mask(self, ids: Any) -> np.ndarray:
         """bool, one per id: which of these clients are malicious."""
         return np.fromiter((self.is_malicious(c) for c in np.asarray(ids).tolist()), bool,

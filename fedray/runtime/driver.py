@@ -818,9 +818,8 @@ class Driver:
             return
         for attack in attacks:
             attack.poison_rows(updates, bad, clients, self.cfg.seed, r)
-            name = self.adversary.names[self.adversary.attacks.index(attack)]
             if not bool(torch.isfinite(updates[bad]).all()):
-                raise PartError(f"attack {name} (adversary.attacks): poison_rows() left a "
+                raise PartError(f"{self.adversary.label(attack)}: poison_rows() left a "
                                 "non-finite value in a malicious row")
 
     def _down_weighted(self, clients: ClientRows) -> list[int]:

@@ -17,7 +17,6 @@ from collections import deque
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 import torch
@@ -367,10 +366,11 @@ class ClientWorker:
         if self._data_attacks and len(y) and self.spec.adversary.is_malicious(cid):
             for attack in self._data_attacks:  # a malicious client's data, as it trains on it
                 attack.poison_data(self.env, ctx)
-            if len(ctx.y) != len(y) or len(ctx.x) != len(ctx.y):
-                raise PartError(f"{self._attack_name(attack)}: poison_data() changed the "
-                                f"client's {len(y)} examples into {len(ctx.x)} inputs and "
-                                f"{len(ctx.y)} labels; keep their number")
+                if len(ctx.y) != len(y) or len(ctx.x) != len(ctx.y):
+                    raise PartError(f"{self.spec.adversary.label(attack)}: poison_data() "
+                                    f"changed the client's {len(y)} examples into "
+                                    f"{len(ctx.x)} inputs and {len(ctx.y)} labels; keep "
+                                    "their number")
         self.aggregator.prepare(self.env, ctx)
         if self.state is not None and len(ctx.y):  # read ahead with the data: a stateful
             # client's file is read while the clients before it train
@@ -468,7 +468,7 @@ class ClientWorker:
         if self._update_attacks and self.spec.adversary.is_malicious(ctx.cid):
             for attack in self._update_attacks:  # what a malicious client sends instead
                 attack.poison_update(self.env, ctx, update)
-                check_delta(lambda attack=attack: self._attack_name(attack),
+                check_delta(lambda attack=attack: self.spec.adversary.label(attack),
                             "poison_update()", update.delta, self.model.flat)
             update.in_replica = False
         if not self._admissible(update.delta):
@@ -821,10 +821,6 @@ class ClientWorker:
                            stored=self._stored, packs=packs, rows=self._take_rows(),
                            flagged=self._flagged,
                            busy_s=time.perf_counter() - start, mem_mb=private_mb())
-
-    def _attack_name(self, attack: Any) -> str:
-        adv = self.spec.adversary
-        return f"attack {adv.names[adv.attacks.index(attack)]} (adversary.attacks)"
 
     def _take_rows(self) -> ClientUpdates | None:
         """This round's rows, which the worker then lets go of (they travel in the result)."""
