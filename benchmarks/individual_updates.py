@@ -126,7 +126,6 @@ def child(key: str, clients: int, rounds: int, out: str) -> dict:
     d = sum(v.numel() for v in res.weights.values())
     return {"k": clients, "d": d,
             "buffer_mb": clients * d * 4 / 2**20 if aggregator != "proportional" else 0.0,
-            "driver_mem_mb": max(m["driver_mem_mb"] for m in res.metrics),
             "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
             "round_rss_above_mb": sampler.peak - (sampler.base or 0.0),
             "train_s": statistics.median(m["train_s"] for m in later),

@@ -529,3 +529,12 @@ def test_a_real_runs_tables_give_its_clients_statistics(tmp_path):
         assert stats["clients"] == last["clients_evaluated"]
         for stat in ("mean", "p10", "worst10"):
             assert stats[stat] == last[f"clients_{column}_{stat}"], (column, stat)
+
+
+def test_an_attacks_success_is_lower_is_better():
+    """A backdoor's success (docs/robustness.md) goes down as a defense works, as a loss."""
+    from fedray.tracking.report import lower_is_better
+
+    assert lower_is_better("test_attack_success") and lower_is_better("test_loss")
+    assert not lower_is_better("test_accuracy")
+    assert not lower_is_better("defense_recall")
