@@ -91,6 +91,10 @@ DEFENSES = [
     # round 1 to 20, p10-p90: docs/robustness.md)
     Defense("centered_clip", "centered clipping (tau 0.5)", (
         "algorithm.aggregator=centered_clip", "algorithm.centered_clip.tau=0.5")),
+    # the root data set: two clients of the store, trained every round (sampling.always)
+    Defense("fltrust", "FLTrust (root: clients 0, 1)", (
+        "algorithm.aggregator=fltrust", "algorithm.fltrust.root_clients=[0,1]",
+        "sampling.always=[0,1]")),
     Defense("norm_bound", "norm bound 0.5 + mean", (
         "algorithm.aggregator=mean", "algorithm.stages=[norm_bound]",
         "algorithm.norm_bound.max_norm=0.5")),

@@ -140,8 +140,10 @@ def _check_parts_against_model(cfg: DictConfig, client_data: Mapping | None,
     sm = cfg.sampling
     check_plan(resolved.aggregator, RoundPlan(
         seed=cfg.seed, population=population, clients_per_round=sm.clients_per_round,
-        sampling=sm.mode, rounds=cfg.rounds, num_params=0, dropout=sm.dropout))
-    adversary = resolve_adversary(cfg.adversary, cfg.seed)
+        sampling=sm.mode, rounds=cfg.rounds, num_params=0, dropout=sm.dropout,
+        always=tuple(sm.always)))
+    adversary = resolve_adversary(cfg.adversary, cfg.seed,
+                                  trusted=tuple(resolved.aggregator.trusted))
     if adversary is not None:  # omniscient attacks need the individual path, before Ray
         adversary.check_parts(resolved.aggregator, resolved.names["aggregator"],
                               tuple(resolved.stage_names))

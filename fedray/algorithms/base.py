@@ -600,6 +600,9 @@ class Aggregator(ServerState, Part):
     # chosen row). A row below half its fair share (1/k) counts as discarded or
     # down-weighted in the run's defense precision and recall (docs/robustness.md)
     influence: torch.Tensor | None = None
+    # clients whose updates the aggregator takes as the server's own (FLTrust's root data
+    # set): a run's threat model never makes them malicious, nor scores them as discarded
+    trusted: tuple[int, ...] = ()
 
     # -- on the driver --------------------------------------------------------------------
 
@@ -664,6 +667,7 @@ class RoundPlan:
     rounds: int
     num_params: int
     dropout: float = 0.0  # sampling.dropout
+    always: tuple[int, ...] = ()  # sampling.always: clients in every round
 
     @property
     def rate(self) -> float:

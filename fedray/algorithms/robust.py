@@ -1,5 +1,5 @@
 """Byzantine-robust aggregation: the coordinate-wise median and trimmed mean, Krum, Multi-Krum,
-Bulyan and centered clipping, and a norm bound on every client's update.
+Bulyan, centered clipping and FLTrust, and a norm bound on every client's update.
 
 Why: FedAvg's mean gives every client an unbounded say. One client that sends an update of
 norm s moves the mean by s/k, so a single attacker that knows the round (an omniscient one)
@@ -40,6 +40,11 @@ every client's update at once, ``Aggregator.individual``, within
                    whatever its norm, attacks spread over rounds included (the paper's
                    time-coupled attacks). The paper pairs it with client momentum, which
                    fedray's clients (model deltas) do not add here.
+``fltrust``        FLTrust (Cao, Fang, Liu, Gong, NDSS 2021): trust bootstrapped from the
+                   server's own update on a root data set (here: clients held out as the
+                   server's, ``root_clients``): ReLU(cos) to it, rescaled to its norm.
+                   Threat model: any number of attackers, as long as the root data's
+                   direction is honest.
 ``norm_bound``     an update stage, not an aggregator: every update is clipped on its
                    worker to L2 norm ``max_norm`` (Sun, Kairouz, Suresh, McMahan, "Can You
                    Really Backdoor Federated Learning?", arXiv 2019). Threat model: backdoor
@@ -80,7 +85,7 @@ import math
 import os
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -625,6 +630,86 @@ class CenteredClip(_Individual):
         return out, factors
 
 
+# -- FLTrust: trust bootstrapped from the server's own data --------------------------------
+
+
+@dataclass
+class FLTrustParams:
+    # the clients whose data is the server's root data set: trained every round
+    # (sampling.always) from the global model like any client, their mean update is the
+    # server's g0; never aggregated, never malicious
+    root_clients: list[int] = field(default_factory=list)
+
+
+@register
+class FLTrust(_Individual):
+    """FLTrust (Cao, Fang, Liu, Gong, "FLTrust: Byzantine-robust Federated Learning via
+    Trust Bootstrapping", NDSS 2021): the server trains on a small root data set of its
+    own, g0, and trusts a client by how much its update points the same way: trust
+    TS_i = ReLU(cos(g_i, g0)), each update rescaled to g0's norm, the round's update
+    sum_i TS_i (||g0|| / ||g_i||) g_i / sum_i TS_i. The root data set is named as clients of
+    the store (``root_clients``), held out from the attackers and from the aggregate: each
+    round they train from the global model with the job's client section, as the paper's
+    server does, and their (example-weighted) mean update is g0. A round without a root
+    update, or in which no client's trust is positive, leaves the model as it is."""
+
+    name = "fltrust"
+    section = "fltrust"
+    Params = FLTrustParams
+
+    def check(self, params: FLTrustParams) -> None:
+        roots = params.root_clients
+        require(isinstance(roots, list) and len(roots) >= 1 and all(
+            isinstance(c, int) and not isinstance(c, bool) and c >= 0 for c in roots),
+            "root_clients", "must name the root data set's clients, a list of ids >= 0",
+            roots)
+        require(len(set(roots)) == len(roots), "root_clients", "names a client twice", roots)
+        self.trusted = tuple(roots)
+
+    def check_plan(self, plan: RoundPlan) -> None:
+        roots = self.params.root_clients
+        require(max(roots) < plan.population, "root_clients", f"names client {max(roots)}; "
+                f"the data has clients 0..{plan.population - 1}", roots)
+        missing = [c for c in roots if c not in plan.always]
+        require(not missing, "root_clients", f"must train every round: add {missing} to "
+                "sampling.always", roots)
+        require(plan.clients_per_round > len(roots), "root_clients", f"leave no client to "
+                f"aggregate: sampling.clients_per_round is {plan.clients_per_round}", roots)
+
+    def aggregate(self, updates: torch.Tensor, clients: ClientRows,
+                  acc: PartialSum) -> torch.Tensor:
+        rows = _rows_of(updates)
+        k, d = rows.shape
+        ids = clients.ids.detach().cpu().numpy()
+        root = np.isin(ids, np.asarray(self.params.root_clients, np.int64))
+        influence = np.zeros(k, np.float64)
+        self.influence = torch.from_numpy(influence)
+        out = np.zeros(d, np.float64)
+        others = np.flatnonzero(~root)
+        self._metrics = {"fltrust_trusted": 0.0}
+        if not root.any() or not len(others):
+            return torch.from_numpy(out)
+        n = clients.num_examples.detach().cpu().numpy().astype(np.float64)[root]
+        g0 = _mean_rows(self, rows, np.flatnonzero(root), n if n.sum() > 0 else None)
+        norm0 = float(np.linalg.norm(g0))
+        trust = np.zeros(len(others), np.float64)
+        scale = np.zeros(len(others), np.float64)
+        for j, i in enumerate(others):
+            g = rows[i].astype(np.float64)
+            norm = float(np.linalg.norm(g))
+            if norm > 0 and norm0 > 0:
+                trust[j] = max(0.0, float(g @ g0) / (norm * norm0))
+                scale[j] = norm0 / norm
+        if not trust.sum() > 0:
+            return torch.from_numpy(out)
+        keep = others[trust > 0]
+        w = (trust * scale)[trust > 0]
+        out = _mean_rows(self, rows, keep, w) * (w.sum() / trust.sum())
+        influence[others] = trust / trust.sum()
+        self._metrics = {"fltrust_trusted": float((trust > 0).sum())}
+        return torch.from_numpy(out)
+
+
 # -- the norm bound: a stage on every client's update ---------------------------------------
 
 
@@ -661,6 +746,7 @@ class NormBound(UpdateStage):
         return before
 
 
-for _name in ("median", "trimmed_mean", "krum", "multi_krum", "bulyan", "centered_clip"):
+for _name in ("median", "trimmed_mean", "krum", "multi_krum", "bulyan", "centered_clip",
+              "fltrust"):
     register_preset(_name, "local_sgd", _name, "sgd")
 del _name

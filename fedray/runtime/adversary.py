@@ -46,11 +46,14 @@ class Adversary:
     attacks: tuple[Any, ...] = ()  # fedray.algorithms.base.Attack, in the job's order
     names: tuple[str, ...] = ()  # as the job names them
     sections: dict[str, dict] = field(default_factory=dict, hash=False)
+    # the aggregator's own clients (Aggregator.trusted: FLTrust's root data), never malicious
+    trusted: frozenset[int] = frozenset()
 
     def is_malicious(self, cid: int) -> bool:
-        return int(cid) in self.clients or (
-            self.fraction > 0 and derive_seed(self.seed, TAG_ADVERSARY, int(cid))
-            < self.fraction * 2.0 ** 63)
+        cid = int(cid)
+        return cid not in self.trusted and (cid in self.clients or (
+            self.fraction > 0 and derive_seed(self.seed, TAG_ADVERSARY, cid)
+            < self.fraction * 2.0 ** 63))
 
     def label(self, attack: Any) -> str:
         """How an error names one of the attacks: as the job does."""
@@ -123,9 +126,11 @@ class Adversary:
         return out
 
 
-def resolve(section: Any, seed: int, population: int | None = None) -> Adversary | None:
+def resolve(section: Any, seed: int, population: int | None = None,
+            trusted: tuple[int, ...] = ()) -> Adversary | None:
     """The job's ``adversary`` section as an ``Adversary``, every key checked in one line;
-    None when no attack is configured."""
+    None when no attack is configured. ``trusted``: the aggregator's own clients
+    (``Aggregator.trusted``), left out of the malicious set."""
     from omegaconf import DictConfig, OmegaConf
 
     from fedray.algorithms import registry
@@ -186,9 +191,14 @@ def resolve(section: Any, seed: int, population: int | None = None) -> Adversary
     if not fraction and not clients:
         raise key_error(f"{SECTION}.fraction", f"is 0 and adversary.clients is empty: no "
                         f"client carries out {', '.join(refs)}", fraction)
+    overlap = sorted(set(clients) & set(trusted))
+    if overlap:
+        raise key_error(f"{SECTION}.clients", f"names client {overlap[0]}, which the "
+                        "aggregator trusts as the server's own (its root data set)", clients)
     return Adversary(seed=int(seed), fraction=float(fraction),
                      clients=frozenset(int(c) for c in clients), attacks=tuple(attacks),
-                     names=tuple(refs), sections=sections)
+                     names=tuple(refs), sections=sections,
+                     trusted=frozenset(int(c) for c in trusted))
 
 
 @dataclass(frozen=True)

@@ -257,13 +257,15 @@ class Driver:
         plan = RoundPlan(seed=c.seed, population=source.population,
                          clients_per_round=c.sampling.clients_per_round,
                          sampling=c.sampling.mode, rounds=c.rounds,
-                         num_params=self.template.num_params, dropout=c.sampling.dropout)
+                         num_params=self.template.num_params, dropout=c.sampling.dropout,
+                         always=tuple(c.sampling.always))
         for stage in self.stages:
             stage.init_server(plan)
         check_plan(self.aggregator, plan)  # the round size its guarantee needs
         # the central test set, read once: the attacks' checks and measures need it too
         test = source.central_test() if c.eval.central else None
-        self.adversary = resolve_adversary(c.adversary, c.seed, source.population)
+        self.adversary = resolve_adversary(c.adversary, c.seed, source.population,
+                                           trusted=self.aggregator.trusted)
         if self.adversary is not None:
             self.adversary.check_data(tuple(source.input_shape), source.num_classes,
                                       None if test is None else test[0])
@@ -791,8 +793,9 @@ class Driver:
             part_metrics |= stage.round_metrics()
         if self.adversary is not None:  # the simulator knows who attacked: the defense's score
             ids_ = np.asarray(ids, np.int64)
+            trusted = set(self.aggregator.trusted)  # the server's own: never scored
             part_metrics |= DefenseRound(ids_[self.adversary.mask(ids_)].tolist(),
-                                         flagged).metrics()
+                                         [c for c in flagged if c not in trusted]).metrics()
         if self.schedule is not None:
             self._keep_version(r)
         self._nonfinite = int(stats["nonfinite"])

@@ -684,3 +684,93 @@ def test_norm_bound_bounds_every_update_exactly():
 def test_norm_bound_payload_is_unchanged():
     before = Payload(values=100, value_bits=8, index_bits=16, overhead_bytes=4)
     assert NormBound().payload(before) == before
+
+
+# -- FLTrust ------------------------------------------------------------------------------
+
+
+def ref_fltrust(x: np.ndarray, root: list[int], examples: np.ndarray) -> tuple:
+    """FLTrust (Cao et al., NDSS 2021) in float64 with loops: g0 the root rows' example-
+    weighted mean, trust ReLU(cos(g_i, g0)), each other row rescaled to ||g0||, the
+    trust-weighted mean; and each row's share (0 for the root rows)."""
+    x = x.astype(np.float64)
+    g0 = sum(examples[i] * x[i] for i in root) / sum(examples[i] for i in root)
+    n0 = math.sqrt(sum(v * v for v in g0))
+    out, shares, total = np.zeros(x.shape[1]), np.zeros(len(x)), 0.0
+    for i in range(len(x)):
+        if i in root:
+            continue
+        n = math.sqrt(sum(v * v for v in x[i]))
+        ts = max(0.0, float(np.dot(x[i], g0)) / (n * n0)) if n > 0 and n0 > 0 else 0.0
+        if ts > 0:
+            out += ts * (n0 / n) * x[i]
+        shares[i], total = ts, total + ts
+    return (out / total, shares / total) if total > 0 else (out, shares)
+
+
+def fltrust(root: list[int]):
+    from fedray.algorithms.robust import FLTrust, FLTrustParams
+
+    return FLTrust(FLTrustParams(root_clients=root))
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_fltrust_matches_its_reference(seed, sliced):
+    x = random_rows(seed, 9, 40)
+    x[4] = -3 * x[1]  # an attacker against the root's direction: no trust
+    examples = np.arange(1, 10) * 5
+    agg = sliced(fltrust([1, 6]))
+    out = run(agg, x, examples)
+    want, shares = ref_fltrust(x, [1, 6], examples)
+    # float64 sums over <= 9 rows in another order: REL of the values' size (module doc)
+    scale = np.abs(x).max()
+    np.testing.assert_allclose(out, want, rtol=0, atol=REL * scale)
+    np.testing.assert_allclose(agg.influence.numpy(), shares, rtol=0, atol=1e-12)
+    assert agg.influence[1] == 0 and agg.influence[6] == 0  # the server's own rows
+    assert agg.round_metrics()["fltrust_trusted"] == float((shares > 0).sum())
+
+
+def test_fltrust_trusts_no_one_against_the_root_and_needs_a_root_row():
+    g0 = np.array([[1.0, 2.0, 0.0]], np.float32)
+    x = np.concatenate([g0, -g0, -2 * g0, np.array([[0.0, 0.0, 0.0]], np.float32)])
+    agg = fltrust([0])
+    out = agg.aggregate(torch.from_numpy(x.copy()), clients(4), PartialSum(1))
+    assert torch.equal(out, torch.zeros(3, dtype=torch.float64))  # no positive trust: stay
+    assert agg.influence.tolist() == [0.0] * 4
+    # a round whose root client did not train: no g0, no step
+    agg = fltrust([7])
+    out = agg.aggregate(torch.from_numpy(x.copy()), clients(4), PartialSum(1))
+    assert torch.equal(out, torch.zeros(3, dtype=torch.float64))
+    # one honest client along g0, half its norm: rescaled to ||g0||, the whole update
+    x2 = np.concatenate([g0, 0.5 * g0]).astype(np.float32)
+    out = fltrust([0]).aggregate(torch.from_numpy(x2.copy()), clients(2), PartialSum(1))
+    np.testing.assert_array_equal(out.numpy(), g0[0].astype(np.float64))
+
+
+def test_fltrust_checks():
+    for bad in ([], [-1], [True], [2, 2], "0"):
+        with pytest.raises(ParamError) as info:
+            fltrust(bad)
+        assert info.value.key == "root_clients"
+    agg = fltrust([3])
+    assert agg.trusted == (3,)
+    ok = RoundPlan(seed=0, population=10, clients_per_round=5, sampling="fixed", rounds=1,
+                   num_params=1, always=(3,))
+    agg.check_plan(ok)
+    for bad, rule in ((dict(always=()), "sampling.always"),
+                      (dict(population=3), "the data has clients 0..2"),
+                      (dict(clients_per_round=1), "leave no client to aggregate")):
+        with pytest.raises(ParamError, match=rule):
+            agg.check_plan(RoundPlan(**{**ok.__dict__, **bad}))
+
+
+def test_the_trusted_clients_are_never_malicious():
+    from fedray.runtime.adversary import resolve
+
+    adv = resolve({"fraction": 1.0, "attacks": ["sign_flip"]}, seed=0, trusted=(3, 5))
+    assert adv.mask(np.arange(8)).tolist() == [True] * 3 + [False, True, False, True, True]
+    from fedray.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="adversary.clients': names client 5, which the "
+                                          "aggregator trusts"):
+        resolve({"clients": [5], "attacks": ["sign_flip"]}, seed=0, trusted=(5,))
