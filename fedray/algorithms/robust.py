@@ -58,7 +58,8 @@ max_norm = 1) is fedray's choice, not a value this module attributes to the pape
 
 What ``influence`` is (``Aggregator.influence``: each row's share of the round's update,
 summing to 1; a row below half of 1/k counts as discarded in the run's defense precision and
-recall): the weights w_i / sum w for ``mean``; for the coordinate-wise aggregators the
+recall): none for ``mean``, which is no defense and discards no one (its example weights are
+FedAvg's, not a judgement of a client); for the coordinate-wise aggregators the
 share a row has of each coordinate's value (1/(number of values averaged) when its value is
 one of them, else 0) averaged over the coordinates; for Krum 1 on the chosen row, for
 Multi-Krum 1/m on each chosen row; for centered clipping the rows' clip factors
@@ -277,7 +278,9 @@ class Mean(_Individual):
         if not w.sum() > 0:  # no examples counted: every row alike
             w = np.ones(k)
         out = _mean_rows(self, rows, np.arange(k), w if self.params.weighted else None)
-        self.influence = torch.from_numpy(w / w.sum())
+        # no defense, so no influence: its weights are FedAvg's, not a judgement of a client
+        # (a small client's share below 1/2k would otherwise count as discarded)
+        self.influence = None
         return torch.from_numpy(out)
 
 
@@ -338,6 +341,9 @@ class TrimmedMean(_Individual):
         b = math.floor(beta * k)
         require(2 * b < k, "beta", f"trims 2 x {b} of the {k} clients per round "
                 f"(sampling.clients_per_round), leaving none: needs 2 floor(beta k) < k", beta)
+        require(b >= 1 or beta == 0, "beta", f"trims nothing at {k} clients per round "
+                f"(floor(beta k) = 0): set it to at least 1/{k}, or 0 for the plain mean",
+                beta)
 
     def aggregate(self, updates: torch.Tensor, clients: ClientRows,
                   acc: PartialSum) -> torch.Tensor:
