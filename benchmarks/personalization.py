@@ -509,12 +509,19 @@ def benchmark(spec: DatasetSpec, args: argparse.Namespace,
     return results
 
 
-def parse(argv: list[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("dataset", choices=list(DATASETS))
-    p.add_argument("--out", help="stores, run directories and outputs "
-                                 "(default runs/personalization/DATASET)")
+def base_parser(doc: str, datasets: list[str], name: str) -> argparse.ArgumentParser:
+    """What every data-set benchmark's command line starts with: the data set, where its
+    outputs go (default runs/NAME/DATASET) and the shared data directory."""
+    p = argparse.ArgumentParser(description=doc.split("\n\n")[0])
+    p.add_argument("dataset", choices=datasets)
+    p.add_argument("--out", help=f"stores, run directories and outputs (default "
+                                 f"runs/{name}/DATASET)")
     p.add_argument("--data", default=SHARED_DATA, help="the shared data directory")
+    return p
+
+
+def parse(argv: list[str] | None) -> argparse.Namespace:
+    p = base_parser(__doc__, list(DATASETS), "personalization")
     p.add_argument("--methods", nargs="+", choices=[m.key for m in METHODS],
                    default=[m.key for m in METHODS])
     p.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2],

@@ -308,11 +308,7 @@ def benchmark(args: argparse.Namespace) -> dict:
 
 
 def parse(argv: list[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("dataset", choices=list(DATASETS))
-    p.add_argument("--out", help="stores, run directories and outputs "
-                                 "(default runs/robustness/DATASET)")
-    p.add_argument("--data", default=SHARED_DATA, help="the shared data directory")
+    p = common.base_parser(__doc__, list(DATASETS), "robustness")
     p.add_argument("--attacks", nargs="+", choices=[a.key for a in ATTACKS],
                    default=[a.key for a in ATTACKS])
     p.add_argument("--defenses", nargs="+", choices=[d.key for d in DEFENSES],
