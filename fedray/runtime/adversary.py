@@ -24,7 +24,7 @@ defense discarded or down-weighted (``defense_metrics``). docs/robustness.md.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -45,7 +45,6 @@ class Adversary:
     clients: frozenset[int] = frozenset()
     attacks: tuple[Any, ...] = ()  # fedray.algorithms.base.Attack, in the job's order
     names: tuple[str, ...] = ()  # as the job names them
-    sections: dict[str, dict] = field(default_factory=dict, hash=False)
     # the aggregator's own clients (Aggregator.trusted: FLTrust's root data), never malicious
     trusted: frozenset[int] = frozenset()
 
@@ -100,17 +99,15 @@ class Adversary:
         """Omniscient attacks need the round's individual updates, and replace them on the
         driver after the update stages ran on the workers: refused otherwise, in one
         line, before round 1."""
-        for name, attack in zip(self.names, self.attacks, strict=True):
-            if not attack.omniscient:
-                continue
+        for attack in self.row_attacks:
             if not aggregator.individual:
-                raise key_error("algorithm.aggregator", f"attack {name} (adversary.attacks) "
+                raise key_error("algorithm.aggregator", f"{self.label(attack)} "
                                 "rewrites the round's individual updates, which aggregator "
                                 f"{aggregator_name} does not collect: use one that does "
                                 "(mean is FedAvg's; median, trimmed_mean, krum, ...)",
                                 aggregator_name)
             if stage_names:
-                raise key_error("algorithm.stages", f"attack {name} (adversary.attacks) "
+                raise key_error("algorithm.stages", f"{self.label(attack)} "
                                 "rewrites updates on the driver, after the update stages "
                                 "ran on the workers, so they would not apply to it: use "
                                 "it without stages", list(stage_names))
@@ -170,14 +167,12 @@ def resolve(section: Any, seed: int, population: int | None = None,
                               f"'{SECTION}': {allowed})")
         if not isinstance(value, dict):
             raise key_error(f"{SECTION}.{key}", "must be a section of keys", value)
-    attacks, sections = [], {}
+    attacks = []
     for ref, cls in zip(refs, classes, strict=True):
         key = f"{SECTION}.{cls.section}" if cls.section else f"{SECTION}.attacks"
         params = registry.params_of(cls, tree.get(cls.section) if cls.section else None, key,
                                     f"{SECTION}.attacks {ref}")
         attacks.append(registry.build(cls, params, key, None, f"{SECTION}.attacks {ref}"))
-        if cls.section and params is not None:
-            sections[cls.section] = attacks[-1].describe()
     for key in idle - used:  # a built-in attack's section while it is off: a typo still fails
         if key in tree:
             cls = next(c for c in registry.registered("attack").values() if c.section == key)
@@ -197,7 +192,7 @@ def resolve(section: Any, seed: int, population: int | None = None,
                         "aggregator trusts as the server's own (its root data set)", clients)
     return Adversary(seed=int(seed), fraction=float(fraction),
                      clients=frozenset(int(c) for c in clients), attacks=tuple(attacks),
-                     names=tuple(refs), sections=sections,
+                     names=tuple(refs),
                      trusted=frozenset(int(c) for c in trusted))
 
 
