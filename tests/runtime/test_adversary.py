@@ -133,7 +133,7 @@ def test_the_attacks_are_sorted_by_where_they_act():
     assert [a.name for a in adv.update_attacks] == ["scaling"]
     assert [a.name for a in adv.row_attacks] == ["ipm"]
     assert adv.attacks[1].params.boost == 3.0 and adv.attacks[0].params.target == 1
-    assert adv.sections["scaling"] == {"boost": 3.0}
+    assert adv.attacks[1].describe() == {"boost": 3.0}
     # only the backdoor measures its success on the central test set
     adv.check_data((DIM,), CLASSES, TEST[0])
     made = adv.test_sets(*TEST)
