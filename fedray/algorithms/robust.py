@@ -410,42 +410,6 @@ def _check_krum_plan(f: int, plan: RoundPlan, who: str) -> None:
 
 
 @dataclass
-class KrumParams:
-    f: int = 1  # the Byzantine clients per round it tolerates (needs n > 2f + 2)
-
-
-@register
-class Krum(_Individual):
-    """Krum: the row whose n - f - 2 nearest other rows are closest (lowest summed squared
-    distance; ties: the lower row). With two rows or fewer there is nothing to compare a
-    row with: their mean."""
-
-    name = "krum"
-    section = "krum"
-    Params = KrumParams
-
-    def check(self, params: KrumParams) -> None:
-        _check_f(params.f)
-
-    def check_plan(self, plan: RoundPlan) -> None:
-        _check_krum_plan(self.params.f, plan, "Krum")
-
-    def aggregate(self, updates: torch.Tensor, clients: ClientRows,
-                  acc: PartialSum) -> torch.Tensor:
-        rows = _rows_of(updates)
-        n = rows.shape[0]
-        f = krum_f(self.params.f, n)
-        self._metrics = {"krum_f": float(f)}
-        if n <= 2:
-            self.influence = torch.full((n,), 1.0 / n, dtype=torch.float64)
-            return torch.from_numpy(_mean_rows(self, rows, np.arange(n)))
-        best = int(np.argmin(krum_scores(squared_distances(self, rows), f)))  # first: lowest
-        self.influence = torch.zeros(n, dtype=torch.float64)
-        self.influence[best] = 1.0
-        return torch.from_numpy(rows[best].astype(np.float64))
-
-
-@dataclass
 class MultiKrumParams:
     f: int = 1  # the Byzantine clients per round it tolerates (needs n > 2f + 2)
     m: int | None = None  # the rows averaged; null: n - f
@@ -454,39 +418,73 @@ class MultiKrumParams:
 @register
 class MultiKrum(_Individual):
     """Multi-Krum: the unweighted mean of the m rows of lowest Krum score (ties: the lower
-    rows), scored once. With two rows or fewer, their mean (as Krum)."""
+    rows), scored once. With two rows or fewer there is nothing to compare a row with:
+    their mean."""
 
     name = "multi_krum"
     section = "multi_krum"
     Params = MultiKrumParams
+    label = "Multi-Krum"
 
-    def check(self, params: MultiKrumParams) -> None:
+    def check(self, params: Any) -> None:
         _check_f(params.f)
-        require(params.m is None or _integer(params.m) and params.m >= 1, "m",
-                "must be an integer >= 1 (or null: n - f)", params.m)
+        m = getattr(params, "m", None)
+        require(m is None or _integer(m) and m >= 1, "m",
+                "must be an integer >= 1 (or null: n - f)", m)
 
     def check_plan(self, plan: RoundPlan) -> None:
-        p, k = self.params, plan.clients_per_round
-        _check_krum_plan(p.f, plan, "Multi-Krum")
-        require(p.m is None or p.m <= k - p.f, "m", f"averages at most n - f = {k - p.f} "
-                f"rows with sampling.clients_per_round {k} and f {p.f}", p.m)
+        f, m, k = self.params.f, self._wanted_m(), plan.clients_per_round
+        _check_krum_plan(f, plan, self.label)
+        require(m is None or m <= k - f, "m", f"averages at most n - f = {k - f} "
+                f"rows with sampling.clients_per_round {k} and f {f}", m)
+
+    def _wanted_m(self) -> int | None:
+        return self.params.m
+
+    def _metrics_of(self, f: int, m: int) -> dict[str, float]:
+        return {"multi_krum_f": float(f), "multi_krum_m": float(m)}
 
     def aggregate(self, updates: torch.Tensor, clients: ClientRows,
                   acc: PartialSum) -> torch.Tensor:
         rows = _rows_of(updates)
         n = rows.shape[0]
         f = krum_f(self.params.f, n)
-        m = n - f if self.params.m is None else min(self.params.m, n - f)
+        wanted = self._wanted_m()
+        m = n - f if wanted is None else min(wanted, n - f)
         if n <= 2:
             m = n
             chosen = np.arange(n)
         else:
             scores = krum_scores(squared_distances(self, rows), f)
             chosen = np.sort(np.argsort(scores, kind="stable")[:m])
-        self._metrics = {"multi_krum_f": float(f), "multi_krum_m": float(m)}
+        self._metrics = self._metrics_of(f, m)
         self.influence = torch.zeros(n, dtype=torch.float64)
         self.influence[torch.from_numpy(chosen)] = 1.0 / m
+        # one chosen row (Krum): its float64 copy, exactly (a float32 value added to 0.0)
         return torch.from_numpy(_mean_rows(self, rows, chosen))
+
+
+@dataclass
+class KrumParams:
+    f: int = 1  # the Byzantine clients per round it tolerates (needs n > 2f + 2)
+
+
+@register
+class Krum(MultiKrum):
+    """Krum: the row whose n - f - 2 nearest other rows are closest (lowest summed squared
+    distance; ties: the lower row), i.e. Multi-Krum with m = 1. With two rows or fewer,
+    their mean."""
+
+    name = "krum"
+    section = "krum"
+    Params = KrumParams
+    label = "Krum"
+
+    def _wanted_m(self) -> int | None:
+        return 1
+
+    def _metrics_of(self, f: int, m: int) -> dict[str, float]:
+        return {"krum_f": float(f)}
 
 
 @dataclass
