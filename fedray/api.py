@@ -142,7 +142,7 @@ def _check_parts_against_model(cfg: DictConfig, client_data: Mapping | None,
         seed=cfg.seed, population=population, clients_per_round=sm.clients_per_round,
         sampling=sm.mode, rounds=cfg.rounds, num_params=0, dropout=sm.dropout,
         always=tuple(sm.always)))
-    adversary = resolve_adversary(cfg.adversary, cfg.seed,
+    adversary = resolve_adversary(cfg.adversary, cfg.seed, population,
                                   trusted=tuple(resolved.aggregator.trusted))
     if adversary is not None:  # omniscient attacks need the individual path, before Ray
         adversary.check_parts(resolved.aggregator, resolved.names["aggregator"],

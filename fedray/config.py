@@ -905,11 +905,8 @@ def validate(cfg: DictConfig, population: int, *, custom_model: bool = False) ->
           "an import path module:Class)", cfg.model.name)
     r(cfg.model.loss in LOSSES, "model.loss", f"must be one of: {', '.join(LOSSES)}",
       cfg.model.loss)
-    from fedray.runtime.adversary import resolve as resolve_adversary
-
-    resolve_adversary(cfg.adversary, cfg.seed, population)
     # the algorithm's parts check their own sections when fedray.api.prepare resolves them
-    # (with_algorithm), right after this
+    # (with_algorithm), right after this, and the adversary's section with them
 
 
 def with_algorithm(cfg: DictConfig, notes: list[str] | None = None) -> DictConfig:

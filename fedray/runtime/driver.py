@@ -375,16 +375,17 @@ class Driver:
                                    timeout_s=c.runtime.worker_timeout_s)
         self.pool_start_s = time.perf_counter() - start
         self.test_ref, self.test_len = None, 0
-        # (metric, test set ref, its length) of each attack that measures its success there
-        self.attack_tests: list[tuple[str, Any, int]] = []
+        # metric -> (test set ref, its length), for each attack that measures its success on
+        # the central test set (Attack.poison_test)
+        self.attack_tests: dict[str, tuple[Any, int]] = {}
         if test is not None:
             self.test_ref, self.test_len = self._put(test), len(test[1])
             if self.adversary is not None:
                 made = self.adversary.test_sets(*test)
-                self.attack_tests = [
-                    ("test_attack_success" if len(made) == 1 else
-                     f"test_attack_success_{name}", self._put((x, y)), len(y))
-                    for name, x, y in made]
+                self.attack_tests = {
+                    "test_attack_success" if len(made) == 1 else
+                    f"test_attack_success_{name}": (self._put((x, y)), len(y))
+                    for name, x, y in made}
         self.fed_eval_ids = (federated_eval_clients(c.seed, source.population,
                                                     c.eval.federated_clients)
                              if c.eval.federated_clients else None)
@@ -910,7 +911,7 @@ class Driver:
 
         if self.test_ref is not None:
             pending["test"] = ranges("test", self.test_ref, self.test_len)
-        for metric, ref, length in self.attack_tests:  # accuracy there: the attack's success
+        for metric, (ref, length) in self.attack_tests.items():
             pending[metric] = ranges(metric, ref, length)
         if self.fed_eval_ids is not None:
             ids = self.fed_eval_ids
@@ -931,7 +932,7 @@ class Driver:
         has_accuracy = correct_fn(self.cfg.model.loss) is not None  # regression (mse): none
         for prefix, (method, tasks) in pending.items():
             parts = list(self.pool.gather(method, tasks))
-            if prefix.startswith("test_attack_success"):
+            if prefix in self.attack_tests:  # accuracy on its set is the attack's success
                 out[prefix] = merge_sums(parts).accuracy
                 continue
             sums = {prefix: merge_sums(parts)} if prefix == "test" else \
