@@ -121,6 +121,9 @@ class AlgorithmConfig:
     client: str | None = None  # client work (docs/algorithms.md lists the registered ones)
     aggregator: str | None = None  # the round's reduction
     server_opt: str | None = None  # the server optimizer (SERVEROPT)
+    # who takes part in a round (docs/selection.md): uniform (the default), power_of_choice,
+    # oort, or an import path; dropout, over-selection and the clock then act on its choice
+    selector: str | None = None
     # update stages every client's update passes through, in order (docs/privacy.md):
     # dp, secagg, topk, quantize, or import paths; null: the preset's (none for most)
     stages: Any = None  # checked by the registry, which says what a list must hold
@@ -333,6 +336,10 @@ class CheckpointConfig:
 class OutputConfig:
     dir: str | None = None  # any fsspec URL; None: runs/<name>-<timestamp>
     save_weights: bool = True
+    # each round's invited clients as participants/round_<r>.arrow (who arrived, loss,
+    # examples, simulated duration); written anyway when the selector learns from them or
+    # the client part records per-client values (IFCA's cluster)
+    participants: bool = False
     tensorboard: bool = True  # metrics also as TensorBoard events in the run directory
     # log params and per-round metrics to MLflow (needs `pip install mlflow`); the tracking
     # server is MLFLOW_TRACKING_URI's, or ./mlruns

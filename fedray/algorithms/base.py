@@ -24,6 +24,9 @@ their own file (docs/algorithms.md, "Write your own algorithm"):
                 once (``aggregate``), within runtime.individual_updates_mb.
 ``ServerOptimizer`` (fedray.algorithms.server_opt) SERVEROPT: the next global model from the
                 round's update, with ``state_dict`` / ``load_state_dict``.
+``Selector``    who takes part (fedray.algorithms.selection): the round's clients from
+                the server's knowledge of them, fed back each round (``ClientFeedback``:
+                loss, examples, simulated duration, whether the update arrived in time).
 ``UpdateStage`` what happens to every client's update on its way up and to the round's sum
                 before the aggregator finishes it, whatever the algorithm: clipping and
                 noise (user-level DP), compression, secure aggregation's fixed-point sum.
@@ -50,13 +53,16 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
+import numpy as np
 import torch
 
 from fedray.algorithms.reduction import PartialSum
 
-__all__ = ["Aggregator", "Attack", "ClientContext", "ClientOptimizer", "ClientRows", "ClientWork",
-           "ClipNorm", "GradTransform", "LocalTerms", "LocalUpdate", "Normalize", "ParamError",
-           "PartialSum", "Payload", "Phase", "RoundPlan", "UpdateStage", "WorkerEnv",
+__all__ = ["Aggregator", "Attack", "ClientContext", "ClientFeedback", "ClientOptimizer",
+           "ClientRows", "ClientWork", "ClipNorm", "GradTransform", "LocalTerms", "LocalUpdate",
+           "Normalize", "ParamError",
+           "PartialSum", "Payload", "Phase", "RoundPlan", "SelectionContext", "Selector",
+           "UpdateStage", "WorkerEnv",
            "evaluates_own_model", "evaluates_with_state", "finite_number", "global_norm",
            "require", "require_length"]
 
@@ -303,6 +309,9 @@ class WorkerEnv:
     broadcast: dict[str, torch.Tensor] = field(default_factory=dict)  # Aggregator.broadcast
     seed: int = 0  # the job's seed: a part's per-client stream that must stay the same in
     # every round (Elastic's B_k) derives from (seed, tag, client id), never from a worker
+    # (cid, split) -> a client's (x, y) as it trains or is tested on them ("train", "test"):
+    # what ``eval_weights`` may measure a choice of model on (IFCA's cluster)
+    client_split: Callable[..., tuple[torch.Tensor, torch.Tensor]] | None = None
 
     @property
     def num_params(self) -> int:
@@ -424,6 +433,10 @@ class ClientContext:
     state: dict[str, torch.Tensor] | None = None
     terms: LocalTerms = NO_TERMS
     scratch: dict[str, Any] = field(default_factory=dict)
+    # per-client values of the round a part records (the cluster it chose: IFCA), written
+    # to the round's participants table (fedray.tracking.participants); names declared in
+    # the part's ``columns``
+    columns: dict[str, float] = field(default_factory=dict)
 
 
 class Part:
@@ -504,6 +517,10 @@ class ClientWork(Part):
     # client state store under the key "local" (flat, those values in model order), and
     # put in place of the broadcast ones at a "global" phase start and at evaluation
     local: ClassVar[tuple[str, ...]] = ()
+    # per-client values it records in ``ctx.columns`` while training (and returns from
+    # ``eval_columns`` at evaluation): columns of the round's participants table and of
+    # federated evaluation's per-client table
+    columns: ClassVar[tuple[str, ...]] = ()
 
     def terms(self, env: WorkerEnv, ctx: ClientContext) -> LocalTerms:
         return LocalTerms()
@@ -521,6 +538,11 @@ class ClientWork(Part):
         state -- what federated evaluation and ``eval.personalize`` then start from. A
         personal-model algorithm returns the stored personal model here."""
         return None
+
+    def eval_columns(self, env: WorkerEnv, cid: int) -> dict[str, float]:
+        """Per-client values (names in ``columns``) for federated evaluation's table, called
+        right after ``eval_weights`` for the same client: what it chose there, say."""
+        return {}
 
     def eval_phase(self, env: WorkerEnv) -> Phase | None:
         """Local training every evaluated client does on its own training split, from its
@@ -574,6 +596,9 @@ class Aggregator(ServerState, Part):
     unit_weights: ClassVar[bool] = False
     requires_extras: ClassVar[tuple[str, ...]] = ()  # extra sums a client part must add
     provides: ClassVar[tuple[str, ...]] = ()  # the keys of its broadcast
+    # it moves models of its own by the plain average (IFCA's K models): the global one
+    # must move the same way, so the job's server optimizer must be sgd at server.lr 1
+    plain_server: ClassVar[bool] = False
     population: int = 1
 
     # -- on the workers -------------------------------------------------------------------
@@ -627,6 +652,13 @@ class Aggregator(ServerState, Part):
         """Once, on the driver: size the server-side state."""
         self.population = population
         self.state: dict[str, torch.Tensor] = {}
+
+    def init_weights(self, weights: torch.Tensor,
+                     model_init: Callable[[int], torch.Tensor]) -> None:
+        """Once, on the driver, after ``init_server`` (a resume then loads ``state`` over
+        it): the global model's initial ``weights`` (flat), and ``model_init(j)``, the job's
+        model freshly initialized from the run's stream j (flat float32): an aggregator
+        that trains several models (IFCA) draws its others here."""
 
     def broadcast(self) -> dict[str, torch.Tensor]:
         """What the clients read of the server state each round (e.g. SCAFFOLD's c)."""
@@ -838,3 +870,82 @@ class Attack(Part):
         attack's success, or None: the attack has no such measure."""
         return None
 
+
+
+@dataclass(frozen=True)
+class SelectionContext:
+    """What a ``Selector`` may ask of the runtime while it picks round ``round``'s clients.
+
+    ``sample(n, exclude=())``: n distinct clients drawn uniformly among those eligible (online
+    at ``start_s`` when clock.enabled) and not in ``exclude``, sorted; from the round's own
+    stream of (seed, round), so the draw is the same on every worker count and after a
+    resume. Without ``exclude`` it is exactly the draw fedray has always made (the plain
+    sampler's), which is what keeps ``uniform`` bit-identical to it. Call it once a round:
+    a second call draws from the same stream again.
+    ``probe(ids, share)``: the global model's mean loss on each client's training data
+    (a forward pass on the workers). On the simulated clock the round then starts when
+    the slowest probed client has answered: model down plus ``share`` of a training
+    example's compute per example (fedray.timing.rounds.RoundClock.probe_s).
+    ``durations(ids)``: each client's simulated update seconds (None without the clock).
+    ``online(ids)``: which of them are online at ``start_s`` (None without the clock: all).
+    ``rng``: the selector's own generator for the round, from (seed, round)."""
+
+    round: int
+    k: int  # clients to invite: clients_per_round, or more with sampling.over_selection
+    population: int
+    seed: int
+    start_s: float  # the round's simulated start (0 without the clock)
+    sample: Callable[..., np.ndarray]
+    probe: Callable[..., np.ndarray]
+    durations: Callable[[np.ndarray], np.ndarray] | None
+    online: Callable[[np.ndarray], np.ndarray] | None
+    rng: np.random.Generator
+
+
+@dataclass(frozen=True)
+class ClientFeedback:
+    """What the runtime reports back to a ``Selector`` after round ``round``, one entry per
+    invited client (aligned arrays, sorted by id). ``arrived``: trained and aggregated (in
+    time for the round, not dropped, not late); ``loss``: its mean training loss over its
+    local steps (NaN where it did not train); ``duration_s``: its update's simulated
+    seconds (NaN without the clock); ``examples``: its training examples."""
+
+    round: int
+    ids: np.ndarray  # int64
+    arrived: np.ndarray  # bool
+    loss: np.ndarray  # float64
+    duration_s: np.ndarray  # float64
+    examples: np.ndarray  # int64
+    round_s: float  # the round's simulated duration (NaN without the clock)
+
+
+class Selector(ServerState, Part):
+    """Who takes part in a round (``algorithm.selector``; fedray.algorithms.selection).
+
+    The runtime asks ``select`` for the round's invitees, then runs them as it runs any
+    sample (dropout, over-selection and the deadline on the clock decide who arrives), and
+    after the round hands ``feedback`` what each invited client reported. A selector's
+    knowledge of clients is its ``state``: tensors (sparse, over the clients it has seen,
+    never the population) that the checkpoint saves and a resume restores. Its randomness
+    comes from ``ctx.rng`` and ``ctx.sample`` only, so its choice is a function of (seed,
+    round, its state): the same at any worker count."""
+
+    kind = "selector"
+    # the runtime gathers each invited client's loss and examples for ``feedback`` (k
+    # numbers a worker, beside its partial sum); False: feedback is never called
+    wants_feedback: ClassVar[bool] = True
+
+    def init_server(self, plan: RoundPlan) -> None:
+        """Once, on the driver, before round 1 (and before a resume loads ``state``)."""
+        self.state: dict[str, torch.Tensor] = {}
+
+    def select(self, ctx: SelectionContext) -> np.ndarray:
+        """The round's ``ctx.k`` invitees: distinct client ids in [0, population)."""
+        raise NotImplementedError(f"selector {self.name} has no select()")
+
+    def feedback(self, fb: ClientFeedback) -> None:
+        """After the round: learn from what the invited clients reported."""
+
+    def round_metrics(self) -> dict[str, float]:
+        """Scalars of the last selection (name them after the selector: ``oort_...``)."""
+        return {}

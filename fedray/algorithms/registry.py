@@ -31,9 +31,9 @@ from typing import Any
 
 from fedray.errors import ConfigError, FedrayError, key_error
 
-KINDS = ("client", "aggregator", "server_opt")
+KINDS = ("client", "aggregator", "server_opt", "selector")
 _BASES = {"client": "ClientWork", "aggregator": "Aggregator", "server_opt": "ServerOptimizer",
-          "stage": "UpdateStage", "attack": "Attack"}
+          "stage": "UpdateStage", "attack": "Attack", "selector": "Selector"}
 _REGISTRY: dict[str, dict[str, type]] = {k: {} for k in _BASES}
 _INTERNAL = {"base", "registry", "reduction", "terms"}
 
@@ -49,6 +49,7 @@ class Algorithm:
     server_opt: str = "sgd"
     defaults: dict[str, dict[str, Any]] = field(default_factory=dict, hash=False)
     stages: tuple[str, ...] = ()  # update stages (fedray.algorithms.base.UpdateStage)
+    selector: str = "uniform"  # who takes part (fedray.algorithms.base.Selector)
 
 
 PRESETS: dict[str, Algorithm] = {}
@@ -61,16 +62,16 @@ PART_KEYS = ("name", *KINDS, "stages")
 
 
 def _kind_of(cls: type) -> str:
-    from fedray.algorithms.base import Aggregator, Attack, ClientWork, UpdateStage
+    from fedray.algorithms.base import Aggregator, Attack, ClientWork, Selector, UpdateStage
     from fedray.algorithms.server_opt import ServerOptimizer
 
     for kind, base in (("client", ClientWork), ("aggregator", Aggregator),
                        ("server_opt", ServerOptimizer), ("stage", UpdateStage),
-                       ("attack", Attack)):
+                       ("attack", Attack), ("selector", Selector)):
         if isinstance(cls, type) and issubclass(cls, base):
             return kind
     raise TypeError(f"{cls!r} is not a ClientWork, Aggregator, ServerOptimizer, "
-                    "UpdateStage or Attack subclass")
+                    "UpdateStage, Attack or Selector subclass")
 
 
 def register(cls: type) -> type:
@@ -84,10 +85,10 @@ def register(cls: type) -> type:
 
 def register_preset(name: str, client: str, aggregator: str, server_opt: str = "sgd",
                     defaults: dict[str, dict[str, Any]] | None = None,
-                    stages: tuple[str, ...] = ()) -> None:
+                    stages: tuple[str, ...] = (), selector: str = "uniform") -> None:
     """A preset ``algorithm.name`` can select (``defaults``: see ``Algorithm``)."""
     PRESETS[name] = Algorithm(client, aggregator, server_opt, dict(defaults or {}),
-                              tuple(stages))
+                              tuple(stages), selector)
 
 
 _loaded = False
@@ -255,6 +256,7 @@ class Resolved:
     sections: dict[str, dict]  # algorithm.<section> -> the parts' hyper-parameters
     stages: tuple = ()  # UpdateStage instances, in order
     stage_names: tuple[str, ...] = ()  # as the job (or its preset) names them
+    selector: Any = None  # Selector (None only for a Resolved built by hand: uniform)
 
     @property
     def parts(self) -> tuple:
@@ -477,6 +479,13 @@ def resolve(algorithm: Any, server: Any = None, *, notes: list[str] | None = Non
         if cls.section and params is not None:
             sections[cls.section] = stages[-1].describe()
         _check_stage(ref, stages[-1], names, client, aggregator)
+    if getattr(aggregator, "plain_server", False) and server is not None and (
+            names["server_opt"] != "sgd" or float(server.get("lr", 1.0)) != 1.0):
+        key, value = (("algorithm.server_opt", names["server_opt"])
+                      if names["server_opt"] != "sgd" else ("server.lr", server.get("lr")))
+        raise key_error(key, f"aggregator {names['aggregator']} averages its other models "
+                        "itself, so the global one must move by the plain average too: use "
+                        "algorithm.server_opt sgd with server.lr 1", value)
     for need in client.uses_broadcast:
         if need not in aggregator.provides:
             raise key_error("algorithm.aggregator", f"client part {names['client']} needs an "
@@ -489,7 +498,7 @@ def resolve(algorithm: Any, server: Any = None, *, notes: list[str] | None = Non
                             names["client"])
     return Resolved(names=names, client=client, aggregator=aggregator,
                     server_opt=built["server_opt"], sections=sections, stages=tuple(stages),
-                    stage_names=tuple(stage_refs))
+                    stage_names=tuple(stage_refs), selector=built["selector"])
 
 
 def _stage_classes(refs: Any, base: Algorithm) -> tuple[list[str], list[type]]:

@@ -80,6 +80,8 @@ class ClientEval:
     # for a client part that evaluates each client with its own model (a local head, a
     # personal model, an adapted copy: ``sums``), the global model's sums beside them
     global_sums: EvalSums | None = None
+    # the client part's per-client values (ClientWork.eval_columns: IFCA's cluster)
+    columns: dict[str, float] | None = None
 
 
 def pooled(rows: list[ClientEval], which: str = "sums") -> EvalSums:

@@ -107,6 +107,17 @@ def select_round(seed: int, round_idx: int, population: int, k: int, *,
     n = over_selected(k, over_selection, population)
     ids = (poisson_clients(seed, round_idx, population, k) if mode == "poisson" else
            sample_clients(seed, round_idx, population, n, always))
+    return survivors(seed, round_idx, ids, k, dropout=dropout,
+                     over_selection=over_selection, sizes=sizes)
+
+
+def survivors(seed: int, round_idx: int, ids: np.ndarray, k: int, *, dropout: float = 0.0,
+              over_selection: float = 0.0,
+              sizes: np.ndarray | Callable[[np.ndarray], np.ndarray] | None = None
+              ) -> RoundSelection:
+    """Who of the invited ``ids`` (sorted) trains: those ``dropout`` leaves, then with
+    over-selection the ``k`` that would finish first -- for any sample, a selector's
+    (fedray.algorithms.selection) as well as the uniform one."""
     alive = ids
     if dropout > 0:
         alive = ids[[rng(seed, TAG_DROPOUT, round_idx, int(c)).random() >= dropout

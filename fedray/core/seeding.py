@@ -34,6 +34,8 @@ TAG_PHASE = 18  # a client's training phase i > 0 (Phase), from its round seed a
 TAG_ADAPT = 19  # an evaluated client's adaptation (ClientWork.eval_phase), per round
 TAG_ADVERSARY = 20  # whether a client is malicious (adversary.fraction), per (seed, client id)
 TAG_ATTACK = 21  # an attack's draws for a malicious client, from its round seed
+TAG_SELECT = 22  # a selector's own draws for a round (SelectionContext.rng), per (seed, round)
+TAG_CLUSTER = 23  # IFCA's initial cluster models, per (seed, cluster)
 
 
 def derive_seed(*parts: int) -> int:

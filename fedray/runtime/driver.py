@@ -61,8 +61,8 @@ from fedray.core.evaluation import ClientEval, EvalSums, merge_sums, pooled
 from fedray.core.flat_model import FlatModel
 from fedray.core.losses import correct_fn
 from fedray.core.models import fit_problem
-from fedray.core.sampling import federated_eval_clients, select_round
-from fedray.core.seeding import TAG_INIT, derive_seed
+from fedray.core.sampling import federated_eval_clients
+from fedray.core.seeding import TAG_CLUSTER, TAG_INIT, derive_seed
 from fedray.core.tensors import readonly_tensor, reused_rows
 from fedray.data.per_client import check_data, parse_per_client
 from fedray.data.per_round import parse_per_round
@@ -75,6 +75,12 @@ from fedray.runtime.inline import InlinePool, frozen, frozen_tree
 from fedray.runtime.messages import Broadcast, ClientUpdates, RoundResult, RoundTask
 from fedray.runtime.part_errors import PartNames, check_sum, check_update, names_part_errors
 from fedray.runtime.part_errors import finite as all_finite
+from fedray.runtime.participation import (
+    Participation,
+    check_selector,
+    merge_arrived,
+    participants_name,
+)
 from fedray.runtime.pool import WorkerPool
 from fedray.runtime.reduction_tree import slot_groups
 from fedray.runtime.session import private_mb
@@ -253,6 +259,12 @@ class Driver:
                                       self.algorithm.stages))
         self.aggregator = self.algorithm.aggregator
         self.aggregator.init_server(self.template.num_params, source.population)
+
+        def model_init(j: int) -> torch.Tensor:  # the job's model from the run's stream j
+            torch.manual_seed(derive_seed(c.seed, TAG_CLUSTER, j))
+            return FlatModel(make_model()).flat.clone()
+
+        self.aggregator.init_weights(self.weights, model_init)
         self.stages = self.algorithm.stages
         plan = RoundPlan(seed=c.seed, population=source.population,
                          clients_per_round=c.sampling.clients_per_round,
@@ -261,6 +273,13 @@ class Driver:
                          always=tuple(c.sampling.always))
         for stage in self.stages:
             stage.init_server(plan)
+        # who takes part (algorithm.selector): uniform unless the job names another
+        self.selector = self.algorithm.selector
+        if self.selector is None:
+            from fedray.algorithms.selection import UniformSelector
+
+            self.selector = UniformSelector()
+        self.selector.init_server(plan)
         check_plan(self.aggregator, plan)  # the round size its guarantee needs
         # the central test set, read once: the attacks' checks and measures need it too
         test = source.central_test() if c.eval.central else None
@@ -335,6 +354,14 @@ class Driver:
                                               c.sampling.clients_per_round, c.rounds)
             self.keep_until = versions_needed(self.schedule)
             self.version_weights[0] = self.weights.clone()
+        selector_name = self.algorithm.names.get("selector") or "uniform"
+        check_selector(selector_name, self.selector, c.sampling)
+        self.participation = None if self.schedule is not None else Participation(
+            self.selector, selector_name, c, source.population, self.sizes_of, self.clock)
+        # each aggregated client's report (loss, examples, a part's columns): for a selector
+        # that learns from it, a client part's per-client values, or output.participants
+        self.client_rows = self.participation is not None and (
+            self.selector.wants_feedback or bool(client.columns) or c.output.participants)
         spec = WorkerSpec(
             make_model=make_model, source=source, seed=c.seed,
             training=LocalTraining(lr=cl.lr, batch_size=cl.batch_size,
@@ -352,7 +379,7 @@ class Driver:
             stages=worker_parts[2],
             labels=(self.algorithm.names["client"], self.algorithm.names["aggregator"],
                     *self.algorithm.stage_names),
-            adversary=self.adversary)
+            adversary=self.adversary, client_rows=self.client_rows)
         reduce = c.runtime.reduce
         if reduce.group_size is not None and self.merger is not None:
             raise key_error("runtime.reduce.group_size", f"the update stage "
@@ -492,12 +519,14 @@ class Driver:
                                   f"{self.versions.population} clients")
             self.weights = ckpt.weights.to(torch.float32).clone()
             part = {p: {k.removeprefix(p): v for k, v in ckpt.server_state.items()
-                        if k.startswith(p)} for p in ("server_opt.", "aggregator.", "buffered.v")}
+                        if k.startswith(p)}
+                    for p in ("server_opt.", "aggregator.", "buffered.v", "selector.")}
             self.version_weights = {int(k): w.to(torch.float32).clone()
                                     for k, w in part["buffered.v"].items()}
             try:  # a part changed with --allow-change (algorithm.*) may not fit the state
                 self.server_opt.load_state_dict(part["server_opt."])
                 self.aggregator.load_state_dict(part["aggregator."])
+                self.selector.load_state_dict(part["selector."])
                 for stage in self.stages:
                     prefix = f"stage.{stage.name}."
                     stage.load_state_dict({k.removeprefix(prefix): v for k, v in
@@ -676,7 +705,6 @@ class Driver:
 
     def _train_round(self, r: int) -> dict[str, Any]:
         c = self.cfg
-        sm = c.sampling
         clocked: dict[str, float] = {}
         dropped_out = late = 0
         if self.schedule is not None:  # buffered asynchronous training: a server step
@@ -694,20 +722,21 @@ class Driver:
             shares = [(self._broadcast_round(self.version_weights[int(v)]), r - 1 - int(v),
                        np.sort(ids[step.start_versions == v]))
                       for v in np.unique(step.start_versions)]
-        else:
-            if self.clock is not None:  # clock.enabled: online clients, durations, deadline
-                sel = self.clock.select(r, self.sim_time_s, sm.clients_per_round,
-                                        dropout=sm.dropout, over_selection=sm.over_selection)
-                clocked = {"sim_round_s": sel.outcome.duration_s,
+        else:  # the selector's invitees (fedray.runtime.participation); on the clock
+            # (clock.enabled) online clients, their durations and the deadline decide who
+            # arrives
+            broadcast = self._broadcast_round()
+            invites = self.participation.invite(r, self.sim_time_s,
+                                                lambda ids: self._probe(broadcast, ids))
+            sel = invites.selection
+            if self.clock is not None:
+                clocked = {"sim_round_s": sel.outcome.end_s - self.sim_time_s,
                            "sim_time_s": sel.outcome.end_s}
+                if invites.probe_s:
+                    clocked["sim_probe_s"] = invites.probe_s
                 self.sim_time_s = sel.outcome.end_s
-            else:
-                sel = select_round(c.seed, r, self.source.population, sm.clients_per_round,
-                                   always=sm.always, dropout=sm.dropout,
-                                   over_selection=sm.over_selection, sizes=self.sizes_of,
-                                   mode=sm.mode)
             ids, dropped_out, late = sel.participants, sel.dropped_out, sel.late
-            shares = [(self._broadcast_round(), 0, ids)]
+            shares = [(broadcast, 0, ids)]
         v = self.versions
         tasks = []
         # a secure sum's partials must each hold enough clients: fewer, fuller workers
@@ -730,6 +759,7 @@ class Driver:
         stored: list[int] = []
         packs: list[int] = []
         flagged: list[int] = []  # clients the guard or a stage defended against (adversary)
+        arrived: list[dict | None] = []  # each worker's aggregated clients (client_rows)
         # an individual aggregator's rows, in the round's sampled order
         rows = (_RoundRows(ids, self.weights.numel(), self._row_buffer) if self.individual
                 else None)
@@ -762,6 +792,7 @@ class Driver:
                 stored += res.stored
                 packs += res.packs
                 flagged += res.flagged
+                arrived.append(res.arrived)
             del partial, members, res
             merge_s += time.perf_counter() - start
         merge_s += self.pool.merge_s
@@ -799,6 +830,12 @@ class Driver:
                                          [c for c in flagged if c not in trusted]).metrics()
         if self.schedule is not None:
             self._keep_version(r)
+        else:  # what the invitees reported: the selector learns, the table is written
+            table = self.participation.feedback(r, invites, merge_arrived(arrived),
+                                                clocked.get("sim_round_s", math.nan))
+            if table is not None:
+                self.run_dir.write_bytes(participants_name(r), table_bytes(table))
+            part_metrics |= self.selector.round_metrics()
         self._nonfinite = int(stats["nonfinite"])
         return {"clients": len(ids), "dropped_out": dropped_out, "late": late,
                 "examples": int(stats["examples"]), "updates": int(stats["updates"]),
@@ -810,6 +847,17 @@ class Driver:
                 "worker_busy_s": stats["busy_s"], "worker_mem_mb": worker_mem, "merge_s": merge_s,
                 "upload_bytes": int(stats["updates"]) * self.update_bytes,
                 **clocked, **part_metrics}
+
+    def _probe(self, broadcast: Any, ids: np.ndarray) -> np.ndarray:
+        """The broadcast model's mean loss on each of ``ids``' training data, computed on
+        the workers (a selector's probe), aligned with ``ids``."""
+        groups = assign_balanced(ids, self.sizes_of(ids), max(1, min(len(self.pool), len(ids))))
+        tasks = [(slot, (broadcast, g), f"round probe: clients {g}")
+                 for slot, g in enumerate(groups) if g]
+        out = dict(zip([c for _, (_, g), _ in tasks for c in g],
+                       np.concatenate(list(self.pool.gather("probe", tasks))).tolist(),
+                       strict=True))
+        return np.array([out[int(c)] for c in ids], dtype=np.float64)
 
     def _poison_rows(self, r: int, updates: torch.Tensor, clients: ClientRows) -> None:
         """The omniscient attacks (``Attack.poison_rows``): the malicious rows rewritten
@@ -1062,11 +1110,13 @@ class Driver:
         }
 
     def server_state(self) -> dict[str, torch.Tensor]:
-        """The server optimizer's and the aggregator's state (momentum, Adam moments,
-        a control variate), as flat tensors named ``server_opt.*`` and ``aggregator.*``;
+        """The server optimizer's, the aggregator's and the selector's state (momentum, Adam
+        moments, a control variate, Oort's utilities), as flat tensors named
+        ``server_opt.*``, ``aggregator.*`` and ``selector.*``;
         in buffered training also the model versions later steps start from
         (``buffered.v<N>``)."""
         out = {f"aggregator.{k}": v for k, v in self.aggregator.state_dict().items()}
+        out |= {f"selector.{k}": v for k, v in self.selector.state_dict().items()}
         for stage in self.stages:
             out |= {f"stage.{stage.name}.{k}": v for k, v in stage.state_dict().items()}
         # buffered training: the model versions later steps' clients start from

@@ -70,6 +70,9 @@ class RoundResult:
     # clients the guard dropped or a stage flagged (clipped), with an adversary: the run's
     # defense metrics (fedray.runtime.adversary.DefenseRound)
     flagged: list[int] = field(default_factory=list)
+    # the aggregated clients, one entry each: "id", "loss", "examples" and the client
+    # part's columns (WorkerSpec.client_rows); None when the run does not report them
+    arrived: dict[str, np.ndarray] | None = None
 
     STATS = ("examples", "loss_sum", "examples_seen", "dropped", "updates", "nonfinite",
              "busy_s")

@@ -139,6 +139,9 @@ class WorkerSpec:
     # (registered names or import paths): what an error from one of them says
     labels: tuple[str, ...] = ()
     adversary: Adversary | None = None  # the job's malicious clients and their attacks
+    # report each aggregated client's loss, examples and part columns (RoundResult.arrived):
+    # for a selector that learns from them, and the participants table
+    client_rows: bool = False
 
 
 def keeps_client_state(client: ClientWork, stages: tuple[UpdateStage, ...]) -> bool:
@@ -249,7 +252,7 @@ class ClientWorker:
         self.client, self.aggregator = spec.client, spec.aggregator
         self.env = WorkerEnv(model=self.model, device=self.device, lr=t.lr, loss=t.loss,
                              eval_batch_size=t.eval_batch_size, batch_size_for=t.batch_size_for,
-                             training=t, seed=spec.seed)
+                             training=t, seed=spec.seed, client_split=self.client_split)
         self.stages = spec.stages
         for part in (self.client, self.aggregator, *self.stages):
             part.setup(self.env)
@@ -284,6 +287,9 @@ class ClientWorker:
         self._data_attacks = adv.data_attacks if adv is not None else ()
         self._update_attacks = adv.update_attacks if adv is not None else ()
         self._rows: _Rows | None = None  # this round's updates (Aggregator.individual)
+        # this round's aggregated clients: (id, mean train loss, examples, part columns),
+        # when the run reports them per client (WorkerSpec.client_rows)
+        self._arrived: list[tuple[int, float, int, dict]] | None = None
         self._row_buffer: np.ndarray | None = None  # their memory, kept across rounds
         own_training = self.client.train is not None
         self.group = (group_size(self.model.num_params, self.device.type == "cuda")
@@ -490,6 +496,9 @@ class ClientWorker:
         if update.flagged and self.spec.adversary is not None:
             self._flagged.append(ctx.cid)
         self._contribute(ctx, update, acc)
+        if self._arrived is not None:  # what the selector and the participants table read
+            self._arrived.append((ctx.cid, update.loss_sum / max(update.examples_seen, 1),
+                                  update.num_examples, ctx.columns))
         new |= kept or {}
         own = self.client.finish(self.env, ctx, update, acc) or {}
         for key in own:  # stored silently before: a typo'd key never read back
@@ -787,6 +796,7 @@ class ClientWorker:
         self._stored = []
         self._nonfinite = 0
         self._flagged = []
+        self._arrived = [] if self.spec.client_rows else None
         ids = task.client_ids
         if self.aggregator.individual:
             self._rows = _Rows(len(ids), self.model.size, self._row_buffer)
@@ -819,8 +829,37 @@ class ClientWorker:
                            loss_sum=loss_sum, examples_seen=seen, dropped=dropped,
                            updates=len(ids) - dropped, nonfinite=self._nonfinite,
                            stored=self._stored, packs=packs, rows=self._take_rows(),
-                           flagged=self._flagged,
+                           flagged=self._flagged, arrived=self._arrived_message(),
                            busy_s=time.perf_counter() - start, mem_mb=private_mb())
+
+    def _arrived_message(self) -> dict[str, np.ndarray] | None:
+        """This round's aggregated clients as columns: ``id``, ``loss``, ``examples`` and
+        the client part's own (``ClientWork.columns``; NaN where a client recorded none)."""
+        rows, self._arrived = self._arrived, None
+        if rows is None:
+            return None
+        out = {"id": np.array([r[0] for r in rows], dtype=np.int64),
+               "loss": np.array([r[1] for r in rows], dtype=np.float64),
+               "examples": np.array([r[2] for r in rows], dtype=np.int64)}
+        for name in self.client.columns:
+            out[name] = np.array([float(r[3].get(name, np.nan)) for r in rows],
+                                 dtype=np.float64)
+        return out
+
+    def probe(self, broadcast: Broadcast, client_ids: list[int]) -> np.ndarray:
+        """The broadcast model's mean loss on each client's training data (a selector's
+        probe: power of choice), float64, aligned with ``client_ids``; NaN for a client
+        without examples."""
+        self._weights.copy_(readonly_tensor(broadcast.weights))
+        self.model.load_(self._weights)
+        t = self.spec.training
+        out = np.full(len(client_ids), np.nan)
+        for i, cid in enumerate(client_ids):
+            x, y = self.client_split(cid)
+            if len(y):
+                out[i] = evaluate(self.model.module, x, y, t.eval_batch_size, self.device,
+                                  t.loss).mean_loss
+        return out
 
     def _take_rows(self) -> ClientUpdates | None:
         """This round's rows, which the worker then lets go of (they travel in the result)."""
@@ -881,6 +920,9 @@ class ClientWorker:
             self.model.load_(start)
             row = ClientEval(cid, evaluate(self.model.module, x, y, t.eval_batch_size,
                                            self.device, t.loss), global_sums=glob)
+            if self.client.columns:  # what the part chose for it (eval_weights): IFCA's cluster
+                row.columns = {k: float(v) for k, v in
+                               self.client.eval_columns(self.env, cid).items()}
             if personalize is not None:
                 if len(ty):
                     local_sgd(self.model, start, tx, ty, lr=personalize.lr,

@@ -29,7 +29,9 @@ WEIGHTS_FILE = "model.safetensors"
 SERVER_STATE_FILE = "server_state.safetensors"
 CLIENT_STATE_DIR = "client_state"
 CLIENT_EVAL_DIR = "client_eval"
-SUBDIRS = (CLIENT_EVAL_DIR,)  # written through write_bytes: may hold a killed write's .tmp
+PARTICIPANTS_DIR = "participants"  # each round's invited clients (fedray.runtime.participation)
+# written through write_bytes: may hold a killed write's .tmp
+SUBDIRS = (CLIENT_EVAL_DIR, PARTICIPANTS_DIR)
 
 
 __all__ = ["RunDir", "absolute_url", "load_tensors", "load_weights", "read_metrics"]

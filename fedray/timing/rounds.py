@@ -139,8 +139,20 @@ class RoundClock:
         """Round ``round_idx``, starting at simulated time ``start_s``."""
         population = self.population
         n = over_selected(k, over_selection, population)
-        ids = sample_online(self.seed, round_idx, population, n, self.availability, start_s,
-                            max_draws=self.max_draws).ids
+        ids = self.sample(round_idx, start_s, n)
+        return self.run(round_idx, start_s, ids, k, dropout=dropout)
+
+    def sample(self, round_idx: int, start_s: float, n: int, exclude: Any = ()) -> np.ndarray:
+        """``n`` clients online at ``start_s``, uniformly, none of ``exclude``: the round's
+        stream (fedray.timing.online_sampling)."""
+        return sample_online(self.seed, round_idx, self.population, n, self.availability,
+                             start_s, exclude=exclude, max_draws=self.max_draws).ids
+
+    def run(self, round_idx: int, start_s: float, ids: np.ndarray, k: int, *,
+            dropout: float = 0.0) -> ClockedSelection:
+        """Round ``round_idx`` on the clock with the invited ``ids`` (sorted): those
+        ``dropout`` removes never start; the rest run until the round closes
+        (``synchronous_round``)."""
         started = ids
         if dropout > 0:  # as without the clock: per (seed, round, client)
             started = ids[[rng(self.seed, TAG_DROPOUT, round_idx, int(c)).random() >= dropout
@@ -151,3 +163,14 @@ class RoundClock:
         return ClockedSelection(outcome.kept, len(ids),
                                 len(ids) - len(started) + len(outcome.dropped),
                                 len(outcome.late), outcome)
+
+    def probe_s(self, ids: np.ndarray, share: float) -> float:
+        """How long a loss probe of ``ids`` keeps the round waiting: the slowest client's
+        model download plus ``share`` of a training example's compute per example it
+        holds (a forward pass over its data); its answer, one number, costs no upload."""
+        if not len(ids):
+            return 0.0
+        profiles = self.devices.profiles(ids)
+        work = np.asarray(self.sizes_of(ids), dtype=np.float64) * share
+        times = update_times(profiles, work, down_bytes=self.down_bytes, up_bytes=0.0)
+        return float((times.download_s + times.compute_s).max())

@@ -16,7 +16,9 @@ personalization family), those columns are the client's own model's, and the sam
 again, prefixed ``global_``, are the global model's on the same examples; with
 ``eval.personalize`` the same four again, prefixed ``personalized_``. Rows are in client-id
 order; the pooled ``fed_test_*`` metrics are their sums added in that order, so they can be
-recomputed from the table exactly.
+recomputed from the table exactly. A client part that records per-client values
+(``ClientWork.columns``: the cluster IFCA evaluates a client with) adds one float64 column
+each, under its own name.
 """
 
 from __future__ import annotations
@@ -81,6 +83,8 @@ def client_table(rows: Sequence[ClientEval], accuracy: bool) -> pa.Table:
         cols |= _columns([r.global_sums for r in rows], "global_", accuracy)
     if rows and rows[0].personalized is not None:
         cols |= _columns([r.personalized for r in rows], "personalized_", accuracy)
+    for name in (rows[0].columns or {}) if rows else ():  # the client part's (IFCA's cluster)
+        cols[name] = np.array([(r.columns or {}).get(name, np.nan) for r in rows], np.float64)
     return pa.table(cols)
 
 

@@ -18,7 +18,7 @@ TAGS = {"TAG_TRAIN": 1, "TAG_SAMPLE": 2, "TAG_FED_EVAL": 3, "TAG_INIT": 4, "TAG_
         "TAG_PERSONALIZE": 10, "TAG_DEVICE": 11, "TAG_AVAILABILITY": 12,
         "TAG_ONLINE_SAMPLE": 13, "TAG_BUFFERED": 14, "TAG_DP_NOISE": 15, "TAG_DP_LOCAL": 16,
         "TAG_QUANTIZE": 17, "TAG_PHASE": 18, "TAG_ADAPT": 19, "TAG_ADVERSARY": 20,
-        "TAG_ATTACK": 21}
+        "TAG_ATTACK": 21, "TAG_SELECT": 22, "TAG_CLUSTER": 23}
 
 
 def test_tags_are_fixed_and_distinct():
