@@ -120,17 +120,24 @@ class OortParams:
     pacer_step_s: float = 10.0
 
 
-_EMPTY_I = torch.zeros(0, dtype=torch.int64)
-_EMPTY_F = torch.zeros(0, dtype=torch.float64)
+# Oort's per-client arrays (sorted by id) and their fill for a client seen for the first time
+_CLIENT_ARRAYS = {"utility": (np.float64, 0.0), "last_round": (np.int64, 0),
+                  "duration_s": (np.float64, math.nan), "invited": (np.int64, 0)}
 
 
 @register
 class Oort(Selector):
     """Oort's guided participant selection (Lai et al., OSDI 2021), parameter by parameter
-    in docs/selection.md. Its statistical utility of client i is |B_i| times the loss i
+    in docs/algorithms.md. Its statistical utility of client i is |B_i| times the loss i
     trained with; Oort's is |B_i| sqrt(mean of squared per-example losses), and fedray's
     kernels keep the mean batch loss of each local step, not per-example losses, so the
-    mean loss (a lower bound of that root mean square) stands in for it."""
+    mean loss (a lower bound of that root mean square) stands in for it.
+
+    Its knowledge is numpy arrays over the clients it has invited, sorted by id (``state``:
+    ``ids``, ``utility``, ``last_round``, ``duration_s``, ``invited``), plus the
+    exploration share, the preferred duration T and the utility each round exploited: a
+    round costs O(clients seen) -- bisections, one partition, inserts -- and never a sort
+    or a hash of them."""
 
     name = "oort"
     section = "oort"
@@ -152,69 +159,69 @@ class Oort(Selector):
         require(p.pacer_window >= 1, "pacer_window", "must be >= 1", p.pacer_window)
 
     def init_server(self, plan: RoundPlan) -> None:
-        # per explored client (sorted by id): utility, the last round it was invited, its
-        # last simulated duration (NaN: unknown), how often it was invited; and the
-        # exploration share, the preferred duration T (inf: not set) and the utility each
-        # round exploited, for the pacer
-        self.state = {"ids": _EMPTY_I.clone(), "utility": _EMPTY_F.clone(),
-                      "last_round": _EMPTY_I.clone(), "duration_s": _EMPTY_F.clone(),
-                      "invited": _EMPTY_I.clone(),
-                      "epsilon": torch.tensor([self.params.exploration], dtype=torch.float64),
-                      "preferred_s": torch.tensor([math.inf], dtype=torch.float64),
-                      "exploited": _EMPTY_F.clone()}
+        self.state = {"ids": np.zeros(0, np.int64),
+                      **{k: np.zeros(0, dt) for k, (dt, _) in _CLIENT_ARRAYS.items()},
+                      "epsilon": np.array([self.params.exploration]),
+                      "preferred_s": np.array([math.inf]),
+                      "exploited": np.zeros(0)}
         self._metrics: dict[str, float] = {}
         self._exploit_ids = np.zeros(0, dtype=np.int64)
+
+    def state_dict(self) -> dict[str, torch.Tensor]:
+        return {k: torch.from_numpy(v.copy()) for k, v in self.state.items()}
+
+    def load_state_dict(self, state: dict[str, torch.Tensor]) -> None:
+        missing = set(self.state) - set(state)
+        if missing:
+            raise ValueError(f"selector {self.name}: state lacks {sorted(missing)}")
+        self.state = {k: state[k].numpy().copy() for k in self.state}
 
     def _scores(self, round_idx: int) -> np.ndarray:
         """Each explored client's utility for round ``round_idx``: statistical utility,
         plus the staleness bonus, times the system penalty when slower than T."""
         s, p = self.state, self.params
-        util = s["utility"].numpy().copy()
-        last = np.maximum(s["last_round"].numpy(), 1).astype(np.float64)
-        util += np.sqrt(p.staleness * math.log(max(round_idx, 1)) / last)
+        last = np.maximum(s["last_round"], 1).astype(np.float64)
+        util = s["utility"] + np.sqrt(p.staleness * math.log(max(round_idx, 1)) / last)
         t_pref = float(s["preferred_s"][0])
-        dur = s["duration_s"].numpy()
         if math.isfinite(t_pref):
+            dur = s["duration_s"]
             slow = np.isfinite(dur) & (dur > t_pref)
             util[slow] *= (t_pref / dur[slow]) ** p.alpha
         return util
 
     def select(self, ctx: SelectionContext) -> np.ndarray:
         s, p = self.state, self.params
-        ids = s["ids"].numpy()
+        ids = s["ids"]
         k = ctx.k
         self._set_preferred()
         eps = float(s["epsilon"][0])
         exploit = np.zeros(0, dtype=np.int64)
         n_exploit = min(k - math.ceil(eps * k - 1e-9), len(ids)) if len(ids) else 0
+        score = None
         if n_exploit > 0:
             score = self._scores(ctx.round)
-            online = ctx.online(ids) if ctx.online is not None else np.ones(len(ids), bool)
-            pool = np.flatnonzero(online)
-            n_exploit = min(n_exploit, len(pool))
+            if ctx.online is not None:  # an offline client cannot be invited
+                score = np.where(ctx.online(ids), score, -np.inf)
+            n_exploit = min(n_exploit, int(np.isfinite(score).sum()))
         if n_exploit > 0:
-            order = pool[np.lexsort((ids[pool], -score[pool]))]
-            bar = p.cutoff * score[order[n_exploit - 1]]
-            eligible = order[score[order] >= bar]
+            # the n-th best score, by a partition (O(clients seen)), and the clients above
+            # cutoff times it, in id order: drawn in proportion to their utility
+            nth = np.partition(score, len(score) - n_exploit)[len(score) - n_exploit]
+            eligible = np.flatnonzero(score >= p.cutoff * nth)
             w = np.maximum(score[eligible], 0.0) + 1e-12
             pick = ctx.rng.choice(len(eligible), size=n_exploit, replace=False, p=w / w.sum())
-            exploit = np.sort(ids[eligible[pick]])
+            exploit = ids[np.sort(eligible[pick])]
         self._exploit_ids = exploit
-        want = k - len(exploit)
         explore = np.zeros(0, dtype=np.int64)
-        if want > 0:  # never-seen clients, uniformly among the eligible
-            unseen = ctx.population - len(ids)
-            n = min(want, unseen)
-            if n > 0:
-                explore = ctx.sample(n, exclude=ids)
+        n = min(k - len(exploit), ctx.population - len(ids))
+        if n > 0:  # never-seen clients, uniformly among the eligible
+            explore = ctx.sample(n, exclude=ids)
         chosen = np.union1d(exploit, explore)
         if len(chosen) < k:  # every client seen: the next best explored ones fill the round
-            rest = np.setdiff1d(ids, chosen)
-            if len(rest):
-                score = self._scores(ctx.round)
-                pos = np.searchsorted(ids, rest)
-                best = rest[np.lexsort((rest, -score[pos]))[: k - len(chosen)]]
-                chosen = np.union1d(chosen, best)
+            score = self._scores(ctx.round) if score is None else score
+            rest = np.flatnonzero(~np.isin(ids, chosen) & np.isfinite(score))
+            best = rest[np.lexsort((ids[rest], -score[rest]))[: k - len(chosen)]]
+            chosen = np.union1d(chosen, ids[best])
         self._metrics = {"oort_explored": float(len(ids)), "oort_exploration": eps,
                          "oort_exploited": float(len(exploit))}
         if math.isfinite(float(s["preferred_s"][0])):
@@ -226,46 +233,34 @@ class Oort(Selector):
         s = self.state
         if math.isfinite(float(s["preferred_s"][0])):
             return
-        dur = s["duration_s"].numpy()
-        known = dur[np.isfinite(dur)]
+        known = s["duration_s"][np.isfinite(s["duration_s"])]
         if len(known):
             s["preferred_s"][0] = float(np.percentile(known, self.params.preferred_percentile))
 
     def feedback(self, fb: ClientFeedback) -> None:
         s, p = self.state, self.params
-        ids = s["ids"].numpy()
-        new = np.setdiff1d(fb.ids, ids)
-        if len(new):  # the explored set grows by the round's never-seen invitees
-            merged = np.union1d(ids, new)
-            at = np.searchsorted(merged, ids)
-
-            def grow(t: torch.Tensor, fill: float) -> torch.Tensor:
-                out = torch.full((len(merged),), fill, dtype=t.dtype)
-                out[torch.from_numpy(at)] = t
-                return out
-
-            s["utility"] = grow(s["utility"], 0.0)
-            s["last_round"] = grow(s["last_round"], 0)
-            s["duration_s"] = grow(s["duration_s"], math.nan)
-            s["invited"] = grow(s["invited"], 0)
-            s["ids"] = torch.from_numpy(merged.astype(np.int64))
-            ids = merged
-        pos = torch.from_numpy(np.searchsorted(ids, fb.ids))
+        ids = s["ids"]
+        at = np.searchsorted(ids, fb.ids)
+        seen = (at < len(ids)) & (ids[np.minimum(at, max(len(ids) - 1, 0))] == fb.ids) \
+            if len(ids) else np.zeros(len(fb.ids), bool)
+        new = fb.ids[~seen]
+        if len(new):  # the explored set grows by the round's never-seen invitees (inserts)
+            where = np.searchsorted(ids, new)
+            s["ids"] = ids = np.insert(ids, where, new)
+            for key, (_, fill) in _CLIENT_ARRAYS.items():
+                s[key] = np.insert(s[key], where, fill)
+        pos = np.searchsorted(ids, fb.ids)
         s["last_round"][pos] = fb.round
         s["invited"][pos] += 1
         known = np.isfinite(fb.duration_s)
-        if known.any():
-            s["duration_s"][pos[torch.from_numpy(known)]] = torch.from_numpy(
-                fb.duration_s[known])
+        s["duration_s"][pos[known]] = fb.duration_s[known]
         ok = fb.arrived & np.isfinite(fb.loss)
         util = fb.examples[ok].astype(np.float64) * fb.loss[ok]
-        s["utility"][pos[torch.from_numpy(ok)]] = torch.from_numpy(util)
+        s["utility"][pos[ok]] = util
         # the pacer: the utility exploited this round, and T relaxed when it stalls
         mine = np.isin(fb.ids[ok], self._exploit_ids)
-        s["exploited"] = torch.cat([s["exploited"],
-                                    torch.tensor([float(util[mine].sum())], dtype=torch.float64)])
-        w = p.pacer_window
-        hist = s["exploited"]
+        s["exploited"] = np.append(s["exploited"], float(util[mine].sum()))
+        w, hist = p.pacer_window, s["exploited"]
         if len(hist) >= 2 * w and len(hist) % w == 0 and \
                 math.isfinite(float(s["preferred_s"][0])) and \
                 float(hist[-w:].sum()) <= float(hist[-2 * w:-w].sum()):

@@ -47,7 +47,9 @@ def sample_online(seed: int, draw: int, population: int, k: int, availability: A
     if limit < k:
         raise FedrayError(f"online sampling: max_draws must be >= k = {k}, got {limit}")
     key = stream_key(seed, TAG_ONLINE_SAMPLE, draw)
-    banned = np.unique(client_ids(exclude))
+    banned = client_ids(exclude)
+    if len(banned) > 1 and not bool(np.all(banned[1:] > banned[:-1])):
+        banned = np.unique(banned)  # sorted and distinct: looked up by bisection below
     chosen = np.empty(0, dtype=np.int64)
     done = used = 0
     chunk = 2 * k
@@ -57,8 +59,9 @@ def sample_online(seed: int, draw: int, population: int, k: int, availability: A
         cand = (hash64(key, counters) % np.uint64(population)).astype(np.int64)
         done += n
         ok = availability.online(cand, t)
-        if len(banned):
-            ok &= ~np.isin(cand, banned)
+        if len(banned):  # O(n log |exclude|): a selector excludes the clients it has seen
+            at = np.minimum(np.searchsorted(banned, cand), len(banned) - 1)
+            ok &= banned[at] != cand
         cand, pos = cand[ok], counters[ok]
         # first occurrences in stream order, and not already chosen
         _, first = np.unique(cand, return_index=True)
