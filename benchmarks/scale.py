@@ -21,6 +21,15 @@ the client state index).
 
     python benchmarks/scale.py --first-round 1000 100000000
     python benchmarks/scale.py --per-round-k 1000 5000 10000
+
+``--selectors``: a selector's own driver cost per round (fedray.runtime.participation:
+its ``select`` with the round's draws, and its ``feedback``) over a population of
+100,000,000, on the simulated clock, without training: every invitee arrives with a
+random loss, the probe's losses are random (its cost is the workers'), so what is timed is
+the driver's alone -- at round 1 and after hundreds of rounds, when Oort has seen
+rounds x k clients.
+
+    python benchmarks/scale.py --selectors uniform power_of_choice oort
 """
 
 from __future__ import annotations
@@ -60,7 +69,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--per-round-k", type=int, nargs="+", metavar="K",
                    help="driver milliseconds per round against clients per round (inline)")
     p.add_argument("--algorithm", default="fedavg", help="with --per-round-k")
+    p.add_argument("--selectors", nargs="+", metavar="NAME",
+                   help="driver ms per round of each selector at 10^8 clients (no training)")
+    p.add_argument("--population", type=int, default=100_000_000, help="with --selectors")
     args = p.parse_args(argv)
+    if args.selectors:
+        return selector_cost(args.selectors, args.population, args.clients_per_round,
+                             args.rounds)
     if args.first_round:
         return first_round(args.first_round)
     if args.per_round_k:
@@ -209,6 +224,54 @@ def per_round(ks: list[int], algorithm: str, population: int = 1_000_000,
             print(f"| {k:,} | {own:.1f} | {own / k * 1e3:.2f} | {work:.1f} |", flush=True)
     finally:
         driver_module.Driver._train_round, InlinePool._run = train_round, run
+    return 0
+
+
+def selector_cost(names: list[str], population: int, ks: list[int], rounds: int) -> int:
+    """Milliseconds a selector's round takes on the driver (invite: its select with the
+    round's draws, the clock's outcome; feedback: what it learns, the participants table),
+    with ``population`` clients on the clock, ``rounds`` rounds per (selector, k)."""
+    import numpy as np
+
+    from fedray.algorithms.base import RoundPlan
+    from fedray.algorithms.registry import lookup
+    from fedray.config import load_config
+    from fedray.runtime.participation import Participation
+    from fedray.timing.rounds import LocalWork, RoundClock
+
+    def sizes(ids):  # a synthetic population's counts: a pure function of the id
+        return 20 + np.asarray(ids, dtype=np.int64) % 181
+
+    print(f"{population:,} clients on the simulated clock (default devices, always online), "
+          f"{rounds} rounds per row; ms per round on the driver, no training")
+    print("| selector | clients per round | round 1 ms | median ms, rounds 2.. | last round ms "
+          "| clients seen at the end |")
+    print("|---|---|---|---|---|---|")
+    for k in ks:
+        for name in names:
+            cfg = load_config({"sampling": {"clients_per_round": k}, "clock": {"enabled": True}})
+            clock = RoundClock(cfg.clock, cfg.seed, sizes, 100_000, LocalWork(20, 1, None),
+                               population=population)
+            selector = lookup("selector", name, "algorithm.selector")()
+            selector.init_server(RoundPlan(seed=0, population=population,
+                                           clients_per_round=k, sampling="fixed",
+                                           rounds=rounds, num_params=100_000))
+            part = Participation(selector, name, cfg, population, sizes, clock)
+            gen = np.random.default_rng(0)
+            times, t = [], 0.0
+            for r in range(1, rounds + 1):
+                start = time.perf_counter()
+                inv = part.invite(r, t, lambda ids, gen=gen: gen.random(len(ids)))
+                kept = inv.selection.participants
+                arrived = {"id": kept, "loss": gen.random(len(kept)) * 3,
+                           "examples": sizes(kept)}
+                part.feedback(r, inv, arrived, inv.selection.outcome.duration_s)
+                times.append((time.perf_counter() - start) * 1e3)
+                t = inv.selection.outcome.end_s
+            seen = len(selector.state["ids"]) if "ids" in selector.state else "-"
+            print(f"| {name} | {k:,} | {times[0]:.1f} | {statistics.median(times[1:]):.1f} | "
+                  f"{times[-1]:.1f} | {seen if isinstance(seen, str) else f'{seen:,}'} |",
+                  flush=True)
     return 0
 
 

@@ -135,6 +135,7 @@ def _check_parts_against_model(cfg: DictConfig, client_data: Mapping | None,
     from fedray.algorithms.base import RoundPlan, evaluates_own_model
     from fedray.algorithms.registry import check_against_model, check_plan, resolve
     from fedray.runtime.adversary import resolve as resolve_adversary
+    from fedray.runtime.participation import check_selector
 
     resolved = resolve(cfg.algorithm, cfg.server)
     sm = cfg.sampling
@@ -142,6 +143,7 @@ def _check_parts_against_model(cfg: DictConfig, client_data: Mapping | None,
         seed=cfg.seed, population=population, clients_per_round=sm.clients_per_round,
         sampling=sm.mode, rounds=cfg.rounds, num_params=0, dropout=sm.dropout,
         always=tuple(sm.always)))
+    check_selector(resolved.names["selector"], resolved.selector, sm)
     adversary = resolve_adversary(cfg.adversary, cfg.seed, population,
                                   trusted=tuple(resolved.aggregator.trusted))
     if adversary is not None:  # omniscient attacks need the individual path, before Ray

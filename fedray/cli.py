@@ -28,13 +28,15 @@ examples:
   fedray run jobs/quickstart.yaml runtime.address=auto runtime.worker.num_gpus=0.25
   fedray run jobs/femnist/scaffold.yaml
   fedray run jobs/quickstart.yaml algorithm.client=fedprox algorithm.aggregator=elastic
+  fedray run jobs/quickstart.yaml algorithm.selector=oort clock.enabled=true
   fedray run --resume runs/a                        # continue a killed run
   fedray run --resume runs/a rounds=200 --allow-change rounds   # extend a finished one
 
 The run directory (output.dir, any fsspec URL) receives config.yaml, metrics.jsonl,
 summary.json, events.out.tfevents.fedray (TensorBoard), model.safetensors,
 server_state.safetensors, checkpoint.safetensors (every checkpoint.every rounds or
-checkpoint.every_s seconds) and, for SCAFFOLD, client_state/. --resume RUN_DIR continues
+checkpoint.every_s seconds), for SCAFFOLD client_state/, and with output.participants (or
+oort, ifca) participants/. --resume RUN_DIR continues
 from the checkpoint, bit-identically; the checkpoint must be the run's own (the run id on
 config.yaml's first line), and the config (RUN_DIR/config.yaml, or JOB.yaml given again,
 plus overrides) must equal the one the checkpoint records, except keys named with

@@ -185,13 +185,14 @@ def test_every_preset_and_part_parameter_is_documented():
     algorithms = (ROOT / "docs" / "algorithms.md").read_text()
     # the stages' keys are described in privacy.md and algorithms.md by their YAML, in
     # config.md by their full name
-    described = {"client": algorithms, "aggregator": algorithms, "stage": config}
+    described = {"client": algorithms, "aggregator": algorithms, "stage": config,
+                 "selector": algorithms}
     name_row = next(line for line in config.splitlines() if line.startswith("| `algorithm.name`"))
     presets = algorithms[algorithms.index("## Presets"):algorithms.index("## The families")]
     for preset in registry.PRESETS:
         assert f"`{preset}`" in name_row, preset
         assert f"`{preset}`" in presets, preset
-    for kind in ("client", "aggregator", "server_opt", "stage"):
+    for kind in ("client", "aggregator", "server_opt", "stage", "selector"):
         for cls in registry.registered(kind).values():
             if cls.section is None or cls.Params is None or kind == "server_opt":
                 continue  # the server optimizers' keys are the server section's

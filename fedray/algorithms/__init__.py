@@ -1,5 +1,6 @@
 """Federated algorithms as compositions of parts: client work x aggregator x server optimizer,
-and the update stages every client's update passes through.
+the selector that decides who takes part, and the update stages every client's update
+passes through.
 
 One module per family (fedavg, fedprox, scaffold, elastic, ...); each registers its parts
 and presets when imported, and every module of this package is imported when a job is
@@ -23,15 +24,16 @@ from fedray.algorithms.registry import (
     resolve,
 )
 
-__all__ = ["PRESETS", "Aggregator", "Algorithm", "ClientContext", "ClientOptimizer",
-           "ClientRows", "ClientWork", "ClipNorm", "GradTransform", "LocalTerms",
-           "LocalUpdate", "Normalize", "PartialSum", "Payload", "Phase", "RoundPlan",
-           "ServerOptimizer", "UpdateStage", "WorkerEnv", "load_builtins", "register",
-           "register_preset", "require", "resolve"]
+__all__ = ["PRESETS", "Aggregator", "Algorithm", "ClientContext", "ClientFeedback",
+           "ClientOptimizer", "ClientRows", "ClientWork", "ClipNorm", "GradTransform",
+           "LocalTerms", "LocalUpdate", "Normalize", "PartialSum", "Payload", "Phase",
+           "RoundPlan", "SelectionContext", "Selector", "ServerOptimizer", "UpdateStage",
+           "WorkerEnv", "load_builtins", "register", "register_preset", "require", "resolve"]
 
-_BASE = {"Aggregator", "ClientContext", "ClientOptimizer", "ClientRows", "ClientWork",
-         "ClipNorm", "GradTransform", "LocalTerms", "LocalUpdate", "Normalize", "PartialSum",
-         "Payload", "Phase", "RoundPlan", "UpdateStage", "WorkerEnv", "require"}
+_BASE = {"Aggregator", "ClientContext", "ClientFeedback", "ClientOptimizer", "ClientRows",
+         "ClientWork", "ClipNorm", "GradTransform", "LocalTerms", "LocalUpdate", "Normalize",
+         "PartialSum", "Payload", "Phase", "RoundPlan", "SelectionContext", "Selector",
+         "UpdateStage", "WorkerEnv", "require"}
 
 
 def __getattr__(name: str) -> Any:  # the API classes import torch: only when asked for
