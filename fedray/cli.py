@@ -35,8 +35,9 @@ examples:
 The run directory (output.dir, any fsspec URL) receives config.yaml, metrics.jsonl,
 summary.json, events.out.tfevents.fedray (TensorBoard), model.safetensors,
 server_state.safetensors, checkpoint.safetensors (every checkpoint.every rounds or
-checkpoint.every_s seconds), for SCAFFOLD client_state/, and with output.participants (or
-oort, ifca) participants/. --resume RUN_DIR continues
+checkpoint.every_s seconds), for SCAFFOLD client_state/, with output.participants (or
+oort, ifca) participants/, and for IFCA its other clusters' models/. --resume RUN_DIR
+continues
 from the checkpoint, bit-identically; the checkpoint must be the run's own (the run id on
 config.yaml's first line), and the config (RUN_DIR/config.yaml, or JOB.yaml given again,
 plus overrides) must equal the one the checkpoint records, except keys named with

@@ -664,6 +664,12 @@ class Aggregator(ServerState, Part):
         """What the clients read of the server state each round (e.g. SCAFFOLD's c)."""
         return {}
 
+    def models(self) -> dict[str, torch.Tensor]:
+        """Models it trains beside the global one (IFCA's clusters 1..K-1), by name, as flat
+        weights of the model's size: the run saves each as ``models/<name>.safetensors``, a
+        state_dict like model.safetensors."""
+        return {}
+
     def finish(self, acc: PartialSum) -> torch.Tensor:
         """The round's update (float64) from the merged partial sum; may update ``state``."""
         return acc.mean()

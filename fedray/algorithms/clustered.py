@@ -19,7 +19,8 @@ needs ``algorithm.server_opt: sgd`` at ``server.lr: 1`` (refused otherwise).
 Each trained client's cluster is the ``cluster`` column of the round's participants table
 (participants/round_<r>.arrow); federated evaluation evaluates each client with the model
 of lowest loss on its training split and records that choice in its table's ``cluster``
-column.
+column. At the end of a run, model j > 0 is also saved as models/cluster_<j>.safetensors,
+a state_dict like model.safetensors (which holds model 0).
 """
 
 from __future__ import annotations
@@ -144,6 +145,9 @@ class IFCAAggregator(Aggregator):
 
     def broadcast(self) -> dict[str, torch.Tensor]:
         return {MODELS: self.state["models"]}
+
+    def models(self) -> dict[str, torch.Tensor]:
+        return {f"cluster_{j}": m for j, m in enumerate(self.state["models"], start=1)}
 
     def accumulate(self, env: WorkerEnv, ctx: ClientContext, update: LocalUpdate,
                    acc: PartialSum) -> None:

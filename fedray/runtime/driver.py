@@ -102,7 +102,13 @@ from fedray.state.checkpoint import (
     saved_run_id,
 )
 from fedray.state.client_state import ClientStateStore, ClientVersions
-from fedray.state.run_dir import CLIENT_STATE_DIR, SERVER_STATE_FILE, WEIGHTS_FILE, RunDir
+from fedray.state.run_dir import (
+    CLIENT_STATE_DIR,
+    MODELS_DIR,
+    SERVER_STATE_FILE,
+    WEIGHTS_FILE,
+    RunDir,
+)
 from fedray.tracking.client_eval import client_metrics, client_table, table_bytes, table_name
 
 
@@ -1073,6 +1079,10 @@ class Driver:
         finite = _finite(self.weights)  # guard.non_finite=warn: nothing non-finite is written
         if c.output.save_weights and finite:
             self.run_dir.save_weights(self.state_dict())
+            for name, flat in self.aggregator.models().items():  # IFCA's other clusters
+                if _finite(flat):
+                    self.run_dir.save_tensors(f"{MODELS_DIR}/{name}.safetensors",
+                                              self.state_dict(flat))
         server = self.server_state()
         if finite and self._non_finite_state(server) is None:
             self.run_dir.save_tensors(SERVER_STATE_FILE, server)
@@ -1125,6 +1135,8 @@ class Driver:
             out[f"server_opt.{k}"] = v if isinstance(v, torch.Tensor) else torch.tensor(v)
         return out
 
-    def state_dict(self) -> dict[str, torch.Tensor]:
-        self.template.load_(self.weights)
+    def state_dict(self, flat: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
+        """The global model (or the flat weights ``flat`` of one of the model's size) as a
+        state_dict."""
+        self.template.load_(self.weights if flat is None else flat)
         return self.template.state_dict()

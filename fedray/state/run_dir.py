@@ -30,8 +30,9 @@ SERVER_STATE_FILE = "server_state.safetensors"
 CLIENT_STATE_DIR = "client_state"
 CLIENT_EVAL_DIR = "client_eval"
 PARTICIPANTS_DIR = "participants"  # each round's invited clients (fedray.runtime.participation)
+MODELS_DIR = "models"  # the models an aggregator trains beside the global one (IFCA)
 # written through write_bytes: may hold a killed write's .tmp
-SUBDIRS = (CLIENT_EVAL_DIR, PARTICIPANTS_DIR)
+SUBDIRS = (CLIENT_EVAL_DIR, PARTICIPANTS_DIR, MODELS_DIR)
 
 
 __all__ = ["RunDir", "absolute_url", "load_tensors", "load_weights", "read_metrics"]
