@@ -37,12 +37,12 @@ summary.json, events.out.tfevents.fedray (TensorBoard), model.safetensors,
 server_state.safetensors, checkpoint.safetensors (every checkpoint.every rounds or
 checkpoint.every_s seconds), for SCAFFOLD client_state/, with output.participants (or
 oort, ifca) participants/, and for IFCA its other clusters' models/. --resume RUN_DIR
-continues
-from the checkpoint, bit-identically; the checkpoint must be the run's own (the run id on
-config.yaml's first line), and the config (RUN_DIR/config.yaml, or JOB.yaml given again,
-plus overrides) must equal the one the checkpoint records, except keys named with
---allow-change (rounds, eval.every, eval.batch_size, checkpoint.*, output.*, runtime.*
-keep the run bit-identical; any other changes the rounds after the checkpoint, and is said).
+continues from the checkpoint, bit-identically; the checkpoint must be the run's own (the
+run id on config.yaml's first line), and the config (RUN_DIR/config.yaml, or JOB.yaml
+given again, plus overrides) must equal the one the checkpoint records, except keys named
+with --allow-change (rounds, eval.every, eval.batch_size, checkpoint.*, output.*,
+runtime.* keep the run bit-identical; any other changes the rounds after the checkpoint,
+and is said).
 Config keys: docs/config.md; algorithms: docs/algorithms.md; faults and resuming:
 docs/fault_tolerance.md."""
 
