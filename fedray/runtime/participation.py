@@ -70,7 +70,8 @@ class RoundInvites:
 
 
 class Participation:
-    """The driver's side of client selection: one per run."""
+    """The driver's side of client selection: one per synchronous run (the caller has
+    checked the selector against the sampling section: ``check_selector``)."""
 
     def __init__(self, selector: Selector, name: str, cfg: Any, population: int,
                  sizes_of: Callable[[np.ndarray], np.ndarray], clock: Any = None):
@@ -79,7 +80,6 @@ class Participation:
         sm = cfg.sampling
         self.k, self.n = sm.clients_per_round, over_selected(sm.clients_per_round,
                                                              sm.over_selection, population)
-        check_selector(name, selector, sm)
 
     def invite(self, r: int, start_s: float,
                probe: Callable[[np.ndarray], np.ndarray]) -> RoundInvites:
