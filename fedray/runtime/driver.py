@@ -204,7 +204,8 @@ def _parts(driver: Driver) -> PartNames | None:
         return None
     return PartNames.of(alg.client, alg.aggregator, alg.stages,
                         (alg.names["client"], alg.names["aggregator"], *alg.stage_names),
-                        alg.server_opt, alg.names["server_opt"])
+                        alg.server_opt, alg.names["server_opt"],
+                        getattr(driver, "selector", None), alg.names.get("selector"))
 
 
 class Driver:

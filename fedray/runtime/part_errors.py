@@ -34,6 +34,7 @@ from fedray.errors import FedrayError, PartError, one_line
 
 KEYS = ("algorithm.client", "algorithm.aggregator")  # then one "algorithm.stages" per stage
 STAGES = "algorithm.stages"
+SELECTOR = "algorithm.selector"
 SERVER_OPT = "algorithm.server_opt"
 
 
@@ -65,7 +66,8 @@ class PartNames:
     @classmethod
     def of(cls, client: Any, aggregator: Any, stages: Iterable[Any] = (),
            labels: Iterable[str] = (), server_opt: Any = None,
-           server_label: str | None = None) -> PartNames:
+           server_label: str | None = None, selector: Any = None,
+           selector_label: str | None = None) -> PartNames:
         """``labels``: the job's names of client, aggregator and stages, in that order
         (fewer, or none: the rest from their classes, ``label_of``)."""
         parts = [client, aggregator, *stages]
@@ -75,6 +77,8 @@ class PartNames:
                for i, (p, k) in enumerate(zip(parts, keys, strict=True))]
         if server_opt is not None:
             out.append((server_opt, SERVER_OPT, server_label or label_of(server_opt)))
+        if selector is not None:
+            out.append((selector, SELECTOR, selector_label or label_of(selector)))
         return cls(out)
 
     def who(self, part: Any) -> str:
