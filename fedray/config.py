@@ -378,6 +378,9 @@ class FedrayConfig:
 
 ConfigSource = str | os.PathLike | dict | DictConfig | FedrayConfig
 
+# keys people look for where they are not: where they are (the selector is a part)
+ELSEWHERE = {"sampling.selector": "algorithm.selector"}
+
 
 def _one_line(exc: OmegaConfBaseException, schema: type, what: str) -> str:
     key = getattr(exc, "full_key", None) or getattr(exc, "key", None)
@@ -389,7 +392,9 @@ def _one_line(exc: OmegaConfBaseException, schema: type, what: str) -> str:
             node = node.get(part) if isinstance(node, DictConfig) else None
         allowed = ", ".join(node.keys()) if isinstance(node, DictConfig) else ""
         where = f" under '{parent}'" if parent else ""
-        return f"unknown {what} key '{key}'" + (f" (allowed{where}: {allowed})" if allowed else "")
+        hint = f"; did you mean {ELSEWHERE[str(key)]}?" if str(key) in ELSEWHERE else ""
+        return (f"unknown {what} key '{key}'" + (f" (allowed{where}: {allowed})" if allowed
+                                                 else "") + hint)
     if key:
         return str(key_error(str(key), msg, what=what))
     return msg
