@@ -168,13 +168,21 @@ class Oort(Selector):
         self._exploit_ids = np.zeros(0, dtype=np.int64)
 
     def state_dict(self) -> dict[str, torch.Tensor]:
-        return {k: torch.from_numpy(v.copy()) for k, v in self.state.items()}
+        """The state as the checkpoint saves it: finite, as the driver requires of server
+        state (a NaN or Inf there means a diverged run), so an unknown duration (NaN) and
+        an unset T (inf) are saved as -1 (durations and T are never negative)."""
+        out = {k: torch.from_numpy(v.copy()) for k, v in self.state.items()}
+        for key in ("duration_s", "preferred_s"):
+            out[key][~torch.isfinite(out[key])] = -1.0
+        return out
 
     def load_state_dict(self, state: dict[str, torch.Tensor]) -> None:
         missing = set(self.state) - set(state)
         if missing:
             raise ValueError(f"selector {self.name}: state lacks {sorted(missing)}")
         self.state = {k: state[k].numpy().copy() for k in self.state}
+        self.state["duration_s"][self.state["duration_s"] < 0] = math.nan
+        self.state["preferred_s"][self.state["preferred_s"] < 0] = math.inf
 
     def _scores(self, round_idx: int) -> np.ndarray:
         """Each explored client's utility for round ``round_idx``: statistical utility,

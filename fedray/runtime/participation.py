@@ -150,7 +150,12 @@ class Participation:
         """Hand the selector what the invitees reported; the round's participants table
         (None when no worker reported per client)."""
         if arrived is None:
-            return None
+            if not (self.selector.wants_feedback or self.cfg.output.participants):
+                return None
+            # no worker trained anyone (every invitee dropped out or was late): nobody
+            # arrived, which a selector learns from too (the late ones' durations)
+            arrived = {"id": np.zeros(0, np.int64), "loss": np.zeros(0),
+                       "examples": np.zeros(0, np.int64)}
         ids = inv.invited
         pos = np.searchsorted(ids, arrived["id"])
         came = np.zeros(len(ids), dtype=bool)
