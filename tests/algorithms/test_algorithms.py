@@ -24,14 +24,16 @@ def _names(cfg):
 def test_presets_and_overrides():
     cfg = load_config()
     assert _names(cfg) == {"client": "local_sgd", "aggregator": "proportional",
-                           "server_opt": "sgd"}
-    cfg = load_config({"algorithm": {"name": "fedprox", "server_opt": "momentum"}})
+                           "server_opt": "sgd", "selector": "uniform"}
+    cfg = load_config({"algorithm": {"name": "fedprox", "server_opt": "momentum",
+                                     "selector": "oort"}})
     assert _names(cfg) == {"client": "fedprox", "aggregator": "proportional",
-                           "server_opt": "momentum"}
+                           "server_opt": "momentum", "selector": "oort"}
     load_builtins()
     assert PRESETS["fedprox"] == Algorithm("fedprox", "proportional", "sgd")
     assert {p.server_opt for p in PRESETS.values()} == {"sgd", "momentum", "nesterov", "adam",
                                                         "yogi", "adagrad"}
+    assert {p.selector for p in PRESETS.values()} == {"uniform"}
 
 
 def test_part_sections_and_legacy_keys():
