@@ -886,8 +886,9 @@ class SelectionContext:
     at ``start_s`` when clock.enabled) and not in ``exclude``, sorted; from the round's own
     stream of (seed, round), so the draw is the same on every worker count and after a
     resume. Without ``exclude`` it is exactly the draw fedray has always made (the plain
-    sampler's), which is what keeps ``uniform`` bit-identical to it. Call it once a round:
-    a second call draws from the same stream again.
+    sampler's), which is what keeps ``uniform`` bit-identical to it; with ``exclude`` it
+    returns fewer than n when fewer eligible clients are left (or can be found online).
+    Call it once a round: a second call draws from the same stream again.
     ``probe(ids, share)``: the global model's mean loss on each client's training data
     (a forward pass on the workers). On the simulated clock the round then starts when
     the slowest probed client has answered: model down plus ``share`` of a training

@@ -479,10 +479,11 @@ def resolve(algorithm: Any, server: Any = None, *, notes: list[str] | None = Non
         if cls.section and params is not None:
             sections[cls.section] = stages[-1].describe()
         _check_stage(ref, stages[-1], names, client, aggregator)
-    if getattr(aggregator, "plain_server", False) and server is not None and (
-            names["server_opt"] != "sgd" or float(server.get("lr", 1.0)) != 1.0):
+    lr = getattr(server, "lr", 1.0)  # the job's server section, a config or a dataclass
+    if getattr(aggregator, "plain_server", False) and (names["server_opt"] != "sgd"
+                                                       or float(lr) != 1.0):
         key, value = (("algorithm.server_opt", names["server_opt"])
-                      if names["server_opt"] != "sgd" else ("server.lr", server.get("lr")))
+                      if names["server_opt"] != "sgd" else ("server.lr", lr))
         raise key_error(key, f"aggregator {names['aggregator']} averages its other models "
                         "itself, so the global one must move by the plain average too: use "
                         "algorithm.server_opt sgd with server.lr 1", value)

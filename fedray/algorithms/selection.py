@@ -197,6 +197,13 @@ class Oort(Selector):
             util[slow] *= (t_pref / dur[slow]) ** p.alpha
         return util
 
+    def _online_scores(self, ctx: SelectionContext) -> np.ndarray:
+        """``_scores``, with -inf for the clients offline at the round's start."""
+        score = self._scores(ctx.round)
+        if ctx.online is not None:  # an offline client cannot be invited
+            score = np.where(ctx.online(self.state["ids"]), score, -np.inf)
+        return score
+
     def select(self, ctx: SelectionContext) -> np.ndarray:
         s, p = self.state, self.params
         ids = s["ids"]
@@ -207,15 +214,14 @@ class Oort(Selector):
         n_exploit = min(k - math.ceil(eps * k - 1e-9), len(ids)) if len(ids) else 0
         score = None
         if n_exploit > 0:
-            score = self._scores(ctx.round)
-            if ctx.online is not None:  # an offline client cannot be invited
-                score = np.where(ctx.online(ids), score, -np.inf)
+            score = self._online_scores(ctx)
             n_exploit = min(n_exploit, int(np.isfinite(score).sum()))
         if n_exploit > 0:
             # the n-th best score, by a partition (O(clients seen)), and the clients above
-            # cutoff times it, in id order: drawn in proportion to their utility
+            # cutoff times it (at least the n best, whatever the sign), in id order: drawn
+            # in proportion to their utility
             nth = np.partition(score, len(score) - n_exploit)[len(score) - n_exploit]
-            eligible = np.flatnonzero(score >= p.cutoff * nth)
+            eligible = np.flatnonzero(score >= min(p.cutoff * nth, nth))
             w = np.maximum(score[eligible], 0.0) + 1e-12
             pick = ctx.rng.choice(len(eligible), size=n_exploit, replace=False, p=w / w.sum())
             exploit = ids[np.sort(eligible[pick])]
@@ -225,8 +231,8 @@ class Oort(Selector):
         if n > 0:  # never-seen clients, uniformly among the eligible
             explore = ctx.sample(n, exclude=ids)
         chosen = np.union1d(exploit, explore)
-        if len(chosen) < k:  # every client seen: the next best explored ones fill the round
-            score = self._scores(ctx.round) if score is None else score
+        if len(chosen) < k:  # too few unseen ones left: the next best seen ones fill in
+            score = self._online_scores(ctx) if score is None else score
             rest = np.flatnonzero(~np.isin(ids, chosen) & np.isfinite(score))
             best = rest[np.lexsort((ids[rest], -score[rest]))[: k - len(chosen)]]
             chosen = np.union1d(chosen, ids[best])

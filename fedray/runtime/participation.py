@@ -88,11 +88,10 @@ class Participation:
         probe_s = [0.0]
 
         def sample(n: int, exclude: Any = ()) -> np.ndarray:
-            if clock is not None:
-                return clock.sample(r, start_s, n, exclude)
             if len(exclude):
-                return sample_online(c.seed, r, self.population, n, AlwaysOnline(), 0.0,
-                                     exclude=exclude).ids
+                return self._sample_rest(r, start_s, n, exclude)
+            if clock is not None:
+                return clock.sample(r, start_s, n)
             if sm.mode == "poisson":
                 return poisson_clients(c.seed, r, self.population, sm.clients_per_round)
             return sample_clients(c.seed, r, self.population, n, sm.always)
@@ -118,6 +117,28 @@ class Participation:
             sel = survivors(c.seed, r, invited, self.k, dropout=sm.dropout,
                             over_selection=sm.over_selection, sizes=self.sizes_of)
         return RoundInvites(invited, sel, probe_s[0])
+
+    def _sample_rest(self, r: int, start_s: float, n: int, exclude: Any) -> np.ndarray:
+        """Up to ``n`` eligible clients (online at ``start_s`` on the clock) none of
+        ``exclude``, uniformly: fewer when fewer are left. Drawn by rejection from the
+        round's stream while ``exclude`` is under half the population (each draw then
+        hits with probability over a half, times the online share); beyond that the rest
+        is listed, O(population) = O(|exclude|), which the caller already pays for."""
+        ex = np.unique(np.asarray(exclude, dtype=np.int64))
+        clock = self.clock
+        if 2 * len(ex) < self.population:
+            if clock is not None:
+                return clock.sample(r, start_s, n, ex, partial=True)
+            return sample_online(self.cfg.seed, r, self.population, n, AlwaysOnline(), 0.0,
+                                 exclude=ex, partial=True).ids
+        rest = np.setdiff1d(np.arange(self.population, dtype=np.int64), ex,
+                            assume_unique=True)
+        if clock is not None and len(rest):
+            rest = rest[clock.availability.online(rest, start_s)]
+        if len(rest) <= n:
+            return rest
+        g = rng(self.cfg.seed, TAG_SELECT, r, 1)  # apart from the selector's own stream
+        return np.sort(g.choice(rest, size=n, replace=False))
 
     def _checked(self, ids: Any, r: int) -> np.ndarray:
         """The selector's choice as sorted distinct int64 ids, or one line naming it."""

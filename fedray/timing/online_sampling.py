@@ -32,14 +32,16 @@ class OnlineSample:
 
 
 def sample_online(seed: int, draw: int, population: int, k: int, availability: Availability,
-                  t: float, *, exclude: Any = (), max_draws: int | None = None
-                  ) -> OnlineSample:
+                  t: float, *, exclude: Any = (), max_draws: int | None = None,
+                  partial: bool = False) -> OnlineSample:
     """``k`` distinct clients online at simulated time ``t``, uniformly among those online
     and not in ``exclude`` (e.g. clients already training, for an asynchronous loop).
 
     ``draw`` names the stream: the round index in a synchronous run, any counter that
     never repeats in an asynchronous one. Fails with one line after ``max_draws``
-    candidates (default ``k * DRAWS_PER_CLIENT``) when too few clients are online."""
+    candidates (default ``k * DRAWS_PER_CLIENT``) when too few clients are online; with
+    ``partial``, returns the fewer it found instead (a selector exploring the clients it
+    has not seen yet takes what there is)."""
     if not 1 <= k <= population:
         raise FedrayError(f"online sampling: k must be in [1, population = {population}], "
                           f"got {k}")
@@ -73,7 +75,7 @@ def sample_online(seed: int, draw: int, population: int, k: int, availability: A
         if len(chosen) == k:
             used = int(pos[-1]) + 1
         chunk *= 2
-    if len(chosen) < k:
+    if len(chosen) < k and not partial:
         raise FedrayError(f"online sampling: found {len(chosen)} of k = {k} clients online "
                           f"at t = {t:g} s after {done} draws (online share about "
                           f"{len(chosen) / done:.2%} or less); lower k or widen the "

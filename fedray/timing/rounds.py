@@ -142,11 +142,13 @@ class RoundClock:
         ids = self.sample(round_idx, start_s, n)
         return self.run(round_idx, start_s, ids, k, dropout=dropout)
 
-    def sample(self, round_idx: int, start_s: float, n: int, exclude: Any = ()) -> np.ndarray:
+    def sample(self, round_idx: int, start_s: float, n: int, exclude: Any = (),
+               partial: bool = False) -> np.ndarray:
         """``n`` clients online at ``start_s``, uniformly, none of ``exclude``: the round's
-        stream (fedray.timing.online_sampling)."""
+        stream (fedray.timing.online_sampling); ``partial``: fewer where fewer are found."""
         return sample_online(self.seed, round_idx, self.population, n, self.availability,
-                             start_s, exclude=exclude, max_draws=self.max_draws).ids
+                             start_s, exclude=exclude, max_draws=self.max_draws,
+                             partial=partial).ids
 
     def run(self, round_idx: int, start_s: float, ids: np.ndarray, k: int, *,
             dropout: float = 0.0) -> ClockedSelection:

@@ -403,6 +403,21 @@ def test_oort_fills_the_round_from_the_explored_when_none_is_left_to_explore():
     assert fake.samples == []
 
 
+def test_oort_fill_skips_offline_clients_and_negative_scores_keep_the_top_n():
+    """The fill from the explored clients invites no offline one, also when nothing was
+    exploited (exploration 1); and a utility below zero (a user's loss may be negative)
+    still leaves the n best eligible, where cutoff * a negative n-th best would exclude it."""
+    sel = oort(exploration=1.0, exploration_min=1.0)
+    state_of(sel, **SIX)
+    fake = Fake(order=[3, 1, 0, 5, 2, 4], online={2, 3, 4, 5})
+    got = sel.select(fake.ctx(k=4, population=6))
+    assert set(got.tolist()) <= {2, 3, 4, 5} and len(got) == 4
+    sel = oort(exploration=0.5, exploration_min=0.5, staleness=0.0)
+    state_of(sel, **dict(SIX, utility=[-1.0, -2.0, -3.0, -4.0, -5.0, -6.0]))
+    got = sel.select(Fake().ctx(k=4))
+    assert len(got) == 4 and {0, 1} <= set(got.tolist())
+
+
 def test_oort_state_dict_round_trip_restores_the_same_choices():
     """Three rounds of select and feedback; the state as the checkpoint saves it, loaded
     into a fresh Oort: the next rounds choose the same clients and learn the same state."""
