@@ -364,11 +364,10 @@ class Driver:
         selector_name = self.algorithm.names.get("selector") or "uniform"
         check_selector(selector_name, self.selector, c.sampling)
         self.participation = None if self.schedule is not None else Participation(
-            self.selector, selector_name, c, source.population, self.sizes_of, self.clock)
-        # each aggregated client's report (loss, examples, a part's columns): for a selector
-        # that learns from it, a client part's per-client values, or output.participants
-        self.client_rows = self.participation is not None and (
-            self.selector.wants_feedback or bool(client.columns) or c.output.participants)
+            self.selector, selector_name, c, source.population, self.sizes_of, self.clock,
+            columns=client.columns)
+        # each aggregated client's report (loss, examples, a part's columns)
+        self.client_rows = self.participation is not None and self.participation.reports
         spec = WorkerSpec(
             make_model=make_model, source=source, seed=c.seed,
             training=LocalTraining(lr=cl.lr, batch_size=cl.batch_size,

@@ -74,9 +74,16 @@ class Participation:
     checked the selector against the sampling section: ``check_selector``)."""
 
     def __init__(self, selector: Selector, name: str, cfg: Any, population: int,
-                 sizes_of: Callable[[np.ndarray], np.ndarray], clock: Any = None):
+                 sizes_of: Callable[[np.ndarray], np.ndarray], clock: Any = None,
+                 columns: tuple[str, ...] = ()):
+        """``columns``: the client part's per-client values (``ClientWork.columns``)."""
         self.selector, self.name, self.clock = selector, name, clock
         self.cfg, self.population, self.sizes_of = cfg, population, sizes_of
+        self.columns = tuple(columns)
+        # the workers report each aggregated client (loss, examples, the part's columns):
+        # for a selector that learns from them, a part's own values, or output.participants
+        self.reports = bool(selector.wants_feedback or self.columns
+                            or cfg.output.participants)
         sm = cfg.sampling
         self.k, self.n = sm.clients_per_round, over_selected(sm.clients_per_round,
                                                              sm.over_selection, population)
@@ -170,13 +177,13 @@ class Participation:
                  round_s: float) -> pa.Table | None:
         """Hand the selector what the invitees reported; the round's participants table
         (None when no worker reported per client)."""
-        if arrived is None:
-            if not (self.selector.wants_feedback or self.cfg.output.participants):
-                return None
-            # no worker trained anyone (every invitee dropped out or was late): nobody
-            # arrived, which a selector learns from too (the late ones' durations)
+        if not self.reports:
+            return None
+        if arrived is None:  # no worker trained anyone (every invitee dropped out or was
+            # late): nobody arrived, which a selector learns from too (the late durations)
             arrived = {"id": np.zeros(0, np.int64), "loss": np.zeros(0),
-                       "examples": np.zeros(0, np.int64)}
+                       "examples": np.zeros(0, np.int64),
+                       **{name: np.zeros(0) for name in self.columns}}
         ids = inv.invited
         pos = np.searchsorted(ids, arrived["id"])
         came = np.zeros(len(ids), dtype=bool)

@@ -293,12 +293,18 @@ def test_feedback_on_the_clock_carries_durations_and_skips_a_selector_that_wants
     np.testing.assert_array_equal(sel.got.duration_s, clock.durations(inv.invited))
     np.testing.assert_array_equal(table["duration_s"].to_numpy(), sel.got.duration_s)
     assert table.column_names == ["client_id", "arrived", "loss", "examples", "duration_s"]
-    # uniform learns nothing (wants_feedback False) but the table is still written
+    # uniform learns nothing (wants_feedback False) and, unless a client part records
+    # columns or output.participants asks, the workers report nothing and no table is made
     quiet = Participation(uniform(), "uniform", config(), POPULATION, sizes_of)
-    inv = quiet.invite(1, 0.0, no_probe)
-    assert quiet.feedback(1, inv, {"id": inv.invited[:1], "loss": np.zeros(1),
-                                   "examples": sizes_of(inv.invited[:1])},
-                          math.nan).num_rows == K
+    assert not quiet.reports
+    assert quiet.feedback(1, quiet.invite(1, 0.0, no_probe), None, math.nan) is None
+    # a client part's columns (IFCA's cluster): reported and tabled with uniform too, the
+    # column there (NaN) even in a round nobody arrived
+    own = Participation(uniform(), "uniform", config(), POPULATION, sizes_of,
+                        columns=("cluster",))
+    assert own.reports
+    table = own.feedback(1, own.invite(1, 0.0, no_probe), None, math.nan)
+    assert table.column_names[-1] == "cluster" and np.isnan(table["cluster"].to_numpy()).all()
 
 
 # -- known failures: Oort's exploration when few never-seen clients are left ---------------
