@@ -733,7 +733,7 @@ class Driver:
             # arrives
             broadcast = self._broadcast_round()
             invites = self.participation.invite(r, self.sim_time_s,
-                                                lambda ids: self._probe(broadcast, ids))
+                                                lambda ids: self._probe(broadcast, ids, r))
             sel = invites.selection
             if self.clock is not None:
                 clocked = {"sim_round_s": sel.outcome.end_s - self.sim_time_s,
@@ -854,13 +854,13 @@ class Driver:
                 "upload_bytes": int(stats["updates"]) * self.update_bytes,
                 **clocked, **part_metrics}
 
-    def _probe(self, broadcast: Any, ids: np.ndarray) -> np.ndarray:
-        """The broadcast model's mean loss on each of ``ids``' training data, computed on
-        the workers (a selector's probe), aligned with ``ids``."""
+    def _probe(self, broadcast: Any, ids: np.ndarray, r: int) -> np.ndarray:
+        """The broadcast model's mean loss on each of ``ids``' training data for round
+        ``r``, computed on the workers (a selector's probe), aligned with ``ids``."""
         groups = assign_balanced(ids, self.sizes_of(ids), max(1, min(len(self.pool), len(ids))))
-        tasks = [(slot, (broadcast, g), f"round probe: clients {g}")
+        tasks = [(slot, (broadcast, g, r), f"round {r} probe: clients {g}")
                  for slot, g in enumerate(groups) if g]
-        out = dict(zip([c for _, (_, g), _ in tasks for c in g],
+        out = dict(zip([c for _, (_, g, _), _ in tasks for c in g],
                        np.concatenate(list(self.pool.gather("probe", tasks))).tolist(),
                        strict=True))
         return np.array([out[int(c)] for c in ids], dtype=np.float64)

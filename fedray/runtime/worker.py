@@ -846,16 +846,17 @@ class ClientWorker:
                                  dtype=np.float64)
         return out
 
-    def probe(self, broadcast: Broadcast, client_ids: list[int]) -> np.ndarray:
-        """The broadcast model's mean loss on each client's training data (a selector's
-        probe: power of choice), float64, aligned with ``client_ids``; NaN for a client
-        without examples."""
+    def probe(self, broadcast: Broadcast, client_ids: list[int],
+              round_idx: int = 0) -> np.ndarray:
+        """The broadcast model's mean loss on each client's training data for round
+        ``round_idx`` (a selector's probe: power of choice), float64, aligned with
+        ``client_ids``; NaN for a client without examples."""
         self._weights.copy_(readonly_tensor(broadcast.weights))
         self.model.load_(self._weights)
         t = self.spec.training
         out = np.full(len(client_ids), np.nan)
         for i, cid in enumerate(client_ids):
-            x, y = self.client_split(cid)
+            x, y = self.client_data(round_idx, cid)  # data.per_round's too, as it would train
             if len(y):
                 out[i] = evaluate(self.model.module, x, y, t.eval_batch_size, self.device,
                                   t.loss).mean_loss
