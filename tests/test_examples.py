@@ -181,7 +181,8 @@ def test_the_cli_records_reports_and_resumes_it(ray_cluster, importable, tmp_pat
     assert cfg["algorithm"]["qffl"] == {"q": 0.5, "lipschitz": 1.0}
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["algorithm"] == {"name": "fedavg", "client": "local_sgd",
-                                    "aggregator": QFFL, "server_opt": "sgd"}
+                                    "aggregator": QFFL, "server_opt": "sgd",
+                                    "selector": "uniform"}
 
     assert main(["report", str(run_dir), "--out", str(tmp_path / "report"),
                  "--group-by", "algorithm.aggregator,algorithm.qffl.q"]) == 0

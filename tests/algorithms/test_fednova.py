@@ -144,7 +144,8 @@ def test_fednova_matches_the_paper(tmp_path):
     assert np.abs(got - W0).max() > 0.1  # the model moved
     np.testing.assert_allclose(got, expected, rtol=0, atol=ref_atol(expected))
     assert res.summary["algorithm"] == {"name": "fednova", "client": "local_sgd",
-                                        "aggregator": "fednova", "server_opt": "sgd"}
+                                        "aggregator": "fednova", "server_opt": "sgd",
+                                        "selector": "uniform"}
     # the round's clients are the sampler's (the reference's): their sizes add up
     for r, m in enumerate(res.metrics, start=1):
         ids = sample_clients(SEED, r, POPULATION, PER_ROUND)
@@ -158,7 +159,8 @@ def test_fednova_with_the_fedprox_client(prox_run):
     assert np.abs(got - W0).max() > 0.1
     np.testing.assert_allclose(got, expected, rtol=0, atol=ref_atol(expected))
     assert prox_run.summary["algorithm"] == {"name": "fednova", "client": "fedprox",
-                                             "aggregator": "fednova", "server_opt": "sgd"}
+                                             "aggregator": "fednova", "server_opt": "sgd",
+                                             "selector": "uniform"}
 
 
 def test_equal_steps_is_fedavg(tmp_path):

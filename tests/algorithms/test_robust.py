@@ -638,7 +638,8 @@ def test_the_parts_resolve_by_name_from_a_job():
     for name in ("median", "trimmed_mean", "krum", "multi_krum", "bulyan", "centered_clip"):
         cfg = prepare(None, [f"algorithm.name={name}"])
         got = resolve(cfg.algorithm, cfg.server)
-        assert got.names == {"client": "local_sgd", "aggregator": name, "server_opt": "sgd"}
+        assert got.names == {"client": "local_sgd", "aggregator": name, "server_opt": "sgd",
+                             "selector": "uniform"}
         assert got.aggregator.individual
     cfg = prepare(None, ["algorithm.name=multi_krum", "algorithm.multi_krum.f=2",
                          "algorithm.stages=[norm_bound]", "algorithm.norm_bound.max_norm=0.5"])
