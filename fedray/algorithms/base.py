@@ -595,6 +595,9 @@ class Aggregator(ServerState, Part):
     # sensitivity and secure aggregation's fixed-point sum need; UpdateStage.needs_unit_weights)
     unit_weights: ClassVar[bool] = False
     requires_extras: ClassVar[tuple[str, ...]] = ()  # extra sums a client part must add
+    # per-client values a client part must record (ClientWork.columns) for it to read in
+    # ``accumulate`` (IFCA's cluster), checked when the job is resolved
+    requires_columns: ClassVar[tuple[str, ...]] = ()
     provides: ClassVar[tuple[str, ...]] = ()  # the keys of its broadcast
     # it moves models of its own by the plain average (IFCA's K models): the global one
     # must move the same way, so the job's server optimizer must be sgd at server.lr 1

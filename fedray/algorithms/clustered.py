@@ -118,6 +118,7 @@ class IFCAAggregator(Aggregator):
     section = "ifca"
     Params = IFCAParams
     provides = (MODELS,)
+    requires_columns = ("cluster",)  # which model each client trained: IFCA's client's
     # the other models are averaged here: only plain SGD at lr 1 moves model 0 the same way
     plain_server = True
 

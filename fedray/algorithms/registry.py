@@ -492,6 +492,13 @@ def resolve(algorithm: Any, server: Any = None, *, notes: list[str] | None = Non
             raise key_error("algorithm.aggregator", f"client part {names['client']} needs an "
                             f"aggregator that broadcasts {need} ({_providers(need)})",
                             names["aggregator"])
+    for need in getattr(aggregator, "requires_columns", ()):
+        if need not in getattr(client, "columns", ()):
+            users = ", ".join(n for n, c in registered("client").items()
+                              if need in getattr(c, "columns", ())) or "none registered"
+            raise key_error("algorithm.client", f"aggregator {names['aggregator']} needs a "
+                            f"client part that records each client's {need} ({users})",
+                            names["client"])
     for need in getattr(aggregator, "requires_extras", ()):
         if need not in client.extras:
             raise key_error("algorithm.client", f"aggregator {names['aggregator']} needs a "

@@ -251,3 +251,11 @@ def test_ifca_parameter_errors(section, key, rule):
     with pytest.raises(ConfigError) as info:
         resolve({"name": "ifca", "ifca": section}, server())
     assert str(info.value) == f"config key 'algorithm.ifca.{key}': {rule}"
+
+
+def test_the_aggregator_refuses_a_client_part_that_records_no_cluster():
+    """IFCA's aggregator reads each client's cluster from its client part; with local SGD
+    every client would silently count for model 0 (FedAvg): refused, naming the key."""
+    with pytest.raises(ConfigError, match="algorithm.client': aggregator ifca needs a client "
+                                          "part that records each client's cluster"):
+        resolve({"name": "fedavg", "aggregator": "ifca"}, server())
