@@ -38,6 +38,7 @@ from fedray.algorithms.base import (
     require,
 )
 from fedray.algorithms.registry import register
+from fedray.core.sampling import isin_sorted
 
 __all__ = ["Oort", "OortParams", "PowerOfChoice", "PowerOfChoiceParams", "UniformSelector"]
 
@@ -233,7 +234,7 @@ class Oort(Selector):
         chosen = np.union1d(exploit, explore)
         if len(chosen) < k:  # too few unseen ones left: the next best seen ones fill in
             score = self._online_scores(ctx) if score is None else score
-            rest = np.flatnonzero(~np.isin(ids, chosen) & np.isfinite(score))
+            rest = np.flatnonzero(~isin_sorted(chosen, ids) & np.isfinite(score))
             best = rest[np.lexsort((ids[rest], -score[rest]))[: k - len(chosen)]]
             chosen = np.union1d(chosen, ids[best])
         self._metrics = {"oort_explored": float(len(ids)), "oort_exploration": eps,
@@ -254,10 +255,7 @@ class Oort(Selector):
     def feedback(self, fb: ClientFeedback) -> None:
         s, p = self.state, self.params
         ids = s["ids"]
-        at = np.searchsorted(ids, fb.ids)
-        seen = (at < len(ids)) & (ids[np.minimum(at, max(len(ids) - 1, 0))] == fb.ids) \
-            if len(ids) else np.zeros(len(fb.ids), bool)
-        new = fb.ids[~seen]
+        new = fb.ids[~isin_sorted(ids, fb.ids)]
         if len(new):  # the explored set grows by the round's never-seen invitees (inserts)
             where = np.searchsorted(ids, new)
             s["ids"] = ids = np.insert(ids, where, new)
@@ -272,7 +270,7 @@ class Oort(Selector):
         util = fb.examples[ok].astype(np.float64) * fb.loss[ok]
         s["utility"][pos[ok]] = util
         # the pacer: the utility exploited this round, and T relaxed when it stalls
-        mine = np.isin(fb.ids[ok], self._exploit_ids)
+        mine = isin_sorted(self._exploit_ids, fb.ids[ok])
         s["exploited"] = np.append(s["exploited"], float(util[mine].sum()))
         w, hist = p.pacer_window, s["exploited"]
         if len(hist) >= 2 * w and len(hist) % w == 0 and \

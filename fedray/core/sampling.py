@@ -25,6 +25,7 @@ import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from fractions import Fraction
+from typing import Any
 
 import numpy as np
 
@@ -118,10 +119,7 @@ def survivors(seed: int, round_idx: int, ids: np.ndarray, k: int, *, dropout: fl
     """Who of the invited ``ids`` (sorted) trains: those ``dropout`` leaves, then with
     over-selection the ``k`` that would finish first -- for any sample, a selector's
     (fedray.algorithms.selection) as well as the uniform one."""
-    alive = ids
-    if dropout > 0:
-        alive = ids[[rng(seed, TAG_DROPOUT, round_idx, int(c)).random() >= dropout
-                     for c in ids]]
+    alive = stay(seed, round_idx, ids, dropout)
     late = 0
     if over_selection and len(alive) > k:  # poisson rounds may hold more than k
         speed = np.array([rng(seed, TAG_SPEED, round_idx, int(c)).lognormal(0.0, 1.0)
@@ -131,6 +129,33 @@ def survivors(seed: int, round_idx: int, ids: np.ndarray, k: int, *, dropout: fl
         late = len(alive) - k
         alive = np.sort(alive[np.argsort(finish, kind="stable")[:k]])
     return RoundSelection(alive, len(ids), len(ids) - len(alive) - late, late)
+
+
+def stay(seed: int, round_idx: int, ids: np.ndarray, dropout: float) -> np.ndarray:
+    """The ``ids`` that ``sampling.dropout`` leaves in round ``round_idx``: each drops out
+    with probability ``dropout`` from its own (seed, round, client) draw, with or without
+    the clock (fedray.timing.rounds)."""
+    if dropout <= 0:
+        return ids
+    return ids[[rng(seed, TAG_DROPOUT, round_idx, int(c)).random() >= dropout for c in ids]]
+
+
+def sorted_distinct(ids: Any) -> np.ndarray:
+    """``ids`` as a sorted array of distinct int64 ids, without sorting ids that already are
+    (a selector's known clients): what ``isin_sorted`` looks up in."""
+    a = np.asarray(ids, dtype=np.int64).reshape(-1)
+    if len(a) > 1 and not bool(np.all(a[1:] > a[:-1])):
+        a = np.unique(a)
+    return a
+
+
+def isin_sorted(table: np.ndarray, values: np.ndarray) -> np.ndarray:
+    """Which ``values`` are in ``table`` (sorted, distinct), by bisection: O(len(values)
+    log len(table)), with no sort or hash of the table (np.isin does one per call)."""
+    values = np.asarray(values)
+    if not len(table):
+        return np.zeros(values.shape, dtype=bool)
+    return table[np.minimum(np.searchsorted(table, values), len(table) - 1)] == values
 
 
 def federated_eval_clients(seed: int, population: int, k: int) -> np.ndarray:

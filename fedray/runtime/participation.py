@@ -27,7 +27,13 @@ import numpy as np
 import pyarrow as pa
 
 from fedray.algorithms.base import ClientFeedback, SelectionContext, Selector
-from fedray.core.sampling import over_selected, poisson_clients, sample_clients, survivors
+from fedray.core.sampling import (
+    over_selected,
+    poisson_clients,
+    sample_clients,
+    sorted_distinct,
+    survivors,
+)
 from fedray.core.seeding import TAG_SELECT, rng
 from fedray.errors import key_error
 from fedray.state.run_dir import PARTICIPANTS_DIR
@@ -46,8 +52,9 @@ def check_selector(name: str, selector: Selector, sampling: Any) -> None:
     """A selector other than ``uniform`` picks its clients itself: refused, in one line,
     with the sampling keys that say who takes part some other way (clients pinned into
     every round, Poisson sampling's independent coins, buffered training's schedule)."""
-    if selector is None or selector.name == "uniform" and type(selector).__module__ \
-            == "fedray.algorithms.selection":
+    from fedray.algorithms.selection import UniformSelector
+
+    if selector is None or type(selector) is UniformSelector:
         return
     for key, on, value in (("sampling.always", len(sampling.always), list(sampling.always)),
                            ("sampling.mode", sampling.mode == "poisson", sampling.mode),
@@ -131,7 +138,7 @@ class Participation:
         round's stream while ``exclude`` is under half the population (each draw then
         hits with probability over a half, times the online share); beyond that the rest
         is listed, O(population) = O(|exclude|), which the caller already pays for."""
-        ex = np.unique(np.asarray(exclude, dtype=np.int64))
+        ex = sorted_distinct(exclude)
         clock = self.clock
         if 2 * len(ex) < self.population:
             if clock is not None:

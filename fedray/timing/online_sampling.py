@@ -18,6 +18,7 @@ from typing import Any
 
 import numpy as np
 
+from fedray.core.sampling import isin_sorted, sorted_distinct
 from fedray.errors import FedrayError
 from fedray.timing.availability import Availability
 from fedray.timing.streams import TAG_ONLINE_SAMPLE, client_ids, hash64, stream_key
@@ -49,9 +50,7 @@ def sample_online(seed: int, draw: int, population: int, k: int, availability: A
     if limit < k:
         raise FedrayError(f"online sampling: max_draws must be >= k = {k}, got {limit}")
     key = stream_key(seed, TAG_ONLINE_SAMPLE, draw)
-    banned = client_ids(exclude)
-    if len(banned) > 1 and not bool(np.all(banned[1:] > banned[:-1])):
-        banned = np.unique(banned)  # sorted and distinct: looked up by bisection below
+    banned = sorted_distinct(client_ids(exclude))  # looked up by bisection below
     chosen = np.empty(0, dtype=np.int64)
     done = used = 0
     chunk = 2 * k
@@ -62,8 +61,7 @@ def sample_online(seed: int, draw: int, population: int, k: int, availability: A
         done += n
         ok = availability.online(cand, t)
         if len(banned):  # O(n log |exclude|): a selector excludes the clients it has seen
-            at = np.minimum(np.searchsorted(banned, cand), len(banned) - 1)
-            ok &= banned[at] != cand
+            ok &= ~isin_sorted(banned, cand)
         cand, pos = cand[ok], counters[ok]
         # first occurrences in stream order, and not already chosen
         _, first = np.unique(cand, return_index=True)

@@ -23,8 +23,7 @@ from typing import Any
 
 import numpy as np
 
-from fedray.core.sampling import over_selected
-from fedray.core.seeding import TAG_DROPOUT, rng
+from fedray.core.sampling import over_selected, stay
 from fedray.timing.availability import AlwaysOnline, Availability, Diurnal
 from fedray.timing.clock import RoundOutcome, examples_processed, synchronous_round, update_times
 from fedray.timing.devices import DeviceModel, LogNormalDevices
@@ -155,10 +154,7 @@ class RoundClock:
         """Round ``round_idx`` on the clock with the invited ``ids`` (sorted): those
         ``dropout`` removes never start; the rest run until the round closes
         (``synchronous_round``)."""
-        started = ids
-        if dropout > 0:  # as without the clock: per (seed, round, client)
-            started = ids[[rng(self.seed, TAG_DROPOUT, round_idx, int(c)).random() >= dropout
-                           for c in ids]]
+        started = stay(self.seed, round_idx, ids, dropout)  # as without the clock
         outcome = synchronous_round(start_s, started, self.durations(started),
                                     self.availability.online_until(started, start_s), k,
                                     deadline_s=self.deadline_s)
