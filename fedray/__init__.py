@@ -3,7 +3,7 @@
 The stable Python entry point is ``fedray.run`` (see docs/api.md).
 """
 
-__version__ = "0.1.0"
+from fedray.version import __version__
 
 __all__ = ["STOP", "Callback", "RunResult", "run", "__version__"]
 

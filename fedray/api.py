@@ -260,7 +260,7 @@ def resume_command(url: str) -> str:
     """The command that continues the run at ``url``, as the user would type it: ``fedray
     submit --resume`` when this run is a job ``fedray submit`` sent (its log is read on
     another machine), else ``fedray run --resume``."""
-    from fedray.cluster.entrypoint import SUBMITTED_ENV
+    from fedray.cluster.job_files import SUBMITTED_ENV
 
     verb = "submit" if os.environ.get(SUBMITTED_ENV) else "run"
     return f"fedray {verb} --resume {url}"

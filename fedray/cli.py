@@ -12,11 +12,11 @@ import threading
 from collections.abc import Iterator
 from typing import NoReturn
 
-from fedray import __version__
 from fedray.errors import FedrayError, printable_line
 from fedray.privacy.commands import add_privacy_command, run_privacy
 from fedray.state.redact import mask
 from fedray.timing.trace_commands import add_traces_command, run_traces
+from fedray.version import __version__
 
 RUN_HELP = """Run a federated job: JOB (a file, or a bundled job's name: fedray jobs) merged with
 key=value overrides.

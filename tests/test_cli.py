@@ -264,7 +264,7 @@ def test_the_continue_hint_of_a_submitted_job_is_fedray_submit(monkeypatch):
     """A run cut short says how to continue it: in a job fedray submit sent (its log is read
     on the user's machine) that is `fedray submit --resume`, else `fedray run --resume`."""
     from fedray.api import resume_command
-    from fedray.cluster.entrypoint import SUBMITTED_ENV
+    from fedray.cluster.job_files import SUBMITTED_ENV
 
     monkeypatch.delenv(SUBMITTED_ENV, raising=False)
     assert resume_command("s3://b/runs/a") == "fedray run --resume s3://b/runs/a"

@@ -181,6 +181,7 @@ def test_what_submit_and_sweep_ship_for_a_model_and_a_module_file(tmp_path, monk
     import io
     import zipfile
 
+    from fedray.cluster import submit as submit_module
     from fedray.cluster import sweep as sweep_module
     from fedray.cluster.submit import _stage_file, job_refs, user_modules
     from fedray.cluster.sweep import load_sweep, pack_modules
@@ -213,7 +214,7 @@ def test_what_submit_and_sweep_ship_for_a_model_and_a_module_file(tmp_path, monk
     assert list(sweep.parameters["model.name"]) == [f"{proj}/algos/q.py:Net", "mymodels:Net"]
     assert ("model.name", "mymodels:Net") in sweep_module._module_refs(sweep, job)
 
-    monkeypatch.setattr(sweep_module, "MAX_MODULES_MB", 0)
+    monkeypatch.setattr(submit_module, "MAX_MODULES_MB", 0)
     with pytest.raises(ConfigError, match=r"^config key 'model\.name': the 2 \.py files beside "
                                           r"q\.py that travel with it take 0 MiB, more than 0 "
                                           r"MiB: move the module into a directory of its own"):

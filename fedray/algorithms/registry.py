@@ -175,7 +175,7 @@ def sibling_files(path: str) -> list[str]:
     top-level module such as ``my_models`` -- so that its imports of its neighbours
     (``import helpers``) work wherever it runs. Only that directory's own ``.py`` files,
     not its subdirectories, so what travels stays bounded (the cluster side also caps it:
-    fedray.cluster.sweep.MAX_MODULES_MB)."""
+    fedray.cluster.submit.MAX_MODULES_MB)."""
     folder = os.path.dirname(os.path.abspath(path))
     try:
         names = sorted(os.listdir(folder))

@@ -7,37 +7,23 @@ The overrides travel in that file, inside the job's runtime environment (its
 command: Ray shows a job's entrypoint in ``ray job list``, the dashboard and the first line
 of the job's log, and its runtime_env (``env_vars`` included) in the first two, so an
 ``output.dir=s3://KEY:SECRET@bucket/...`` there would be readable by anyone who can see
-the cluster's jobs. The command line is ``python -m fedray.cluster.entrypoint``.
+the cluster's jobs. The command line is ``python -m fedray.cluster.entrypoint``, for a
+resumed job too (``fedray submit --resume`` stages resume.json beside the overrides).
 """
 
 from __future__ import annotations
 
-import json
+import os
 import sys
 
-JOB_FILE = "job.yaml"
-OVERRIDES_FILE = "overrides.json"
-# set in a job fedray submit sent: the hint a cut run prints is then `fedray submit --resume`
-# (what continues it from the user's machine), not `fedray run --resume`
-SUBMITTED_ENV = "FEDRAY_SUBMITTED_JOB"
-
-
-def run_argv(overrides_file: str = OVERRIDES_FILE) -> list[str]:
-    """The ``fedray`` arguments the job runs: ``run job.yaml OVERRIDES... --quiet``."""
-    with open(overrides_file, encoding="utf-8") as f:
-        overrides = json.load(f)
-    if not isinstance(overrides, list) or not all(isinstance(o, str) for o in overrides):
-        raise ValueError(f"{overrides_file} must hold a JSON list of key=value strings")
-    return ["run", JOB_FILE, *overrides, "--quiet"]
+from fedray.cli import main as fedray_main
+from fedray.cluster.job_files import RESUME_FILE, SUBMITTED_ENV, resume_argv, run_argv
 
 
 def main() -> int:
-    import os
-
-    from fedray.cli import main as fedray_main
-
+    """The job: a resume when ``fedray submit --resume`` staged resume.json, else a run."""
     os.environ[SUBMITTED_ENV] = "1"
-    return fedray_main(run_argv())
+    return fedray_main(resume_argv() if os.path.exists(RESUME_FILE) else run_argv())
 
 
 if __name__ == "__main__":

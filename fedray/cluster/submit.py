@@ -40,12 +40,14 @@ from typing import Any
 from omegaconf import OmegaConf
 
 from fedray.algorithms.registry import PART_KEYS, installed
+from fedray.cluster.job_files import JOB_FILE, OVERRIDES_FILE, RESUME_FILE
 from fedray.errors import FedrayError, key_error, one_line
 from fedray.state.redact import mask
 
 DEFAULT_ADDRESS = "http://127.0.0.1:8265"
 TERMINAL = ("SUCCEEDED", "FAILED", "STOPPED")
-RESUME_FILE = "resume.json"  # a resumed job's run directory and --allow-change keys
+
+MAX_MODULES_MB = 64  # the user's modules shipped with a job, and with every sweep trial
 
 
 def job_server(address: str | None) -> str:
@@ -202,10 +204,8 @@ def user_modules(refs: Iterable[tuple[str, str]], cwd: str | None = None) -> lis
 def siblings(key: str, ref: str, path: str) -> list[str]:
     """The ``.py`` files that travel with the module file ``path``
     (fedray.algorithms.registry.sibling_files), refused in one line naming ``key`` when
-    they exceed what a sweep ships with every trial (fedray.cluster.sweep.MAX_MODULES_MB)."""
+    they exceed what a sweep ships with every trial (MAX_MODULES_MB)."""
     from fedray.algorithms.registry import sibling_files
-    from fedray.cluster.sweep import MAX_MODULES_MB
-
     files = sibling_files(path)
     size = sum(os.path.getsize(f) for f in files)
     if size > MAX_MODULES_MB * 2**20:
@@ -287,11 +287,9 @@ def _send(what: str, job: str | None, overrides: Sequence[str], cfg: Any,
           resume: dict | None = None) -> str:
     """Ship a checked job to the cluster's job server, with this machine's fedray package
     and the user's modules ``cfg`` names; return the job's id."""
-    import fedray
-
     modules = user_modules(job_refs(cfg))
     jobs = client(address)
-    package = os.path.dirname(os.path.abspath(fedray.__file__))
+    package = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # fedray/
     staging = tempfile.mkdtemp(prefix="fedray-submit-")
     try:
         for m in modules:
@@ -328,46 +326,23 @@ def job_spec(job: str | None, overrides: Sequence[str], staging: str, py_modules
     value, which may carry a credential (``output.dir=s3://KEY:SECRET@...``): the values
     travel in ``overrides.json`` (fedray.cluster.entrypoint), the metadata names only the
     keys. A resume (``resume``: the run directory and the --allow-change keys) travels the
-    same way, in ``resume.json``, which ``python -m fedray.cluster.submit`` reads
-    (``resume_argv``); its job file, if any, is optional."""
-    from fedray.cluster.entrypoint import JOB_FILE, OVERRIDES_FILE
-
+    same way, in ``resume.json``, which the entrypoint reads
+    (fedray.cluster.entrypoint.resume_argv); its job file, if any, is optional."""
     if job is not None:
         shutil.copyfile(job, os.path.join(staging, JOB_FILE))
     with open(os.path.join(staging, OVERRIDES_FILE), "w", encoding="utf-8") as f:
         json.dump(list(overrides), f)
     keys = ", ".join(o.split("=", 1)[0] for o in overrides)
-    module = "fedray.cluster.entrypoint"
     metadata = {"fedray_job": mask(os.path.basename(job)) if job is not None else "",
                 "fedray_name": mask(name), "fedray_overrides": mask(keys)}
     if resume is not None:
         with open(os.path.join(staging, RESUME_FILE), "w", encoding="utf-8") as f:
             json.dump(resume, f)
-        module = "fedray.cluster.submit"
         metadata["fedray_resume"] = mask(resume["run_dir"])
-    return {"entrypoint": shlex.join(["python", "-m", module]),
+    return {"entrypoint": shlex.join(["python", "-m", "fedray.cluster.entrypoint"]),
             "runtime_env": {"working_dir": staging, "py_modules": py_modules,
                             "excludes": ["__pycache__"]},
             "metadata": metadata}
-
-
-def resume_argv(resume_file: str = RESUME_FILE) -> list[str]:
-    """The ``fedray`` arguments a resumed job runs, in its working directory:
-    ``run [job.yaml] --resume RUN_DIR OVERRIDES... --allow-change KEY ... --quiet``, from
-    the files ``job_spec`` staged (the run directory, like an override, may hold a
-    credential, so it is not on the command line Ray shows)."""
-    from fedray.cluster.entrypoint import JOB_FILE, run_argv
-
-    with open(resume_file, encoding="utf-8") as f:
-        resume = json.load(f)
-    run_dir, allow = resume.get("run_dir"), resume.get("allow_change", [])
-    if not isinstance(run_dir, str) or not isinstance(allow, list) or \
-            not all(isinstance(k, str) for k in allow):
-        raise ValueError(f"{resume_file} must hold a run_dir string and an allow_change list")
-    overrides = run_argv()[2:-1]  # overrides.json's, checked there
-    job = [JOB_FILE] if os.path.exists(JOB_FILE) else []
-    return ["run", *job, "--resume", run_dir, *overrides,
-            *[a for k in allow for a in ("--allow-change", k)], "--quiet"]
 
 
 def _stage_file(module: UserModule, staging: str) -> None:
@@ -435,17 +410,3 @@ def follow(job_id: str, address: str | None = None, out: Callable[[str], None] =
         if timeout_s is not None and time.monotonic() - start > timeout_s:
             raise FedrayError(f"job {job_id}: still {state} after {timeout_s:.0f}s")
         time.sleep(poll_s)
-
-
-def main() -> int:
-    """A resumed job's entrypoint on the cluster (``python -m fedray.cluster.submit``):
-    ``fedray run --resume`` with what ``job_spec`` staged."""
-    from fedray.cli import main as fedray_main
-    from fedray.cluster.entrypoint import SUBMITTED_ENV
-
-    os.environ[SUBMITTED_ENV] = "1"
-    return fedray_main(resume_argv())
-
-
-if __name__ == "__main__":
-    sys.exit(main())

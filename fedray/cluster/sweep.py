@@ -62,20 +62,23 @@ from omegaconf import DictConfig, ListConfig, OmegaConf
 from fedray.errors import ConfigError, FedrayError
 from fedray.state.redact import mask
 from fedray.state.storage import LOCK_FILE, RunClaim, absolute_url, filesystem
+from fedray.state.sweep_dir import (  # noqa: F401 (the layout, re-exported for the CLI)
+    ERROR,
+    FINISHED,
+    INTERRUPTED,
+    NOT_STARTED,
+    PLAN_FILE,
+    REPORT_DIR,
+    RESULTS_FILE,
+    RUNNING,
+    STOPPED,
+    SUMMARY_FILE,
+    SWEEP_FILE,
+    TRIALS_DIR,
+    TUNE_DIR,
+)
 
-SWEEP_FILE = "sweep.yaml"
-TUNE_DIR = "tune"
-TRIALS_DIR = "trials"
-RESULTS_FILE = "results.csv"
-PLAN_FILE = "trials.json"  # the planned trials and each one's status (fedray's own record)
-SUMMARY_FILE = "summary.json"  # what a fedray run writes when it has run all its rounds
-# a trial's status (results.csv, trials.json); only FINISHED trials are averaged in report/
-FINISHED, STOPPED, INTERRUPTED, NOT_STARTED, RUNNING = (
-    "finished", "stopped early", "interrupted", "not started", "running")
-ERROR = "error: "  # followed by the error's last line
-REPORT_DIR = "report"
 DISTRIBUTIONS = ("uniform", "loguniform", "randint")
-MAX_MODULES_MB = 64  # the user's modules shipped with every trial
 MAX_NAME = 120  # characters of a trial's name from its values (a directory name)
 
 
@@ -484,7 +487,7 @@ def _trial(config: dict, *, plan: dict[str, dict], job: dict, sweep_dir: str, wo
     otherwise kill the run while it writes its final checkpoint and summary."""
     from ray import tune
 
-    import fedray
+    from fedray.api import run
     from fedray.state.run_dir import read_metrics
 
     name = config["trial"]
@@ -512,7 +515,7 @@ def _trial(config: dict, *, plan: dict[str, dict], job: dict, sweep_dir: str, wo
             tune.report(dict(m))
 
     with _modules_on_path(modules):
-        fedray.run(cfg, resume=resume, progress=report)
+        run(cfg, resume=resume, progress=report)
     for m in last:
         tune.report(m)
 
@@ -561,6 +564,8 @@ def pack_modules(refs: list[tuple[str, str]]) -> bytes | None:
                 if name not in names:  # a namespace package's portions: the first wins
                     names.add(name)
                     zf.write(path, name)
+    from fedray.cluster.submit import MAX_MODULES_MB
+
     data = buf.getvalue()
     if len(data) > MAX_MODULES_MB * 2**20:
         raise FedrayError(f"the modules of {', '.join(r for _, r in refs)} take "

@@ -55,7 +55,6 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from fedray import __version__
 from fedray.data.client_index import (
     CLIENTS_FILE,
     INDEX_SPLITS,
@@ -69,6 +68,7 @@ from fedray.data.dataset import MAX_CLASSES, Dataset, Split, first_nonfinite
 from fedray.data.partition import Partition
 from fedray.errors import FedrayError, key_error
 from fedray.state.storage import LOCK_FILE, RunClaim, filesystem, is_local
+from fedray.version import __version__
 
 MANIFEST = "manifest.json"
 FORMAT = "fedray-partition-store"

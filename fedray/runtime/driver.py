@@ -43,7 +43,6 @@ import torch
 from omegaconf import OmegaConf
 from torch import nn
 
-from fedray import __version__
 from fedray.algorithms.base import (
     Aggregator,
     ClientRows,
@@ -110,6 +109,7 @@ from fedray.state.run_dir import (
     RunDir,
 )
 from fedray.tracking.client_eval import client_metrics, client_table, table_bytes, table_name
+from fedray.version import __version__
 
 
 def _data_name(cfg: Any) -> str:

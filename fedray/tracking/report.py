@@ -187,7 +187,7 @@ def sweep_trials(url: str) -> tuple[list[str], list[str]] | None:
     out; None when ``url`` is not a sweep directory. A trial stopped early, failed or still
     running is left out, as the sweep's own report/ leaves it: it would pull its setting's
     mean toward wherever it was cut."""
-    from fedray.cluster.sweep import FINISHED, PLAN_FILE, TRIALS_DIR
+    from fedray.state.sweep_dir import FINISHED, PLAN_FILE, TRIALS_DIR
 
     fs, path = filesystem(url, "run directory", what=None)
     if fs.isfile(_join(path, CONFIG_FILE)) or not fs.isfile(_join(path, PLAN_FILE)):

@@ -25,8 +25,9 @@ from clusters import LocalHead, client_env
 from conftest import tiny_job
 
 import fedray
+from fedray.cluster import job_files
 from fedray.cluster import submit as submit_mod
-from fedray.cluster.entrypoint import JOB_FILE, OVERRIDES_FILE
+from fedray.cluster.job_files import JOB_FILE, OVERRIDES_FILE
 from fedray.state.run_dir import load_weights, read_metrics
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
@@ -300,7 +301,7 @@ def test_a_resumed_job_carries_the_run_directory_out_of_sight(tmp_path, monkeypa
     assert (resumed.job_id, resumed.round) == ("raysubmit_9", 3)
     shown = json.dumps({k: seen[k] for k in ("entrypoint", "runtime_env", "metadata")})
     assert "SECRET" not in shown
-    assert seen["entrypoint"] == "python -m fedray.cluster.submit"
+    assert seen["entrypoint"] == "python -m fedray.cluster.entrypoint"
     assert JOB_FILE not in seen["files"]  # the run's own config.yaml is resumed
     assert json.loads(seen["files"][OVERRIDES_FILE]) == ["rounds=30", "output.tensorboard=false"]
     work = tmp_path / "work"
@@ -308,7 +309,7 @@ def test_a_resumed_job_carries_the_run_directory_out_of_sight(tmp_path, monkeypa
     for name, text in seen["files"].items():
         (work / name).write_text(text)
     monkeypatch.chdir(work)
-    assert submit_mod.resume_argv() == ["run", "--resume", url, "rounds=30",
+    assert job_files.resume_argv() == ["run", "--resume", url, "rounds=30",
                                         "output.tensorboard=false", "--allow-change", "rounds",
                                         "--quiet"]
 

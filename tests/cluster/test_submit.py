@@ -11,7 +11,7 @@ import pytest
 
 from fedray import cli
 from fedray.cluster import submit as submit_mod
-from fedray.cluster.entrypoint import run_argv
+from fedray.cluster.job_files import run_argv
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 SECRETS = ("TOPSECRET", "hunter2", "tk123", "AKIAKEYID")
