@@ -48,7 +48,6 @@ the finishing step runs once per round on the driver.
 from __future__ import annotations
 
 import dataclasses
-import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
@@ -56,7 +55,23 @@ from typing import Any, ClassVar
 import numpy as np
 import torch
 
+from fedray.algorithms.local_terms import (
+    NO_TERMS,
+    ClientOptimizer,
+    ClipNorm,
+    GradTransform,
+    LocalTerms,
+    LocalUpdate,
+    Normalize,
+    ParamError,
+    finite_number,
+    global_norm,
+    require,
+    require_length,
+)
 from fedray.algorithms.reduction import PartialSum
+from fedray.core.evaluation import evaluate
+from fedray.kernels.sequential import batch_schedule, local_sgd
 
 __all__ = ["Aggregator", "Attack", "ClientContext", "ClientFeedback", "ClientOptimizer",
            "ClientRows", "ClientWork", "ClipNorm", "GradTransform", "LocalTerms", "LocalUpdate",
@@ -65,167 +80,6 @@ __all__ = ["Aggregator", "Attack", "ClientContext", "ClientFeedback", "ClientOpt
            "UpdateStage", "WorkerEnv",
            "evaluates_own_model", "evaluates_with_state", "finite_number", "global_norm",
            "require", "require_length"]
-
-
-class ParamError(ValueError):
-    """A hyper-parameter a part rejects: ``key`` is the field's name in the part's
-    ``Params``; the runtime reports it as ``config key 'algorithm.<section>.<key>'``."""
-
-    def __init__(self, key: str, rule: str, value: Any):
-        super().__init__(f"{key}: {rule}, got {value!r}")
-        self.key, self.rule, self.value = key, rule, value
-
-
-def require(ok: bool, key: str, rule: str, value: Any) -> None:
-    """For a part's ``check``: raise ``ParamError`` unless ``ok``."""
-    if not ok:
-        raise ParamError(key, rule, value)
-
-
-def finite_number(value: Any) -> bool:
-    """A real number, not a bool, and finite: what most hyper-parameters must be (a YAML
-    ``.inf`` or ``true`` would otherwise pass a comparison)."""
-    return isinstance(value, int | float) and not isinstance(value, bool) \
-        and math.isfinite(value)
-
-
-def require_length(steps: int | None, epochs: int | None, lr: float | None,
-                   prefix: str = "") -> None:
-    """For a part's ``check``: a phase's own length and learning rate, each optional (None:
-    the job's client section), ``steps`` or ``epochs`` but not both; the keys are
-    ``{prefix}steps``, ``{prefix}epochs`` and ``{prefix}lr``."""
-    for key, value in ((f"{prefix}steps", steps), (f"{prefix}epochs", epochs)):
-        require(value is None or isinstance(value, int) and not isinstance(value, bool)
-                and value >= 1, key, "must be an integer >= 1 (or unset)", value)
-    require(steps is None or epochs is None, f"{prefix}steps", "give steps or epochs, not "
-            "both", steps)
-    require(lr is None or finite_number(lr) and lr > 0, f"{prefix}lr",
-            "must be > 0 (or unset)", lr)
-
-
-@dataclass(frozen=True)
-class LocalTerms:
-    """The terms a client's local objective adds to its training loss f_k, as they enter the
-    gradient of every local step: ``grad f_k(w) + linear + proximal (w - x)``, x the global
-    model. FedProx is ``proximal`` > 0; SCAFFOLD's correction c - c_i is ``linear``; FedDyn
-    is both. Every kernel (one client after another, torch.func's vmap, the closed-form
-    chain step) consumes this one description, through the two methods below."""
-
-    proximal: float = 0.0
-    linear: torch.Tensor | None = None  # flat, one value per parameter (or None: no term)
-
-    def add_to_(self, grad: torch.Tensor, w: torch.Tensor, anchor: torch.Tensor,
-                linear: torch.Tensor | None) -> None:
-        """grad += linear + proximal (w - anchor), for one parameter (or a stack of them):
-        ``linear`` is this parameter's slice of ``self.linear`` (stacked alike)."""
-        if linear is not None:
-            grad.add_(linear)
-        if self.proximal:
-            grad.add_(w - anchor, alpha=self.proximal)
-
-    def gradient(self, w: torch.Tensor, anchor: torch.Tensor,
-                 linear: torch.Tensor | None) -> torch.Tensor | None:
-        """linear + proximal (w - anchor), or None when there is no term. Without a proximal
-        term it is ``linear`` itself (not a copy): read it, do not modify it."""
-        if not self.proximal:
-            return linear
-        if linear is None:
-            return (w - anchor).mul_(self.proximal)
-        out = linear.expand_as(w).clone()
-        out.add_(w - anchor, alpha=self.proximal)
-        return out
-
-    @property
-    def empty(self) -> bool:
-        return self.linear is None and not self.proximal
-
-
-NO_TERMS = LocalTerms()  # plain local SGD
-
-
-class GradTransform:
-    """A change to every local step's gradient before the step is taken: clipping,
-    normalisation. ``__call__`` takes one client's gradient, a tuple of tensors shaped like
-    the model's parameters (their order), and returns the new one; it must be a pure tensor
-    function (no ``.item()``, no branching on values: ``torch.where`` instead), so the
-    vectorized kernels run it under ``vmap`` for a whole group of clients at once.
-
-    ``per_example``: the transform is applied to each example's gradient (computed with
-    torch.func's ``vmap(grad)`` over the batch) and the transformed gradients are averaged
-    over the batch -- DP-SGD's per-example clipping -- instead of to the batch's mean."""
-
-    per_example: bool = False
-
-    def __call__(self, grads: tuple[torch.Tensor, ...]) -> tuple[torch.Tensor, ...]:
-        return grads
-
-
-def global_norm(grads: tuple[torch.Tensor, ...]) -> torch.Tensor:
-    """The L2 norm of a gradient given as a tuple of tensors (vmap-safe)."""
-    return torch.sqrt(sum(torch.sum(g * g) for g in grads))
-
-
-@dataclass(frozen=True)
-class ClipNorm(GradTransform):
-    """g * min(1, max_norm / ||g||): per batch, or per example with ``per_example``."""
-
-    max_norm: float = 1.0
-    per_example: bool = False
-
-    def __call__(self, grads: tuple[torch.Tensor, ...]) -> tuple[torch.Tensor, ...]:
-        norm = global_norm(grads)
-        scale = torch.clamp(self.max_norm / torch.clamp(norm, min=1e-12), max=1.0)
-        return tuple(g * scale for g in grads)
-
-
-@dataclass(frozen=True)
-class Normalize(GradTransform):
-    """g / ||g|| (a zero gradient stays zero): every step moves the weights by lr."""
-
-    per_example: bool = False
-
-    def __call__(self, grads: tuple[torch.Tensor, ...]) -> tuple[torch.Tensor, ...]:
-        norm = global_norm(grads)
-        return tuple(g / torch.clamp(norm, min=1e-12) for g in grads)
-
-
-CLIENT_OPTIMIZERS = ("sgd", "momentum", "adam")
-
-
-@dataclass(frozen=True)
-class ClientOptimizer:
-    """A phase's local optimizer. ``sgd`` is the kernels' plain step w -= lr g;
-    ``momentum`` the heavy ball m <- momentum m + g, w -= lr m; ``adam`` Kingma & Ba's
-    moments with bias correction (``betas``, ``eps``).
-
-    ``state``: keep the optimizer's tensors across the client's rounds in the client state
-    store, under the keys ``<state>.m`` (momentum, adam), ``<state>.v`` and ``<state>.t``
-    (adam), versioned like SCAFFOLD's c_i; each must be listed in the client part's
-    ``state``. None: they start at zero every round."""
-
-    kind: str = "sgd"
-    momentum: float = 0.9
-    betas: tuple[float, float] = (0.9, 0.999)
-    eps: float = 1e-8
-    state: str | None = None
-
-    def __post_init__(self) -> None:
-        """Checked once, where it is made: every kernel that runs it can rely on it."""
-        if self.kind not in CLIENT_OPTIMIZERS:
-            raise ValueError(f"ClientOptimizer kind must be one of {', '.join(CLIENT_OPTIMIZERS)}"
-                             f", got {self.kind!r}")
-        b1, b2 = self.betas
-        if not (0 <= self.momentum < 1 and 0 <= b1 < 1 and 0 <= b2 < 1 and self.eps > 0):
-            raise ValueError(f"ClientOptimizer needs 0 <= momentum, betas < 1 and eps > 0, "
-                             f"got momentum={self.momentum}, betas={self.betas}, "
-                             f"eps={self.eps}")
-
-    def state_keys(self) -> tuple[str, ...]:
-        """The client-state keys this optimizer keeps (none without ``state``)."""
-        if self.state is None or self.kind == "sgd":
-            return ()
-        own = ("m",) if self.kind == "momentum" else ("m", "v", "t")
-        return tuple(f"{self.state}.{k}" for k in own)
 
 
 START = ("global", "previous")
@@ -273,26 +127,6 @@ class Phase:
 
 
 @dataclass
-class LocalUpdate:
-    """What local training returns for one client."""
-
-    delta: torch.Tensor  # y - x, flat; may be a view of a buffer reused for the next client
-    num_examples: int  # training examples the client has
-    loss_sum: float  # sum over local steps of (mean batch loss * batch size)
-    examples_seen: int
-    steps: int  # local steps taken
-    in_replica: bool = False  # the trained weights were left in the worker's replica ...
-    replica_mark: int = -1  # ... at its ``loads`` count then (see WorkerEnv.trained_weights)
-    # the client optimizer's tensors after training ("m", "v": one value per parameter;
-    # "t": the step count, shape [1]), which the worker keeps under ClientOptimizer.state;
-    # None for plain SGD
-    opt_state: dict[str, torch.Tensor] | None = None
-    # an update stage that defends (norm_bound) set it: the update was clipped or
-    # down-weighted, which the run's defense precision and recall count (docs/robustness.md)
-    flagged: bool = False
-
-
-@dataclass
 class WorkerEnv:
     """What the parts see of their worker: built once per worker (``setup``), updated with
     each round's broadcast."""
@@ -330,8 +164,6 @@ class WorkerEnv:
 
     def risk(self, weights: torch.Tensor, x: torch.Tensor, y: torch.Tensor) -> float:
         """The mean loss of ``weights`` on (x, y), in eval mode."""
-        from fedray.core.evaluation import evaluate
-
         self.model.load_(weights)
         return evaluate(self.model.module, x, y, self.eval_batch_size, self.device,
                         self.loss).mean_loss
@@ -347,8 +179,6 @@ class WorkerEnv:
         with ``ctx.batch_size``. ``steps`` or ``epochs`` replace the job's
         ``client.local_steps`` / ``local_epochs``. Being a function of (seed, round, client)
         only, a loop over it visits the same batches on any worker, at any worker count."""
-        from fedray.kernels.sequential import batch_schedule
-
         epochs, steps_ = self.training.passes(steps, epochs)
         return batch_schedule(len(ctx.y), ctx.batch_size, epochs, steps_,
                               ctx.seed if seed is None else seed, full_batch, self.device)
@@ -374,8 +204,6 @@ class WorkerEnv:
         toward ``env.global_weights``; the trained weights stay in the replica
         (``in_replica``). ``send`` and ``keep`` mean nothing here: what the update becomes
         is the part's ``train`` and ``finish``'s to say."""
-        from fedray.kernels.sequential import local_sgd
-
         t = self.training
         ph = Phase(terms=ctx.terms) if phase is None else phase
         if weights is None:
@@ -501,6 +329,8 @@ class ClientWork(Part):
     contribution is in the partial sum; what it returns becomes the client's state
     (``state`` names its tensors)."""
 
+    part_kind: ClassVar[str] = "client"  # its kind in the registry (fedray.algorithms.registry)
+
     state: ClassVar[tuple[str, ...]] = ()  # per-client state tensors, in the state store
     full_batch: ClassVar[bool] = False  # one step on all of the client's data (FedSGD)
     # every local step draws its own batch (batch_schedule's independent): what the
@@ -587,6 +417,8 @@ class Aggregator(ServerState, Part):
     named extra sums (``extras``: name -> "params" for one value per model parameter, or an
     int length); merging two is associative, so any split of clients over workers gives the
     same result up to float64 rounding."""
+
+    part_kind: ClassVar[str] = "aggregator"  # its kind in the registry (fedray.algorithms.registry)
 
     kind = "aggregator"
     extras: ClassVar[dict[str, str | int]] = {}  # extra sums it adds itself
@@ -747,6 +579,8 @@ class UpdateStage(ServerState, Part):
     (``round_metrics``). A client's update here is ``update.delta``, which a stage changes
     in place or replaces; the aggregator's weighting comes after."""
 
+    part_kind: ClassVar[str] = "stage"  # its kind in the registry (fedray.algorithms.registry)
+
     kind = "stage"
     # per-client state tensors, in the client state store (name them after the stage: a
     # client's state file holds the client part's tensors too); server state is ``state``
@@ -850,6 +684,8 @@ class Attack(Part):
     or the (seed, round) given, never from a worker's state, so the attack is the same at
     any worker count and on resume."""
 
+    part_kind: ClassVar[str] = "attack"  # its kind in the registry (fedray.algorithms.registry)
+
     kind = "attack"
     omniscient: ClassVar[bool] = False  # rewrites rows on the driver (poison_rows)
 
@@ -939,6 +775,8 @@ class Selector(ServerState, Part):
     never the population) that the checkpoint saves and a resume restores. Its randomness
     comes from ``ctx.rng`` and ``ctx.sample`` only, so its choice is a function of (seed,
     round, its state): the same at any worker count."""
+
+    part_kind: ClassVar[str] = "selector"  # its kind in the registry (fedray.algorithms.registry)
 
     kind = "selector"
     # the runtime gathers each invited client's loss and examples for ``feedback`` (k

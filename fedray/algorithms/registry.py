@@ -35,7 +35,7 @@ KINDS = ("client", "aggregator", "server_opt", "selector")
 _BASES = {"client": "ClientWork", "aggregator": "Aggregator", "server_opt": "ServerOptimizer",
           "stage": "UpdateStage", "attack": "Attack", "selector": "Selector"}
 _REGISTRY: dict[str, dict[str, type]] = {k: {} for k in _BASES}
-_INTERNAL = {"base", "registry", "reduction", "terms"}
+_INTERNAL = {"base", "local_terms", "registry", "reduction"}
 
 
 @dataclass(frozen=True)
@@ -62,16 +62,12 @@ PART_KEYS = ("name", *KINDS, "stages")
 
 
 def _kind_of(cls: type) -> str:
-    from fedray.algorithms.base import Aggregator, Attack, ClientWork, Selector, UpdateStage
-    from fedray.algorithms.server_opt import ServerOptimizer
-
-    for kind, base in (("client", ClientWork), ("aggregator", Aggregator),
-                       ("server_opt", ServerOptimizer), ("stage", UpdateStage),
-                       ("attack", Attack), ("selector", Selector)):
-        if isinstance(cls, type) and issubclass(cls, base):
-            return kind
-    raise TypeError(f"{cls!r} is not a ClientWork, Aggregator, ServerOptimizer, "
-                    "UpdateStage, Attack or Selector subclass")
+    # each base class names its kind (part_kind), so the registry needs none of them
+    kind = getattr(cls, "part_kind", None) if isinstance(cls, type) else None
+    if kind not in _BASES:
+        raise TypeError(f"{cls!r} is not a ClientWork, Aggregator, ServerOptimizer, "
+                        "UpdateStage, Attack or Selector subclass")
+    return kind
 
 
 def register(cls: type) -> type:
@@ -99,12 +95,12 @@ def load_builtins() -> None:
     global _loaded
     if _loaded:
         return
-    import fedray.algorithms as package
-
-    for info in sorted(pkgutil.iter_modules(package.__path__),
+    # this package's modules, found on disk: importing the package itself (fedray.algorithms)
+    # would make the registry depend on the package that re-exports it
+    for info in sorted(pkgutil.iter_modules([os.path.dirname(__file__)]),
                        key=lambda m: (m.name != "fedavg", m.name)):  # its presets first
         if info.name not in _INTERNAL:
-            importlib.import_module(f"{package.__name__}.{info.name}")
+            importlib.import_module(f"{__package__}.{info.name}")
     _loaded = True
 
 

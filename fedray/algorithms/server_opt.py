@@ -15,10 +15,11 @@ built before the model exists.
 from __future__ import annotations
 
 import math
+from typing import ClassVar
 
 import torch
 
-from fedray.algorithms.registry import register
+from fedray.algorithms.registry import lookup, register
 from fedray.errors import key_error
 
 StateDict = dict[str, torch.Tensor | float | int]
@@ -48,6 +49,7 @@ class ServerOptimizer:
     Subclasses list their buffers in `buffers` and implement `_update`, which receives the
     float64 delta (buffers already allocated) and returns the float64 update to add."""
 
+    part_kind: ClassVar[str] = "server_opt"  # its kind in the registry
     name: str = ""
     buffers: tuple[str, ...] = ()
     section: str | None = None  # a user's optimizer may read algorithm.<section> (Params)
@@ -269,8 +271,6 @@ def build_server_optimizer(name: str, lr: float, momentum: float = 0.9, beta1: f
     """The registered optimizer ``name`` from explicit hyper-parameters (as the ``server``
     section gives them); values it does not use are not checked."""
     from types import SimpleNamespace
-
-    from fedray.algorithms.registry import lookup
 
     cls = lookup("server_opt", name, "algorithm.server_opt") if isinstance(name, str) else None
     if cls is None:

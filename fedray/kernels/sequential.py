@@ -17,7 +17,7 @@ from collections.abc import Sequence
 
 import torch
 
-from fedray.algorithms.base import (
+from fedray.algorithms.local_terms import (
     NO_TERMS,
     ClientOptimizer,
     GradTransform,

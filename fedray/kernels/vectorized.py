@@ -46,7 +46,7 @@ import torch
 from torch import nn
 from torch.func import functional_call, grad, vmap
 
-from fedray.algorithms.base import NO_TERMS, ClientOptimizer, GradTransform, LocalTerms
+from fedray.algorithms.local_terms import NO_TERMS, ClientOptimizer, GradTransform, LocalTerms
 from fedray.core.flat_model import FlatModel
 from fedray.core.losses import PER_POSITION, loss_fn
 from fedray.errors import key_error
