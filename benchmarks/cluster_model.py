@@ -56,8 +56,8 @@ def measure(num_params: int, population: int, k: int, workers: int, repeat: int)
     from fedray.algorithms.reduction import PartialMessage, PartialSum
     from fedray.core.assignment import assign_balanced
     from fedray.core.sampling import select_round
-    from fedray.data.source import sizes_of
-    from fedray.data.synthetic import SyntheticFEMNIST
+    from fedray.data.client_source import sizes_of
+    from fedray.data.sources.synthetic import SyntheticFEMNIST
     from fedray.state.client_state import ClientStateStore
 
     torch.set_num_threads(1)  # the driver actor's setting

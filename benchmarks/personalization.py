@@ -174,7 +174,7 @@ def prepare_pathological(args: argparse.Namespace) -> None:
     if os.path.exists(os.path.join(out, "manifest.json")):
         return
     from fedray.data import from_arrays
-    from fedray.data.mnist import load_mnist
+    from fedray.data.sources.mnist import load_mnist
 
     print(f"building {out} from {args.data}/mnist-t10k", flush=True)
     ds = load_mnist(os.path.join(args.data, "mnist-t10k"))

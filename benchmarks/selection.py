@@ -168,7 +168,7 @@ def prepare_mnist(args: argparse.Namespace) -> None:
     if os.path.exists(os.path.join(out, "manifest.json")):
         return
     from fedray.data import from_arrays
-    from fedray.data.mnist import load_mnist
+    from fedray.data.sources.mnist import load_mnist
 
     print(f"building {out} from {args.data}/mnist-t10k", flush=True)
     ds = load_mnist(os.path.join(args.data, "mnist-t10k"))
@@ -180,8 +180,8 @@ def prepare_mnist(args: argparse.Namespace) -> None:
 
 def domain_angles(seed: int, k: int, rotation: float = ROTATION) -> list[float]:
     """The angle (degrees) each of the K domains draws in a run with this seed: what the
-    worker applies (fedray.data.per_client.draw_shift, client d is in domain d)."""
-    from fedray.data.per_client import PerClient, draw_shift
+    worker applies (fedray.data.transforms.per_client.draw_shift, client d is in domain d)."""
+    from fedray.data.transforms.per_client import PerClient, draw_shift
 
     spec = PerClient(rotation=rotation, domains=k)
     return [draw_shift(spec, seed, d).angle for d in range(k)]

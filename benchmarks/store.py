@@ -154,7 +154,8 @@ def _write_v1(store: str, out: str) -> int:
     (symbolic links). Written client block by client block. Returns the manifest's bytes."""
     import numpy as np
 
-    from fedray.data.store import client_index, read_manifest
+    from fedray.data.store.format import read_manifest
+    from fedray.data.store.reader import client_index
 
     m = read_manifest(store)
     ix = client_index(store, m)

@@ -69,7 +69,7 @@ from fedray.algorithms.partial_models import FedRepParams  # noqa: E402
 from fedray.core.models import build_model  # noqa: E402
 from fedray.core.sampling import sample_clients  # noqa: E402
 from fedray.core.seeding import TAG_INIT, client_seed, derive_seed  # noqa: E402
-from fedray.data.synthetic import SyntheticFEMNIST  # noqa: E402
+from fedray.data.sources.synthetic import SyntheticFEMNIST  # noqa: E402
 
 SMALL, LARGE = (12, 2), (5, 1)  # default (rounds, warmup) per workload size
 WORKLOADS = {

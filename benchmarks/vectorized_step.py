@@ -2,7 +2,7 @@
 (fedray.kernels.vectorized.chain_sgd_step) against torch.func's vmap(grad(...)) on the same groups.
 
 No Ray, one thread, as a worker of one CPU runs: each side trains the same clients
-(synthetic FEMNIST writers of 30-90 examples, fedray.data.synthetic; batch 20, 1 local epoch
+(synthetic FEMNIST writers of 30-90 examples, fedray.data.sources.synthetic; batch 20, 1 local epoch
 or ``--epochs``) in groups of the size a worker would use, from the same weights with the
 same batch orders. The sides are the closed form with the first layer's weights stacked per
 client (``stacks``) and, for single-layer chains (logistic regression), kept as sums over the
@@ -36,7 +36,7 @@ import torch  # noqa: E402
 
 from fedray.core.flat_model import FlatModel  # noqa: E402
 from fedray.core.models import build_model  # noqa: E402
-from fedray.data.synthetic import SyntheticFEMNIST  # noqa: E402
+from fedray.data.sources.synthetic import SyntheticFEMNIST  # noqa: E402
 from fedray.kernels.sequential import local_sgd  # noqa: E402
 from fedray.kernels.vectorized import (  # noqa: E402
     group_size,

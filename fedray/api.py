@@ -73,7 +73,7 @@ def prepare(config: ConfigSource | None, overrides: list[str] | tuple = (),
     manifest = None  # a partition store's, read below
     train_counts = None  # synthetic writers have at least data.synthetic.min_examples >= 1
     if client_data is not None:
-        from fedray.data.source import client_splits
+        from fedray.data.client_source import client_splits
 
         population = len(client_data)
         splits = [client_splits(v, k) for k, v in client_data.items()]
@@ -83,7 +83,8 @@ def prepare(config: ConfigSource | None, overrides: list[str] | tuple = (),
         population = cfg.data.synthetic.num_clients
         has_client_test = cfg.data.synthetic.test_fraction > 0
     else:  # a partition store: make the path absolute so every process means the same place
-        from fedray.data.store import client_index, read_manifest
+        from fedray.data.store.format import read_manifest
+        from fedray.data.store.reader import client_index
 
         url = absolute_url(cfg.data.partition)
         filesystem(url, "data.partition", durable=True)  # workers read it, not this process
@@ -160,7 +161,7 @@ def _check_parts_against_model(cfg: DictConfig, client_data: Mapping | None,
 
     def make_model() -> Any:
         from fedray.core.models import source_model_factory
-        from fedray.data.source import build_source
+        from fedray.data.client_source import build_source
 
         source = build_source(cfg, client_data, test_data, manifest)
         return (model_fn or source_model_factory(cfg.model, source))()
@@ -350,7 +351,8 @@ def run(config: ConfigSource | None = None, model_fn: Callable[[], nn.Module] | 
     hooks = run_callbacks(cfg, progress, given)  # a class that cannot start fails now
     manifest = None
     if client_data is None and cfg.data.partition != "synthetic":
-        from fedray.data.store import read_manifest, verify_store
+        from fedray.data.store.format import read_manifest
+        from fedray.data.store.verify import verify_store
 
         manifest = read_manifest(cfg.data.partition)  # read once, for checks and the source
         if cfg.data.verify:
@@ -443,7 +445,7 @@ def _run_claimed(cfg: DictConfig, url: str, model_fn: Callable | None,
     (appended to ``metrics`` as they arrive)."""
     from fedray.algorithms.registry import resolve
     from fedray.core.models import source_model_factory
-    from fedray.data.source import build_source
+    from fedray.data.client_source import build_source
 
     if cfg.runtime.backend == "inline":
         source = build_source(cfg, client_data, test_data, manifest)

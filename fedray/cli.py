@@ -387,7 +387,7 @@ def _bundled(args: argparse.Namespace) -> int:
 
 def _partition(args: argparse.Namespace) -> int:
     from fedray.data import recipe
-    from fedray.data.describe import describe
+    from fedray.data.store.describe import describe
 
     if args.describe:
         if args.recipe:

@@ -35,7 +35,7 @@ MAX_NAME_BYTES = 200
 
 @dataclass
 class SyntheticConfig:
-    """The built-in FEMNIST-shaped generator (fedray.data.synthetic)."""
+    """The built-in FEMNIST-shaped generator (fedray.data.sources.synthetic)."""
 
     num_clients: int = 1000
     min_examples: int = 30
@@ -48,7 +48,8 @@ class SyntheticConfig:
 @dataclass
 class ImbalanceRoundConfig:
     """data.per_round.imbalance: each round, a client's training examples re-drawn with an
-    exponential class imbalance (fedray.data.per_round). Off while ``ratios`` is empty."""
+    exponential class imbalance (fedray.data.transforms.per_round). Off while ``ratios`` is
+    empty."""
 
     ratios: list[float] = field(default_factory=list)  # drawn per (round, client); [1.0]:
     # class-balanced draws
@@ -77,7 +78,8 @@ class PerRoundConfig:
 @dataclass
 class PerClientConfig:
     """data.per_client: a feature shift fixed per client (its domain), drawn from
-    (seed, client_id) alone and applied to its train and test splits (fedray.data.per_client);
+    (seed, client_id) alone and applied to its train and test splits
+    (fedray.data.transforms.per_client);
     every option is off at its default."""
 
     rotation: float = 0.0  # max |angle| in degrees: each client's is uniform in [-max, max]
@@ -782,8 +784,8 @@ def validate(cfg: DictConfig, population: int, *, custom_model: bool = False) ->
     r(bool(cfg.data.partition), "data.partition",
       "must be 'synthetic' or the path or URL of a partition store", cfg.data.partition)
     r(cfg.data.open_shards >= 1, "data.open_shards", "must be >= 1", cfg.data.open_shards)
-    from fedray.data.per_client import parse_per_client
-    from fedray.data.per_round import parse_per_round
+    from fedray.data.transforms.per_client import parse_per_client
+    from fedray.data.transforms.per_round import parse_per_round
 
     # one line naming the key of an impossible value
     parse_per_client(cfg.data.per_client, parse_per_round(cfg.data.per_round))

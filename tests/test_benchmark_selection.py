@@ -39,7 +39,7 @@ def test_recovery_takes_the_best_relabelling(bench):
 
 
 def test_seeds_are_picked_for_separated_domain_angles(bench):
-    from fedray.data.per_client import PerClient, draw_shift
+    from fedray.data.transforms.per_client import PerClient, draw_shift
 
     # the angles are what the worker draws for client d of domain d
     spec = PerClient(rotation=180.0, domains=2)

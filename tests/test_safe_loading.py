@@ -33,7 +33,7 @@ FORBIDDEN = [
 ]
 TORCH_LOAD = re.compile(r"\btorch\.load\(")
 UNPICKLERS = {"fedray/timing/fedscale.py": "_PlainUnpickler",
-              "fedray/data/cifar100.py": "_RestrictedUnpickler"}
+              "fedray/data/sources/cifar100.py": "_RestrictedUnpickler"}
 
 
 def _code_lines(path: pathlib.Path) -> list[tuple[int, str]]:

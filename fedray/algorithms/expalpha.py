@@ -5,7 +5,7 @@ before and after its local update; its weight is rho_k proportional to
 exp((F_k(after) - F_k(before)) / alpha) over the round's clients -- a softmax, which the
 partial sum keeps log-scaled (fedray.algorithms.reduction), so a small temperature alpha
 cannot overflow. Seed 003: eq. 3 (line 101), Alg. 1 (line 249), CalculateRisk a forward
-pass over the local data (line 251). With ``data.per_round`` (fedray.data.per_round) the
+pass over the local data (line 251). With ``data.per_round`` (fedray.data.transforms.per_round) the
 risks are measured on the client's data of the round, the data it trained on.
 """
 

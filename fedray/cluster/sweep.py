@@ -429,7 +429,7 @@ def client_state_disk(sweep: DictConfig, job: DictConfig,
     from fedray.api import prepare
     from fedray.core.flat_model import FlatModel
     from fedray.core.models import source_model_factory
-    from fedray.data.source import build_source
+    from fedray.data.client_source import build_source
     from fedray.runtime.driver import most_clients
     from fedray.runtime.worker import keeps_client_state
     from fedray.state.client_state_disk import over_budget, run_estimate, size_text

@@ -35,7 +35,7 @@ def _bce(out: torch.Tensor, y: torch.Tensor, reduction: str = "mean") -> torch.T
                                               reduction=reduction)
 
 
-# The padding token of sequence targets (fedray.data.shakespeare.PAD, TFF's pad id): its
+# The padding token of sequence targets (fedray.data.sources.shakespeare.PAD, TFF's pad id): its
 # positions are left out of sequence_cross_entropy and of its accuracy.
 SEQUENCE_PAD = 0
 

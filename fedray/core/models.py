@@ -277,7 +277,7 @@ class CharLSTM(nn.Module):
 
 def shakespeare_lstm(input_shape: tuple[int, ...], num_classes: int) -> nn.Module:
     """CharLSTM over sequences of ``input_shape`` = (length,) token ids; the vocabulary is
-    the data's ``num_classes`` (90 for fedray.data.shakespeare's tokens)."""
+    the data's ``num_classes`` (90 for fedray.data.sources.shakespeare's tokens)."""
     if len(input_shape) != 1 or input_shape[0] < 1:
         raise ValueError(f"shakespeare_lstm needs (sequence length,) inputs, got {input_shape}")
     return CharLSTM(vocab_size=num_classes)

@@ -104,7 +104,7 @@ def select_round(seed: int, round_idx: int, population: int, k: int, *,
     """The clients that train in a round, after dropout and over-selection; ``mode``
     ``poisson`` draws each client with probability k / population instead of exactly k.
     ``sizes`` (over-selection's work per client): every client's train count, or a
-    function giving the counts of the ids it is passed (fedray.data.source.sizes_of)."""
+    function giving the counts of the ids it is passed (fedray.data.client_source.sizes_of)."""
     n = over_selected(k, over_selection, population)
     ids = (poisson_clients(seed, round_idx, population, k) if mode == "poisson" else
            sample_clients(seed, round_idx, population, n, always))

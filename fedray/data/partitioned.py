@@ -13,15 +13,18 @@ import json
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import numpy as np
 
-from fedray.data.dataset import Dataset, Split
+from fedray.data.examples import Split
 from fedray.data.partition import Partition
 from fedray.errors import FedrayError, key_error
 from fedray.state.redact import mask_tree
 from fedray.state.storage import RunClaim, absolute_url, filesystem, storage_failure
+
+if TYPE_CHECKING:  # a Dataset (fedray.data.dataset) uses this module: its type only
+    from fedray.data.dataset import Dataset
 
 
 class WrittenStore(NamedTuple):
@@ -79,9 +82,9 @@ def _storage_errors(url: str) -> Iterator[None]:
 
 def write(url: str, dataset: Dataset, part: Partition, recipe: dict, shard_mb: float,
           log: Callable[[str], None], claim: RunClaim | None = None) -> dict:
-    """Write the store (``fedray.data.store.write_store``); returns the manifest.
-    claim: the caller's hold on ``url`` (fedray.data.store.claim_store)."""
-    from fedray.data.store import write_store
+    """Write the store (``fedray.data.store.writer.write_store``); returns the manifest.
+    claim: the caller's hold on ``url`` (fedray.data.store.writer.claim_store)."""
+    from fedray.data.store.writer import write_store
 
     with _storage_errors(url):
         return write_store(url, dataset, part, recipe=recipe, shard_mb=shard_mb, log=log,
@@ -109,7 +112,7 @@ def write_natural(url: str, source: Any, min_examples: int, recipe: dict, shard_
     import time
 
     from fedray.data.partitioners.natural import natural_blocks
-    from fedray.data.store import StoreWriter
+    from fedray.data.store.writer import StoreWriter
 
     n = int(source.population)
     if processes is None:
@@ -171,7 +174,7 @@ class PartitionedDataset:
         """Write the store at ``url`` (a new local path or fsspec URL) in shards of about
         ``shard_mb`` MB; returns its absolute URL and manifest. An existing store is never
         overwritten, and a failed write leaves nothing behind."""
-        from fedray.data.store import claim_store
+        from fedray.data.store.writer import claim_store
 
         if isinstance(shard_mb, bool) or not isinstance(shard_mb, (int, float)) \
                 or not shard_mb > 0:

@@ -19,44 +19,11 @@ import numpy as np
 from omegaconf import DictConfig, OmegaConf
 
 from fedray.config import load_structured
-from fedray.core.seeding import TAG_TEST_HOLDOUT, rng
-from fedray.data.dataset import Dataset
+from fedray.data.dataset import Dataset, hold_out_test
+from fedray.data.sources.spec import SourceSpec
 from fedray.errors import ConfigError, key_error
 from fedray.state.redact import mask_tree
 from fedray.state.storage import RunClaim, absolute_url, filesystem
-
-
-@dataclass
-class SourceSpec:
-    # leaf_femnist | tff_emnist | tff_cifar100 | cifar100 | mnist | leaf_shakespeare |
-    # tff_shakespeare | shakespeare_folio | synthetic; your own data: numpy | table | hf_disk
-    name: str = ""
-    path: str | None = None  # where the raw files are (not used by 'synthetic')
-    # numpy | table | hf_disk (fedray.data.columns.SOURCE_KEYS says which reads which;
-    # docs/partitions.md, "Bring your own data"). Row numbers in error lines count from 0.
-    x: str = "x"  # numpy only: the .npz array of inputs [n, ...]
-    label: str | None = None  # the label column (integers >= 0); null: 'y' (numpy), 'label'
-    features: list[str] | None = None  # table, hf_disk: numeric columns (or lists of numbers)
-    image: str | None = None  # table, hf_disk: a column of encoded images (PNG, JPEG, ...)
-    text: str | None = None  # table, hf_disk: a text column, read as character ids
-    text_length: int = 80  # table, hf_disk with text: ids per example (cut or padded with 0)
-    user: str | None = None  # the user-id column (integers or strings): natural's clients
-    split: str | None = None  # a column of 'train'/'test' (or 0/1) per row: the test rows
-    num_classes: int | None = None  # null: the largest label + 1 (hf_disk: a ClassLabel's)
-    channels_last: bool = False  # numpy only: x is [n, H, W, C] images, made [n, C, H, W]
-    scale: float | None = None  # numpy only: model input = x * scale; null: 1/255 for uint8
-    train_split: str = "train"  # hf_disk only: the DatasetDict split read as train data
-    test_split: str | None = "test"  # hf_disk only: the DatasetDict's test split (null: none)
-    num_writers: int = 1000  # synthetic only: writers to generate
-    min_examples: int = 30  # synthetic only
-    max_examples: int = 90  # synthetic only
-    seed: int = 0  # synthetic only: identity of the generated data
-    # synthetic only: float32, or uint8 (pixels rounded to 1/255 steps, stored as bytes with
-    # the store's scale 1/255: a quarter of the disk)
-    dtype: str = "float32"
-    # shakespeare_folio only: the share of each role's speeches (its last ones) held out as
-    # that role's test data (fedray.data.shakespeare.load_shakespeare_folio)
-    client_test_fraction: float = 0.2
 
 
 @dataclass
@@ -74,8 +41,8 @@ class Recipe:
 
 def load_recipe(source: Any, overrides: list[str] | tuple = ()) -> DictConfig:
     """Load and validate a recipe; reads no data."""
-    from fedray.data.loaders import GENERIC_LOADERS, LOADERS
     from fedray.data.partitioners import PARAMS, check_params
+    from fedray.data.sources.loaders import GENERIC_LOADERS, LOADERS
 
     cfg = load_structured(Recipe, source, overrides, what="recipe", kind="recipe")
     sources = [*LOADERS, *GENERIC_LOADERS, "synthetic"]
@@ -114,7 +81,7 @@ def load_recipe(source: Any, overrides: list[str] | tuple = ()) -> DictConfig:
 def _check_own_data_keys(s: DictConfig, partitioner: str) -> None:
     """The numpy/table/hf_disk keys: each set only for a source that reads it, every value
     possible, and what the partitioner needs of them, all before any data is read."""
-    from fedray.data.columns import SOURCE_KEYS, check_keys
+    from fedray.data.sources.columns import SOURCE_KEYS, check_keys
 
     reads = SOURCE_KEYS.get(s.name, ())
     defaults = SourceSpec()
@@ -157,7 +124,7 @@ def to_uint8(x: np.ndarray) -> np.ndarray:
 
 
 def synthetic_source(spec: DictConfig) -> Any:
-    from fedray.data.synthetic import SyntheticFEMNIST
+    from fedray.data.sources.synthetic import SyntheticFEMNIST
 
     return SyntheticFEMNIST(num_clients=spec.num_writers, min_examples=spec.min_examples,
                             max_examples=spec.max_examples, seed=spec.seed)
@@ -170,8 +137,8 @@ def load_dataset(spec: DictConfig) -> Dataset:
             data = replace(data, scale=1 / 255, train=replace(data.train, x=to_uint8(
                 data.train.x)), test=replace(data.test, x=to_uint8(data.test.x)))
         return data
-    from fedray.data.columns import SOURCE_KEYS
-    from fedray.data.loaders import load_source
+    from fedray.data.sources.columns import SOURCE_KEYS
+    from fedray.data.sources.loaders import load_source
 
     options: dict[str, Any] = {"test_fraction": spec.client_test_fraction} \
         if spec.name == "shakespeare_folio" else {}
@@ -181,37 +148,16 @@ def load_dataset(spec: DictConfig) -> Dataset:
     return load_source(spec.name, spec.path, **options)
 
 
-def hold_out_test(dataset: Dataset, fraction: float, seed: int) -> Dataset:
-    """Carve a central test set out of a train-only source, stratified by label.
-
-    Why stratified: a test set whose label mix drifts from the train set's would blur the very
-    accuracy comparisons the reproductions make. Which rows go to test depends on the recipe's
-    seed only, so a store rebuilt from the same recipe is the same store.
-    """
-    if dataset.test is not None:
-        raise ConfigError(f"recipe key 'test_fraction': source {dataset.name!r} already has a "
-                          f"test split; set test_fraction=0")
-    g = rng(seed, TAG_TEST_HOLDOUT)
-    test_rows = []
-    for label in np.unique(dataset.train.y):
-        rows = np.flatnonzero(dataset.train.y == label)
-        test_rows.append(g.choice(rows, size=int(round(fraction * len(rows))), replace=False))
-    is_test = np.zeros(len(dataset.train), dtype=bool)
-    is_test[np.concatenate(test_rows)] = True
-    return replace(dataset, train=dataset.train.take(np.flatnonzero(~is_test)),
-                   test=dataset.train.take(np.flatnonzero(is_test)))
-
-
 def build(recipe: Any, overrides: list[str] | tuple = (),
           log: Callable[[str], None] = lambda s: None) -> tuple[str, dict]:
     """Run a recipe end to end; returns the store's URL and manifest."""
-    from fedray.data.store import claim_store
+    from fedray.data.store.writer import claim_store
 
     cfg = load_recipe(recipe, overrides)
     out = absolute_url(cfg.out)
     filesystem(out, "out", durable=True, what="recipe")
     # out is ours from now to the end, before any data is read: another build to it is
-    # refused, and nothing it holds is removed (fedray.data.store.claim_store)
+    # refused, and nothing it holds is removed (fedray.data.store.writer.claim_store)
     claim = claim_store(out)
     try:
         return out, _build_claimed(cfg, out, claim, log)

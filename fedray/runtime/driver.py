@@ -63,9 +63,9 @@ from fedray.core.models import fit_problem
 from fedray.core.sampling import federated_eval_clients
 from fedray.core.seeding import TAG_CLUSTER, TAG_INIT, derive_seed
 from fedray.core.tensors import readonly_tensor, reused_rows
-from fedray.data.per_client import check_data, parse_per_client
-from fedray.data.per_round import parse_per_round
-from fedray.data.source import ClientSource, sizes_of
+from fedray.data.client_source import ClientSource, sizes_of
+from fedray.data.transforms.per_client import check_data, parse_per_client
+from fedray.data.transforms.per_round import parse_per_round
 from fedray.errors import ConfigError, DivergedError, FedrayError, PartError, key_error
 from fedray.kernels.vectorized import batch_failure, vectorize_plan
 from fedray.runtime.adversary import DefenseRound, flagged_rows

@@ -40,9 +40,9 @@ from fedray.core.evaluation import ClientEval, EvalSums, evaluate
 from fedray.core.flat_model import FlatModel
 from fedray.core.seeding import TAG_ADAPT, TAG_PHASE, client_seed, derive_seed, personalize_seed
 from fedray.core.tensors import readonly_tensor, reused_rows
-from fedray.data.per_client import PerClient, shift_inputs
-from fedray.data.per_round import PerRound, apply_per_round
-from fedray.data.source import ClientCache, ClientSource, sizes_of
+from fedray.data.client_source import ClientCache, ClientSource, sizes_of
+from fedray.data.transforms.per_client import PerClient, shift_inputs
+from fedray.data.transforms.per_round import PerRound, apply_per_round
 from fedray.errors import PartError
 from fedray.kernels.sequential import client_batch_size, local_sgd
 from fedray.kernels.vectorized import group_size, group_sizes, vmap_local_sgd
@@ -311,8 +311,8 @@ class ClientWorker:
 
     def client_split(self, cid: int, split: str = "train") -> tuple[torch.Tensor, torch.Tensor]:
         """A client's stored examples of ``split`` as the client holds them: shifted into its
-        domain by ``data.per_client`` when the job sets it (fedray.data.per_client: a pure
-        function of (seed, client_id) and the data, the same in every round and for both
+        domain by ``data.per_client`` when the job sets it (fedray.data.transforms.per_client:
+        a pure function of (seed, client_id) and the data, the same in every round and for both
         splits, so a client is evaluated in the domain it trains in)."""
         x, y = self.cache.get(cid, split)
         pc = self.spec.per_client
@@ -322,8 +322,9 @@ class ClientWorker:
 
     def client_data(self, round_idx: int, cid: int) -> tuple[torch.Tensor, torch.Tensor]:
         """A client's training data for a round: its stored examples (``client_split``),
-        transformed by ``data.per_round`` when the job sets it (fedray.data.per_round: a pure
-        function of (seed, round, client_id), so the same on any worker and in any order)."""
+        transformed by ``data.per_round`` when the job sets it
+        (fedray.data.transforms.per_round: a pure function of (seed, round, client_id), so the
+        same on any worker and in any order)."""
         pr = self.spec.per_round
         if pr is None:
             return self.client_split(cid)

@@ -104,7 +104,7 @@ class RoundClock:
                  work: LocalWork, update_bytes: int | None = None,
                  population: int | None = None):
         """``sizes``: every client's train count, or a function giving the counts of the
-        ids it is passed (fedray.data.source.sizes_of), with ``population`` -- the clock
+        ids it is passed (fedray.data.client_source.sizes_of), with ``population`` -- the clock
         then asks for the clients it draws alone, never the population's.
         ``update_bytes``: what one update costs on the uplink as the job's update stages
         encode it (compressed, say); None: the model in float32. clock.up_bytes, when set,

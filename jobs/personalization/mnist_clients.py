@@ -18,7 +18,7 @@ import argparse
 import numpy as np
 
 from fedray.data import from_arrays
-from fedray.data.loaders import load_source
+from fedray.data.sources.loaders import load_source
 
 
 def client_split(n_train: int, n_test: int, clients: int, test_fraction: float,

@@ -4,7 +4,7 @@ Face ``save_to_disk`` directory (a Dataset and a DatasetDict).
 
 ``write_hf`` mirrors the layout that ``datasets`` 5.2.0's ``save_to_disk`` writes, checked
 once against that library (a Dataset and a DatasetDict with Image, ClassLabel, string and
-float32 Value columns, saved by the library, read by fedray.data.hf_disk; and this
+float32 Value columns, saved by the library, read by fedray.data.sources.hf_disk; and this
 fixture's directories opened by ``datasets.load_from_disk``): ``dataset_info.json`` with
 the ``features``, ``state.json`` listing ``_data_files``, ``data-00000-of-00001.arrow`` as
 an Arrow IPC *stream* whose schema carries the features under the ``huggingface`` metadata

@@ -28,9 +28,9 @@ from byod_files import (
 )
 
 from fedray.data import from_arrays, from_hf_disk, from_table
-from fedray.data.loaders import load_source
 from fedray.data.recipe import load_recipe
-from fedray.data.shakespeare import char_ids
+from fedray.data.sources.loaders import load_source
+from fedray.data.sources.shakespeare import char_ids
 from fedray.errors import ConfigError, FedrayError
 
 D = data()

@@ -14,7 +14,8 @@ from byod_files import USERS, data, write_csv, write_hf_dict, write_npz, write_p
 
 from fedray.cli import main
 from fedray.data import from_arrays, from_table
-from fedray.data.store import client_index, read_manifest
+from fedray.data.store.format import read_manifest
+from fedray.data.store.reader import client_index
 from fedray.errors import ConfigError, FedrayError
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]

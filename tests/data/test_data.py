@@ -1,8 +1,8 @@
 import numpy as np
 import pytest
 
-from fedray.data.source import ClientCache, MemorySource
-from fedray.data.synthetic import SyntheticFEMNIST
+from fedray.data.client_source import ClientCache, MemorySource
+from fedray.data.sources.synthetic import SyntheticFEMNIST
 from fedray.errors import FedrayError
 
 

@@ -7,7 +7,8 @@ from __future__ import annotations
 import numpy as np
 
 from fedray.core.seeding import rng
-from fedray.data.dataset import Dataset, Split
+from fedray.data.dataset import Dataset
+from fedray.data.examples import Split
 from fedray.data.partitioners import partition
 from fedray.data.partitioners.common import TAG_DIRICHLET
 

@@ -17,11 +17,11 @@ import h5py
 import numpy as np
 import pytest
 
-from fedray.data.cifar100 import load_cifar100
-from fedray.data.leaf import load_leaf_femnist
-from fedray.data.loaders import LOADERS, load_source
-from fedray.data.mnist import load_mnist
-from fedray.data.tff import load_tff_cifar100, load_tff_emnist
+from fedray.data.sources.cifar100 import load_cifar100
+from fedray.data.sources.leaf import load_leaf_femnist
+from fedray.data.sources.loaders import LOADERS, load_source
+from fedray.data.sources.mnist import load_mnist
+from fedray.data.sources.tff import load_tff_cifar100, load_tff_emnist
 from fedray.errors import FedrayError
 
 # --- LEAF FEMNIST ------------------------------------------------------------------------
@@ -531,8 +531,9 @@ def test_empty_official_files_are_one_line(tmp_path, make, message):
 def test_load_source_refuses_a_source_of_no_train_examples(tmp_path, monkeypatch):
     """Whatever a loader returns, a data set of no train examples stops at load_source,
     naming the path, rather than in a partitioner."""
-    from fedray.data import loaders
-    from fedray.data.dataset import Dataset, Split
+    from fedray.data.dataset import Dataset
+    from fedray.data.examples import Split
+    from fedray.data.sources import loaders
 
     empty = Dataset("mnist", Split(np.zeros((0, 1, 28, 28), np.uint8), np.zeros(0, np.int64)),
                     None, num_classes=10)

@@ -12,9 +12,10 @@ import json
 import numpy as np
 import pytest
 
-from fedray.data.cifar100 import FINE_TO_COARSE
-from fedray.data.dataset import Dataset, Split
+from fedray.data.dataset import Dataset
+from fedray.data.examples import Split
 from fedray.data.partitioners import PARAMS, PARTITIONERS, canonical_order, partition
+from fedray.data.sources.cifar100 import FINE_TO_COARSE
 from fedray.errors import FedrayError
 
 # Official CIFAR-100 fine label -> coarse label (a list, as the tests index and count it).

@@ -16,7 +16,7 @@ from fedray.algorithms.registry import resolve
 from fedray.config import ServerConfig, load_config, validate
 from fedray.core.evaluation import evaluate
 from fedray.core.models import build_model
-from fedray.data.per_client import (
+from fedray.data.transforms.per_client import (
     PerClient,
     Shift,
     check_data,
@@ -26,7 +26,7 @@ from fedray.data.per_client import (
     rotate,
     shift_inputs,
 )
-from fedray.data.per_round import PerRound, apply_per_round
+from fedray.data.transforms.per_round import PerRound, apply_per_round
 from fedray.errors import ConfigError
 from fedray.runtime.worker import ClientWorker, LocalTraining, WorkerResources, WorkerSpec
 

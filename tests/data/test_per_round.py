@@ -11,7 +11,7 @@ import torch
 from fedray.algorithms.registry import resolve
 from fedray.config import ServerConfig, load_config, validate
 from fedray.core.models import build_model
-from fedray.data.per_round import (
+from fedray.data.transforms.per_round import (
     PerRound,
     apply_per_round,
     class_profile,

@@ -11,9 +11,10 @@ import pytest
 from conftest import tiny_job
 
 import fedray
-from fedray.data.mnist import load_mnist
 from fedray.data.recipe import build, load_recipe
-from fedray.data.store import StoreSource, client_index, read_manifest
+from fedray.data.sources.mnist import load_mnist
+from fedray.data.store.format import read_manifest
+from fedray.data.store.reader import StoreSource, client_index
 from fedray.errors import ConfigError, FedrayError
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]

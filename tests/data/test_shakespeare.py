@@ -1,4 +1,4 @@
-"""Shakespeare (fedray.data.shakespeare): TFF's 90-token layout, the tokenizer, the three
+"""Shakespeare (fedray.data.sources.shakespeare): TFF's 90-token layout, the tokenizer, the three
 sources (LEAF JSON and TFF h5 written here in exactly their formats; the real First Folio
 plays from shared/data), the speaker merge rule, the split, one-line errors, the store and a
 two-round run of the character LSTM."""
@@ -14,10 +14,9 @@ import numpy as np
 import pytest
 
 from fedray.core.losses import SEQUENCE_PAD
-from fedray.data.describe import describe
-from fedray.data.loaders import LOADERS
 from fedray.data.recipe import build
-from fedray.data.shakespeare import (
+from fedray.data.sources.loaders import LOADERS
+from fedray.data.sources.shakespeare import (
     BOS,
     CHAR_VOCAB,
     EOS,
@@ -38,7 +37,9 @@ from fedray.data.shakespeare import (
     to_sequences,
     unigram_accuracy,
 )
-from fedray.data.store import StoreSource, verify_store
+from fedray.data.store.describe import describe
+from fedray.data.store.reader import StoreSource
+from fedray.data.store.verify import verify_store
 from fedray.errors import FedrayError
 
 ROOT = Path(__file__).resolve().parents[2]

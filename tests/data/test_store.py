@@ -8,16 +8,14 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from fedray.data.client_index import index_schema
-from fedray.data.dataset import Dataset, Split
+from fedray.data.dataset import Dataset
+from fedray.data.examples import Split
 from fedray.data.partition import Partition
-from fedray.data.store import (
-    StoreSource,
-    client_index,
-    read_manifest,
-    verify_store,
-    write_store,
-)
+from fedray.data.store.client_index import index_schema
+from fedray.data.store.format import read_manifest
+from fedray.data.store.reader import StoreSource, client_index
+from fedray.data.store.verify import verify_store
+from fedray.data.store.writer import write_store
 from fedray.errors import FedrayError
 
 
@@ -315,7 +313,7 @@ def _shard0(key, value):
     (_put("source", "toy"), r"source must be an object, got 'toy'$"),
 ])
 def test_manifest_structure_is_checked_on_open(tmp_path, change, message):
-    """One schema (fedray.data.store.MANIFEST_SCHEMA and its shard and index tables) is
+    """One schema (fedray.data.store.format.MANIFEST_SCHEMA and its shard and index tables) is
     checked when a store is opened, and a bad field is one line naming manifest.json and
     the field. Checked by reverting to the scattered checks: a NaN or negative scale, a
     missing dtype, input_shape or num_classes, a billion classes and every path case
@@ -475,7 +473,7 @@ def test_writer_refuses_nonfinite_inputs_and_absurd_facts(tmp_path):
 def test_describe_of_many_classes_allocates_by_what_clients_hold(tmp_path):
     """--describe's picture of a store with 1,000,000 classes (the most a manifest may
     say) draws the labels the clients hold, not 400 clients x a million classes."""
-    from fedray.data.describe import _shown_histograms
+    from fedray.data.store.describe import _shown_histograms
 
     url = _write(tmp_path)
     ix = StoreSource(url).index

@@ -15,10 +15,12 @@ import numpy as np
 import pytest
 
 from fedray import cli
-from fedray.data import store
-from fedray.data.dataset import Dataset, Split
+from fedray.data.dataset import Dataset
+from fedray.data.examples import Split
 from fedray.data.partition import Partition
-from fedray.data.store import StoreSource, write_store
+from fedray.data.store import writer
+from fedray.data.store.reader import StoreSource
+from fedray.data.store.writer import write_store
 from fedray.errors import FedrayError
 from fedray.state.storage import LOCK_FILE
 
@@ -38,7 +40,7 @@ def _during_build(monkeypatch, action) -> list:
     """Call ``action()`` once, while the first shard of the next build is being written
     (after ``out`` is claimed, before the store moves into place); returns its results."""
     seen: list = []
-    real = store.StoreWriter._write_shard
+    real = writer.StoreWriter._write_shard
 
     def write_shard(self, *args, **kwargs):
         real(self, *args, **kwargs)
@@ -46,7 +48,7 @@ def _during_build(monkeypatch, action) -> list:
             seen.append(None)
             seen.append(action())
 
-    monkeypatch.setattr(store.StoreWriter, "_write_shard", write_shard)
+    monkeypatch.setattr(writer.StoreWriter, "_write_shard", write_shard)
     return seen
 
 
@@ -122,7 +124,7 @@ def test_file_by_file_placement_keeps_a_users_file_too(tmp_path, capsys, monkeyp
     only when ``out`` holds nothing but the lock: a file that arrived is kept and the build
     refused; without one, the store is whole, manifest last."""
     if how == "object-store":
-        monkeypatch.setattr(store, "is_local", lambda fs: False)
+        monkeypatch.setattr(writer, "is_local", lambda fs: False)
         out = tmp_path / "x"
     else:
         (tmp_path / "real").mkdir()
@@ -168,7 +170,7 @@ def _dataset():
 def test_python_writer_claims_and_a_failed_write_leaves_nothing(tmp_path):
     """write_store (the Python path) claims the same way: refused while another holds the
     target; a failure after the claim removes the lock and the directory it made."""
-    from fedray.data.store import claim_store
+    from fedray.data.store.writer import claim_store
 
     part = Partition([f"c{i}" for i in range(3)], np.array_split(np.arange(60), 3))
     held = claim_store(str(tmp_path / "s"))

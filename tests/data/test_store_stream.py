@@ -10,11 +10,13 @@ import numpy as np
 import pytest
 import torch
 
-from fedray.data.dataset import Split
+from fedray.data.examples import Split
 from fedray.data.partitioners import partition
 from fedray.data.recipe import build, load_dataset, load_recipe, synthetic_source, to_uint8
-from fedray.data.store import StoreSource, verify_store, write_store
-from fedray.data.synthetic import SyntheticFEMNIST
+from fedray.data.sources.synthetic import SyntheticFEMNIST
+from fedray.data.store.reader import StoreSource
+from fedray.data.store.verify import verify_store
+from fedray.data.store.writer import write_store
 from fedray.errors import ConfigError
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]

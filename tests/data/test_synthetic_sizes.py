@@ -4,8 +4,8 @@ distribution of the former single Beta(1.5, 1.5) stream. Pure numpy, no Ray."""
 import numpy as np
 import pytest
 
-from fedray.data.source import MemorySource, sizes_of
-from fedray.data.synthetic import SyntheticFEMNIST, beta15_cdf, size_cdf
+from fedray.data.client_source import MemorySource, sizes_of
+from fedray.data.sources.synthetic import SyntheticFEMNIST, beta15_cdf, size_cdf
 
 
 def _pmf(span: int) -> np.ndarray:

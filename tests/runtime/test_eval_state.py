@@ -26,7 +26,7 @@ from fedray.algorithms.base import (
 from fedray.core.evaluation import evaluate
 from fedray.core.flat_model import FlatModel
 from fedray.core.seeding import personalize_seed
-from fedray.data.source import MemorySource
+from fedray.data.client_source import MemorySource
 from fedray.errors import FedrayError
 from fedray.kernels.sequential import local_sgd
 from fedray.runtime.worker import (

@@ -15,7 +15,7 @@ from conftest import tiny_job
 from safetensors.torch import save as save_safetensors
 
 import fedray
-from fedray.data.synthetic import glyphs
+from fedray.data.sources.synthetic import glyphs
 from fedray.state.checkpoint import CHECKPOINT_FILE, read_checkpoint
 from fedray.state.client_state import ClientStateStore
 from fedray.state.run_dir import load_weights

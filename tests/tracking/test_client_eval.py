@@ -225,7 +225,7 @@ def test_personalization_table_script(tmp_path, monkeypatch, capsys):
 
 
 def test_in_memory_clients_keep_their_test_splits():
-    from fedray.data.source import MemorySource
+    from fedray.data.client_source import MemorySource
 
     src = MemorySource(CLIENTS, in_process=True)
     assert src.has_client_test and src.test_sizes()[4] == 0

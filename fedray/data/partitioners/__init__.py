@@ -20,10 +20,10 @@ from __future__ import annotations
 
 import inspect
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 import numpy as np
 
-from fedray.data.dataset import Dataset
 from fedray.data.partition import Partition
 from fedray.data.partitioners.common import _RULES, _seed, canonical_order, fingerprints
 from fedray.data.partitioners.dirichlet import dirichlet
@@ -34,6 +34,9 @@ from fedray.data.partitioners.natural import natural
 from fedray.data.partitioners.pachinko import pachinko
 from fedray.data.partitioners.similarity import similarity
 from fedray.errors import key_error
+
+if TYPE_CHECKING:  # a Dataset (fedray.data.dataset) uses this module: its type only
+    from fedray.data.dataset import Dataset
 
 __all__ = ["PARAMS", "PARTITIONERS", "canonical_order", "check_params", "fingerprints",
            "partition"]

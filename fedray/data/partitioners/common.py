@@ -8,7 +8,7 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
-from fedray.data.dataset import Split
+from fedray.data.examples import Split
 from fedray.errors import FedrayError, key_error
 
 # Stream tags: fixed forever, changing one changes every partition that uses it.

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import numpy as np
 
 from fedray.core.seeding import rng
-from fedray.data.dataset import Dataset
 from fedray.data.partition import Partition
 from fedray.data.partitioners.common import (
     DIRICHLET_MAX_ATTEMPTS,
@@ -21,6 +22,9 @@ from fedray.data.partitioners.common import (
     _to_original,
     canonical_order,
 )
+
+if TYPE_CHECKING:  # a Dataset (fedray.data.dataset) uses this module: its type only
+    from fedray.data.dataset import Dataset
 
 
 def _top_up(client: np.ndarray, k: int, min_examples: int) -> int:

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import numpy as np
 
 from fedray.core.seeding import rng
-from fedray.data.dataset import Dataset
 from fedray.data.partition import Partition
 from fedray.data.partitioners.common import (
     TAG_IID,
@@ -15,6 +16,9 @@ from fedray.data.partitioners.common import (
     _to_original,
     canonical_order,
 )
+
+if TYPE_CHECKING:  # a Dataset (fedray.data.dataset) uses this module: its type only
+    from fedray.data.dataset import Dataset
 
 
 def iid(dataset: Dataset, seed: int, num_clients: int) -> Partition:

@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from fedray.core.seeding import rng
-from fedray.data.dataset import Dataset
 from fedray.data.partition import Partition
 from fedray.data.partitioners.common import (
     TAG_IMBALANCE,
@@ -19,6 +19,9 @@ from fedray.data.partitioners.common import (
     canonical_order,
     largest_remainder,
 )
+
+if TYPE_CHECKING:  # a Dataset (fedray.data.dataset) uses this module: its type only
+    from fedray.data.dataset import Dataset
 
 
 def imbalance(
@@ -47,7 +50,7 @@ def imbalance(
     ``info["client_ratios"]`` records each client's rho. The test split stays central.
     Static: a client keeps its ratio for the whole run; seed 003 re-draws clients and ratios
     every round (seed 003 line 136), which is the job key ``data.per_round.imbalance``
-    (fedray.data.per_round).
+    (fedray.data.transforms.per_round).
     """
     seed = _seed(seed)
     n = len(dataset.train)

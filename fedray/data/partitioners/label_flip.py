@@ -3,10 +3,11 @@ clients)."""
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import numpy as np
 
 from fedray.core.seeding import rng
-from fedray.data.dataset import Dataset
 from fedray.data.partition import Partition
 from fedray.data.partitioners.common import (
     TAG_LABEL_FLIP,
@@ -20,6 +21,9 @@ from fedray.data.partitioners.common import (
 from fedray.data.partitioners.dirichlet import dirichlet
 from fedray.data.partitioners.iid import iid
 from fedray.errors import FedrayError
+
+if TYPE_CHECKING:  # a Dataset (fedray.data.dataset) uses this module: its type only
+    from fedray.data.dataset import Dataset
 
 
 def label_flip(
@@ -47,7 +51,7 @@ def label_flip(
     Static: the corruption holds for the whole run, and ``flip_ratio`` is a share of the
     client's *examples*. Seed 003's protocol re-draws the corruption every round and counts
     its flip ratio in *classes* (seed 003 lines 156, 173): the job key
-    ``data.per_round.label_flip`` (fedray.data.per_round).
+    ``data.per_round.label_flip`` (fedray.data.transforms.per_round).
     """
     seed = _seed(seed)
     n = len(dataset.train)

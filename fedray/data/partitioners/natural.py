@@ -10,13 +10,14 @@ from typing import TYPE_CHECKING, NamedTuple
 
 import numpy as np
 
-from fedray.data.dataset import Dataset, Split
+from fedray.data.examples import Split
 from fedray.data.partition import Partition
 from fedray.data.partitioners.common import _groups, _int, _seed, canonical_order
 from fedray.errors import FedrayError
 
-if TYPE_CHECKING:
-    from fedray.data.source import ClientSource
+if TYPE_CHECKING:  # types only: a Dataset (fedray.data.dataset) partitions itself here
+    from fedray.data.client_source import ClientSource
+    from fedray.data.dataset import Dataset
 
 
 def _by_owner(split: Split, k: int, what: str) -> list[np.ndarray]:

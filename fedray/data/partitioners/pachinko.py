@@ -3,10 +3,12 @@ labels per client."""
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import numpy as np
 
 from fedray.core.seeding import rng
-from fedray.data.dataset import Dataset, Split
+from fedray.data.examples import Split
 from fedray.data.partition import Partition
 from fedray.data.partitioners.common import (
     TAG_PACHINKO,
@@ -19,6 +21,9 @@ from fedray.data.partitioners.common import (
     canonical_order,
 )
 from fedray.errors import FedrayError
+
+if TYPE_CHECKING:  # a Dataset (fedray.data.dataset) uses this module: its type only
+    from fedray.data.dataset import Dataset
 
 
 def _fine_to_coarse(splits: list[tuple[str, Split]]) -> dict[int, int]:

@@ -3,10 +3,11 @@ label."""
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import numpy as np
 
 from fedray.core.seeding import rng
-from fedray.data.dataset import Dataset
 from fedray.data.partition import Partition
 from fedray.data.partitioners.common import (
     TAG_SIMILARITY,
@@ -17,6 +18,9 @@ from fedray.data.partitioners.common import (
     _to_original,
     canonical_order,
 )
+
+if TYPE_CHECKING:  # a Dataset (fedray.data.dataset) uses this module: its type only
+    from fedray.data.dataset import Dataset
 
 
 def similarity(dataset: Dataset, seed: int, num_clients: int, similarity: float) -> Partition:

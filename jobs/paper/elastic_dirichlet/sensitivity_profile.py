@@ -20,7 +20,7 @@ from safetensors.torch import load_file
 from fedray.algorithms.elastic import holdout_seed, holdout_split, sensitivity
 from fedray.core.flat_model import FlatModel
 from fedray.core.models import mlp
-from fedray.data.store import StoreSource
+from fedray.data.store.reader import StoreSource
 
 TAUS = (0.5, 0.1, 0.01, 0.001)
 

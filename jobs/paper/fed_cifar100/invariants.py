@@ -62,7 +62,7 @@ ROOT = Path(__file__).resolve().parents[3]
 if str(ROOT) not in sys.path:  # run from a checkout without `pip install -e .`
     sys.path.insert(0, str(ROOT))
 
-from fedray.data.cifar100 import FINE_TO_COARSE, NUM_CLASSES, NUM_COARSE  # noqa: E402
+from fedray.data.sources.cifar100 import FINE_TO_COARSE, NUM_CLASSES, NUM_COARSE  # noqa: E402
 from fedray.errors import FedrayError  # noqa: E402
 
 RECIPE = ROOT / "partitions" / "fed_cifar100.yaml"
@@ -225,7 +225,8 @@ def build_store(cifar: Path, out: Path, seed: int,
     with its client index under ``clients`` as arrays: names, and per split count, shard,
     offset and the dense label_histogram (600 clients x 100 classes: small)."""
     from fedray.data.recipe import build
-    from fedray.data.store import client_index, read_manifest
+    from fedray.data.store.format import read_manifest
+    from fedray.data.store.reader import client_index
 
     url, _ = build(RECIPE, [f"source.path={cifar}", f"out={out}", f"seed={seed}"],
                    log=lambda s: log(f"    {s.strip()}"))
@@ -385,7 +386,7 @@ def _fmt(v: float) -> str:
 
 def check_structure(rep: Report, m: dict, ds, url: str, expect: dict) -> dict[str, dict]:
     """Counts, sizes, exactly-once assignment, the coarse column, the shards."""
-    from fedray.data.store import verify_store
+    from fedray.data.store.verify import verify_store
 
     per = expect["per"]
     info = m.get("info", {})
@@ -685,8 +686,8 @@ def print_table(rep: Report) -> None:
 
 
 def run(a: argparse.Namespace, command: str) -> int:
-    from fedray.data.cifar100 import load_cifar100
     from fedray.data.recipe import load_recipe
+    from fedray.data.sources.cifar100 import load_cifar100
 
     t0 = time.perf_counter()
 

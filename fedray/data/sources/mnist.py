@@ -16,7 +16,8 @@ from pathlib import Path
 
 import numpy as np
 
-from fedray.data.dataset import Dataset, Split
+from fedray.data.dataset import Dataset
+from fedray.data.examples import Split
 from fedray.errors import FedrayError
 
 IMAGES_MAGIC = 0x00000803  # unsigned byte, 3 dimensions

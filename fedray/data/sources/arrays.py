@@ -15,7 +15,8 @@ from typing import Any
 
 import numpy as np
 
-from fedray.data.columns import (
+from fedray.data.dataset import Dataset
+from fedray.data.sources.columns import (
     DEFAULT_LABEL,
     Column,
     Part,
@@ -29,7 +30,6 @@ from fedray.data.columns import (
     split_flags,
     user_ids,
 )
-from fedray.data.dataset import Dataset
 from fedray.errors import FedrayError, one_line
 
 

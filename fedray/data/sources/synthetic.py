@@ -24,7 +24,8 @@ import torch
 import torch.nn.functional as F
 
 from fedray.core.seeding import rng
-from fedray.data.dataset import Dataset, Split
+from fedray.data.dataset import Dataset
+from fedray.data.examples import Split
 from fedray.timing.streams import stream_key, uniform
 
 NUM_CLASSES = 62

@@ -16,7 +16,7 @@ names is ``num_classes``), an ``Image`` is a struct of encoded ``bytes`` and a `
 ``Sequence`` of them is a numeric feature, a ``Value`` string can be the ``text`` column.
 With no input column named, the data set's one Image column is the input, or else every
 numeric column that is not the label, user or split column. The rows of each split then go
-through ``fedray.data.table.table_part``: the same checks and arrays as a table's.
+through ``fedray.data.sources.table.table_part``: the same checks and arrays as a table's.
 """
 
 from __future__ import annotations
@@ -28,9 +28,9 @@ from typing import Any
 
 import pyarrow as pa
 
-from fedray.data.columns import DEFAULT_LABEL, assemble, check_keys, source_doc
 from fedray.data.dataset import Dataset
-from fedray.data.table import table_part
+from fedray.data.sources.columns import DEFAULT_LABEL, assemble, check_keys, source_doc
+from fedray.data.sources.table import table_part
 from fedray.errors import FedrayError, key_error, one_line
 
 _NUMBER_TYPES = ("bool", "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32",

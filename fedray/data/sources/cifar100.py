@@ -17,7 +17,8 @@ from typing import IO, Any
 
 import numpy as np
 
-from fedray.data.dataset import Dataset, Split
+from fedray.data.dataset import Dataset
+from fedray.data.examples import Split
 from fedray.errors import FedrayError, one_line
 
 ARCHIVE = "cifar-100-python.tar.gz"

@@ -7,7 +7,7 @@ encoded images, or a ``text`` column), the ``label``, and optionally the ``user`
 ``split`` columns. Files are read with pyarrow alone; a file is parquet when it starts with
 parquet's magic bytes, CSV otherwise (so ``.csv.gz`` and unusual names work). A CSV's
 user-id column is read as text, so ids such as ``007`` keep their digits, and an empty
-unquoted cell is a null (a missing value), never an empty id. ``fedray.data.hf_disk`` reads
+unquoted cell is a null (a missing value), never an empty id. ``fedray.data.sources.hf_disk`` reads
 each split of a Hugging Face data set into a table and builds its Dataset here too.
 """
 
@@ -20,7 +20,8 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from fedray.data.columns import (
+from fedray.data.dataset import Dataset
+from fedray.data.sources.columns import (
     DEFAULT_LABEL,
     Column,
     Part,
@@ -36,7 +37,6 @@ from fedray.data.columns import (
     tokens,
     user_ids,
 )
-from fedray.data.dataset import Dataset
 from fedray.errors import FedrayError, one_line
 
 PARQUET_MAGIC = b"PAR1"

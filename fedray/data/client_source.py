@@ -58,7 +58,7 @@ def sizes_of(source: ClientSource, ids: Any, split: str = "train") -> np.ndarray
 
 
 def _as_xy(x: Any, y: Any, what: str) -> Arrays:
-    from fedray.data.dataset import first_nonfinite
+    from fedray.data.examples import first_nonfinite
 
     given = np.asarray(x)
     bad = first_nonfinite(given) if given.dtype.kind in "iuf" else None
@@ -219,10 +219,10 @@ def build_source(cfg: Any, client_data: Mapping | None = None,
         return MemorySource(client_data, test_data,
                             in_process=cfg.runtime.get("backend") == "inline")
     if cfg.data.partition != "synthetic":
-        from fedray.data.store import StoreSource
+        from fedray.data.store.reader import StoreSource
 
         return StoreSource(cfg.data.partition, manifest, max_open_shards=cfg.data.open_shards)
-    from fedray.data.synthetic import SyntheticFEMNIST
+    from fedray.data.sources.synthetic import SyntheticFEMNIST
 
     return SyntheticFEMNIST(**cfg.data.synthetic)
 

@@ -53,7 +53,8 @@ from typing import Any
 
 import numpy as np
 
-from fedray.data.dataset import Dataset, Split
+from fedray.data.dataset import Dataset
+from fedray.data.examples import Split
 from fedray.errors import FedrayError
 
 # TFF's Shakespeare character vocabulary, in TFF's order (id = position + 1)
@@ -184,7 +185,7 @@ def load_leaf_shakespeare(path: str) -> Dataset:
     becomes input ``ids(x)`` and target ``ids(x[1:] + y)``. Users are the natural clients;
     counts are checked as for LEAF FEMNIST, and a window that is not 80 characters or a ``y``
     that is not one character is an error naming the file, the user and the sample."""
-    from fedray.data.leaf import _read_split
+    from fedray.data.sources.leaf import _read_split
 
     root = Path(path)
     parts = [_read_split(root, split, _read_leaf_user, who="user")
@@ -225,7 +226,7 @@ def load_tff_shakespeare(path: str) -> Dataset:
     ``path``: ``examples/<client>/snippets``, one variable-length byte string per snippet,
     clients in sorted id order. Each snippet is tokenized as TFF does (module docstring).
     Train and test clients are the same roles, so ``owners`` joins them."""
-    from fedray.data.tff import _read_clients, _require
+    from fedray.data.sources.tff import _read_clients, _require
 
     root = Path(path)
     parts = []

@@ -16,7 +16,8 @@ from typing import Any
 
 import numpy as np
 
-from fedray.data.dataset import Dataset, Split
+from fedray.data.dataset import Dataset
+from fedray.data.examples import Split
 from fedray.errors import FedrayError
 
 NUM_CLASSES = 62
@@ -49,7 +50,8 @@ def _read_split(root: Path, split: str, read_user: UserReader | None = None,
     """Every user of every LEAF JSON file of ``root/split``, files by name, users by id.
 
     ``read_user`` turns one user's entry into arrays (FEMNIST's pixels by default;
-    fedray.data.shakespeare reads characters with it); ``who`` is what messages call a user."""
+    fedray.data.sources.shakespeare reads characters with it); ``who`` is what messages
+    call a user."""
     directory = root / split
     if not directory.is_dir():
         raise FedrayError(f"{directory}: LEAF {split}/ directory not found")

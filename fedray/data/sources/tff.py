@@ -13,7 +13,8 @@ from pathlib import Path
 import h5py
 import numpy as np
 
-from fedray.data.dataset import Dataset, Split
+from fedray.data.dataset import Dataset
+from fedray.data.examples import Split
 from fedray.errors import FedrayError, one_line
 
 _EMNIST_PAIRS = (("fed_emnist_train.h5", "fed_emnist_test.h5", 62),

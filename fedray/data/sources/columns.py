@@ -18,13 +18,15 @@ from __future__ import annotations
 import io
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import Any
 
 import numpy as np
 import pyarrow as pa
 
-from fedray.data.dataset import MAX_CLASSES, Dataset, Split, first_nonfinite
+from fedray.data.dataset import Dataset
+from fedray.data.examples import MAX_CLASSES, Split, first_nonfinite
+from fedray.data.sources.spec import SourceSpec
 from fedray.errors import FedrayError, key_error, one_line
 
 # source.<key>s that each bring-your-own source reads (recipe.SourceSpec documents them)
@@ -100,10 +102,6 @@ def check_keys(source: str, keys: Mapping[str, Any]) -> None:
 def source_doc(name: str, path: str | None, **keys: Any) -> dict:
     """The recipe ``source`` section that describes data read by a ``from_*`` call
     (recipe.SourceSpec's defaults, then ``keys``), recorded in the store it ends in."""
-    from dataclasses import asdict
-
-    from fedray.data.recipe import SourceSpec
-
     return {**asdict(SourceSpec()), "name": name, "path": path,
             **{k: list(v) if isinstance(v, (list, tuple)) else v for k, v in keys.items()}}
 
@@ -342,9 +340,9 @@ def images(col: Column, values: Any) -> np.ndarray:
 
 def tokens(col: Column, values: Any, length: int) -> np.ndarray:
     """Text as ``length`` character ids per row, uint8 [n, length]: fedray's Shakespeare
-    vocabulary (fedray.data.shakespeare: TFF's 86 characters as ids 1..86, any other
+    vocabulary (fedray.data.sources.shakespeare: TFF's 86 characters as ids 1..86, any other
     character 87), cut after ``length`` characters or padded with 0."""
-    from fedray.data.shakespeare import PAD, char_ids
+    from fedray.data.sources.shakespeare import PAD, char_ids
 
     v, null = _numpy(col, values)
     _first_null(col, null, "missing text")

@@ -11,7 +11,7 @@ trains in. The central test set is never shifted: it stays the source's own dist
 
 The shift is a pure function of (seed, client_id) and the client's stored data: the same on
 any worker, at any worker count, in any order and in every round. The worker applies it as
-it reads a client's split, before ``data.per_round`` (fedray.data.per_round), whose draws
+it reads a client's split, before ``data.per_round`` (fedray.data.transforms.per_round), whose draws
 then pick among, or relabel, already shifted examples.
 
 Each option is off at its default, and each is drawn from its own stream, so switching one
@@ -129,7 +129,7 @@ def _number(section: Any, key: str, default: float, rule: str, ok) -> float:
 def parse_per_client(section: Any, per_round: Any = None) -> PerClient | None:
     """``data.per_client`` checked and parsed, or None when no option is switched on.
     Every impossible value is one line naming its key. ``per_round``: the parsed
-    ``data.per_round`` (fedray.data.per_round.PerRound), whose ``pool: all`` cannot be
+    ``data.per_round`` (fedray.data.transforms.per_round.PerRound), whose ``pool: all`` cannot be
     combined with a shift (a round's examples would come from other clients' stored data,
     which has no index in this client's noise stream)."""
     if section is None:

@@ -11,8 +11,10 @@ from typing import Any
 
 import numpy as np
 
-from fedray.data.client_index import ClientIndex
-from fedray.data.store import client_index, read_manifest, verify_store
+from fedray.data.store.client_index import ClientIndex
+from fedray.data.store.format import read_manifest
+from fedray.data.store.reader import client_index
+from fedray.data.store.verify import verify_store
 
 
 def _entropy_bits(hist: np.ndarray) -> np.ndarray:

@@ -4,7 +4,7 @@ A config names a source (``source.name``) and a local path (``source.path``); th
 turns that pair into a Dataset and reports a wrong name or a missing path as a one-line
 FedrayError before any loader starts reading. ``LOADERS`` read the official formats of
 published data sets; ``GENERIC_LOADERS`` read a user's own data, and take the recipe's
-column keys as options (``fedray.data.columns.SOURCE_KEYS``).
+column keys as options (``fedray.data.sources.columns.SOURCE_KEYS``).
 """
 
 from __future__ import annotations
@@ -12,19 +12,19 @@ from __future__ import annotations
 import os
 from collections.abc import Callable
 
-from fedray.data.arrays import load_npz
-from fedray.data.cifar100 import load_cifar100
 from fedray.data.dataset import Dataset
-from fedray.data.hf_disk import from_hf_disk
-from fedray.data.leaf import load_leaf_femnist
-from fedray.data.mnist import load_mnist
-from fedray.data.shakespeare import (
+from fedray.data.sources.arrays import load_npz
+from fedray.data.sources.cifar100 import load_cifar100
+from fedray.data.sources.hf_disk import from_hf_disk
+from fedray.data.sources.leaf import load_leaf_femnist
+from fedray.data.sources.mnist import load_mnist
+from fedray.data.sources.shakespeare import (
     load_leaf_shakespeare,
     load_shakespeare_folio,
     load_tff_shakespeare,
 )
-from fedray.data.table import from_table
-from fedray.data.tff import load_tff_cifar100, load_tff_emnist
+from fedray.data.sources.table import from_table
+from fedray.data.sources.tff import load_tff_cifar100, load_tff_emnist
 from fedray.errors import FedrayError, key_error
 
 LOADERS: dict[str, Callable[[str], Dataset]] = {
