@@ -65,7 +65,7 @@ def main(argv: list[str] | None = None) -> int:
             "output": {"save_weights": False}}
     rows = []
     try:
-        with ray_session(load_config(base, args.overrides)):
+        with ray_session(load_config(base, args.overrides).runtime):
             for name in args.algorithms:
                 over = [f"algorithm.name={name}", f"output.dir={args.out}/{name}",
                         *SETTINGS.get(name, []), *args.overrides]

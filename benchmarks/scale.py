@@ -256,7 +256,7 @@ def selector_cost(names: list[str], population: int, ks: list[int], rounds: int)
             selector.init_server(RoundPlan(seed=0, population=population,
                                            clients_per_round=k, sampling="fixed",
                                            rounds=rounds, num_params=100_000))
-            part = Participation(selector, name, cfg, population, sizes, clock)
+            part = Participation(selector, name, cfg.sampling, cfg.seed, population, sizes, clock)
             gen = np.random.default_rng(0)
             times, t = [], 0.0
             for r in range(1, rounds + 1):

@@ -23,7 +23,8 @@ from typing import TYPE_CHECKING, Any
 
 from omegaconf import DictConfig, OmegaConf
 
-from fedray.config import ConfigSource, load_config, validate, with_algorithm
+from fedray.algorithms.registry import canonical
+from fedray.config import ConfigSource, FedrayConfig, load_config, typed, validate
 from fedray.errors import DivergedError, FedrayError, PartError, key_error
 from fedray.state.redact import mask
 from fedray.state.storage import RunClaim, absolute_url, filesystem, storage_failure
@@ -51,6 +52,21 @@ class RunResult:
 
 
 _SAID: set[str] = set()  # deprecation notes this process has printed
+
+
+def with_algorithm(cfg: DictConfig, notes: list[str] | None = None) -> DictConfig:
+    """``cfg`` with its ``algorithm`` section as a run records it (registry.canonical): the
+    part keys as given, and one section per part with every hyper-parameter, defaults
+    filled; legacy flat keys (``algorithm.prox_mu``) gone, read into the section they name
+    where a part uses it (each such read adds a line to ``notes``)."""
+    algorithm = canonical(cfg.algorithm, cfg.server, notes, client_lr=cfg.client.lr)
+    out = OmegaConf.merge(cfg, {})  # a writable copy
+    OmegaConf.set_readonly(out, False)
+    for key in [k for k in out.algorithm if k not in algorithm]:
+        out.algorithm.pop(key)
+    out = OmegaConf.merge(out, {"algorithm": algorithm})
+    OmegaConf.set_readonly(out, True)
+    return out
 
 
 def prepare(config: ConfigSource | None, overrides: list[str] | tuple = (),
@@ -138,14 +154,15 @@ def _check_parts_against_model(cfg: DictConfig, client_data: Mapping | None,
     from fedray.runtime.adversary import resolve as resolve_adversary
     from fedray.runtime.participation import check_selector
 
-    resolved = resolve(cfg.algorithm, cfg.server)
-    sm = cfg.sampling
+    job = typed(cfg)
+    resolved = resolve(job.algorithm, job.server)
+    sm = job.sampling
     check_plan(resolved.aggregator, RoundPlan(
         seed=cfg.seed, population=population, clients_per_round=sm.clients_per_round,
         sampling=sm.mode, rounds=cfg.rounds, num_params=0, dropout=sm.dropout,
         always=tuple(sm.always)))
     check_selector(resolved.names["selector"], resolved.selector, sm)
-    adversary = resolve_adversary(cfg.adversary, cfg.seed, population,
+    adversary = resolve_adversary(job.adversary, job.seed, population,
                                   trusted=tuple(resolved.aggregator.trusted))
     if adversary is not None:  # omniscient attacks need the individual path, before Ray
         adversary.check_parts(resolved.aggregator, resolved.names["aggregator"],
@@ -161,10 +178,9 @@ def _check_parts_against_model(cfg: DictConfig, client_data: Mapping | None,
 
     def make_model() -> Any:
         from fedray.core.models import source_model_factory
-        from fedray.data.client_source import build_source
 
-        source = build_source(cfg, client_data, test_data, manifest)
-        return (model_fn or source_model_factory(cfg.model, source))()
+        source = _build_source(job, client_data, test_data, manifest)
+        return (model_fn or source_model_factory(job.model, source))()
 
     check_against_model(resolved, make_model)
 
@@ -445,11 +461,11 @@ def _run_claimed(cfg: DictConfig, url: str, model_fn: Callable | None,
     (appended to ``metrics`` as they arrive)."""
     from fedray.algorithms.registry import resolve
     from fedray.core.models import source_model_factory
-    from fedray.data.client_source import build_source
 
-    if cfg.runtime.backend == "inline":
-        source = build_source(cfg, client_data, test_data, manifest)
-        make_model = model_fn or source_model_factory(cfg.model, source)
+    job = typed(cfg)  # the sections each part of the run is handed
+    if job.runtime.backend == "inline":
+        source = _build_source(job, client_data, test_data, manifest)
+        make_model = model_fn or source_model_factory(job.model, source)
         summary, weights = _run_inline(cfg, url, source, make_model, callbacks, resume,
                                        metrics)
         return RunResult(weights=weights, metrics=metrics, summary=summary, run_dir=url,
@@ -462,14 +478,14 @@ def _run_claimed(cfg: DictConfig, url: str, model_fn: Callable | None,
     from fedray.runtime.pool import launch_workers, pool_size
     from fedray.runtime.session import ray_session
 
-    with ray_session(cfg):
-        source = build_source(cfg, client_data, test_data, manifest)
-        make_model = model_fn or source_model_factory(cfg.model, source)
+    with ray_session(job.runtime):
+        source = _build_source(job, client_data, test_data, manifest)
+        make_model = model_fn or source_model_factory(job.model, source)
         strategy, resources = _placement()
-        num_workers = pool_size(cfg, resources)
+        num_workers = pool_size(job.runtime, job.sampling.clients_per_round, resources)
         driver_cls = ray.remote(Driver).options(num_cpus=0, scheduling_strategy=strategy)
         driver = driver_cls.remote()
-        w = cfg.runtime.worker  # its workers start beside it; it configures them in setup()
+        w = job.runtime.worker  # its workers start beside it; it configures them in setup()
         launched = launch_workers(num_workers, w.num_cpus, w.num_gpus)
 
         def call(method: str, *args: Any) -> Any:
@@ -486,7 +502,7 @@ def _run_claimed(cfg: DictConfig, url: str, model_fn: Callable | None,
         try:  # from here on, the driver and the launched workers end with the run
             notes = call("setup", OmegaConf.to_container(cfg, resolve=True), source,
                          make_model, num_workers, url, resume is not None, launched,
-                         resolve(cfg.algorithm, cfg.server))
+                         resolve(job.algorithm, job.server))
             for note in notes:
                 _note(note)
             summary, weights = _drive(call, cfg, url, callbacks, metrics)
@@ -507,8 +523,9 @@ def _run_inline(cfg: DictConfig, url: str, source: Any, make_model: Callable,
     from fedray.algorithms.registry import resolve
     from fedray.runtime.driver import Driver
 
-    num_workers = cfg.runtime.num_workers or 1
-    if cfg.runtime.worker.num_gpus > 0:
+    job = typed(cfg)
+    num_workers = job.runtime.num_workers or 1
+    if job.runtime.worker.num_gpus > 0:
         _note("runtime.backend=inline: the workers train on this process's CPU; "
               "runtime.worker.num_gpus is not used")
     threads = torch.get_num_threads()
@@ -517,13 +534,22 @@ def _run_inline(cfg: DictConfig, url: str, source: Any, make_model: Callable,
             driver = Driver()
             notes = driver.setup(OmegaConf.to_container(cfg, resolve=True), source, make_model,
                                  num_workers, url, resume is not None, None,
-                                 resolve(cfg.algorithm, cfg.server))
+                                 resolve(job.algorithm, job.server))
             for note in notes:
                 _note(note)
             return _drive(lambda method, *args: getattr(driver, method)(*args), cfg, url,
                           callbacks, metrics)
     finally:
         torch.set_num_threads(threads)
+
+
+def _build_source(job: FedrayConfig, client_data: Mapping | None, test_data: tuple | None,
+                  manifest: dict | None) -> Any:
+    """The run's client source, from its ``data`` section (or ``client_data``)."""
+    from fedray.data.client_source import build_source
+
+    return build_source(job.data, client_data, test_data, manifest,
+                        in_process=job.runtime.backend == "inline")
 
 
 def _note(text: str) -> None:

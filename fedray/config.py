@@ -12,6 +12,7 @@ import math
 import os
 import time
 import typing
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -20,6 +21,7 @@ from omegaconf import DictConfig, ListConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from fedray.errors import ConfigError, key_error, one_line, yaml_problem
+from fedray.section import FrozenMap, Section, frozen
 
 # A synthetic client's size and data are hashed from its id on demand, so no process holds
 # anything per client; the bound is the largest population sampling, the clock and the
@@ -33,8 +35,9 @@ MAX_KEY_PARTS = 32
 MAX_NAME_BYTES = 200
 
 
+
 @dataclass
-class SyntheticConfig:
+class SyntheticConfig(Section):
     """The built-in FEMNIST-shaped generator (fedray.data.sources.synthetic)."""
 
     num_clients: int = 1000
@@ -46,7 +49,7 @@ class SyntheticConfig:
 
 
 @dataclass
-class ImbalanceRoundConfig:
+class ImbalanceRoundConfig(Section):
     """data.per_round.imbalance: each round, a client's training examples re-drawn with an
     exponential class imbalance (fedray.data.transforms.per_round). Off while ``ratios`` is
     empty."""
@@ -58,7 +61,7 @@ class ImbalanceRoundConfig:
 
 
 @dataclass
-class LabelFlipRoundConfig:
+class LabelFlipRoundConfig(Section):
     """data.per_round.label_flip: each round, a client corrupted with probability
     ``corruption``, a ``flip_ratio`` share of its classes relabelled. Off at 0."""
 
@@ -67,7 +70,7 @@ class LabelFlipRoundConfig:
 
 
 @dataclass
-class PerRoundConfig:
+class PerRoundConfig(Section):
     """data.per_round: transforms of a client's training data drawn afresh every round from
     (seed, round, client_id); applied by the worker, imbalance first, then label_flip."""
 
@@ -76,7 +79,7 @@ class PerRoundConfig:
 
 
 @dataclass
-class PerClientConfig:
+class PerClientConfig(Section):
     """data.per_client: a feature shift fixed per client (its domain), drawn from
     (seed, client_id) alone and applied to its train and test splits
     (fedray.data.transforms.per_client);
@@ -91,7 +94,7 @@ class PerClientConfig:
 
 
 @dataclass
-class DataConfig:
+class DataConfig(Section):
     # 'synthetic', a partition store's path or URL, or 'memory' (fedray.run's client_data)
     partition: str = "synthetic"
     verify: bool = True  # check a store's shard checksums before the run starts
@@ -102,7 +105,7 @@ class DataConfig:
 
 
 @dataclass
-class ModelConfig:
+class ModelConfig(Section):
     # a registered model (fedray.core.models.MODELS) or a user's, by import path:
     # module:Class or path/to/file.py:Class (a class or a function returning an nn.Module)
     name: str = "emnist_cnn"
@@ -113,7 +116,7 @@ class ModelConfig:
 
 
 @dataclass
-class AlgorithmConfig:
+class AlgorithmConfig(Section):
     """The algorithm's parts (fedray.algorithms): each a registered name or an import path
     ``module:Class``. Beside these keys the section is open: ``algorithm.<section>`` holds
     the hyper-parameters of the part whose section it is (``algorithm.fedprox.mu``), checked
@@ -132,7 +135,7 @@ class AlgorithmConfig:
 
 
 @dataclass
-class AdversaryConfig:
+class AdversaryConfig(Section):
     """Malicious clients and what they do (fedray.runtime.adversary; docs/robustness.md):
     each client malicious with chance ``fraction``, fixed per (seed, client id), or the ids
     in ``clients``; ``attacks`` in order (registered names or import paths). Beside these
@@ -145,7 +148,7 @@ class AdversaryConfig:
 
 
 @dataclass
-class ClientConfig:
+class ClientConfig(Section):
     lr: float = 0.1
     batch_size: int = 20
     local_epochs: int = 1
@@ -155,7 +158,7 @@ class ClientConfig:
 
 
 @dataclass
-class ServerConfig:
+class ServerConfig(Section):
     lr: float = 1.0
     momentum: float = 0.9  # server_opt: momentum, nesterov
     # server_opt: momentum, nesterov: m <- momentum m + (1 - dampening) delta (PyTorch's
@@ -167,7 +170,7 @@ class ServerConfig:
 
 
 @dataclass
-class SamplingConfig:
+class SamplingConfig(Section):
     clients_per_round: int = 10
     always: list[int] = field(default_factory=list)  # client indices in every round
     dropout: float = 0.0  # chance that a sampled client drops out of the round
@@ -182,7 +185,7 @@ class SamplingConfig:
 
 
 @dataclass
-class GuardConfig:
+class GuardConfig(Section):
     # a client update whose L2 norm exceeds this is dropped from its round (null: no bound);
     # updates with NaN or Inf are always dropped
     max_update_norm: float | None = None
@@ -193,7 +196,7 @@ class GuardConfig:
 
 
 @dataclass
-class WorkerConfig:
+class WorkerConfig(Section):
     num_cpus: float = 1.0
     num_gpus: float = 0.0
     cache_mb: int = 256  # per-worker LRU of client data
@@ -210,7 +213,7 @@ class WorkerConfig:
 
 
 @dataclass
-class ReduceConfig:
+class ReduceConfig(Section):
     # the reduction tree (fedray/runtime/reduction_tree.py): null, the driver merges every
     # worker's partial sum; G >= 2, partial sums are added in groups of G consecutive
     # worker slots, then the groups' sums by the driver
@@ -227,7 +230,7 @@ RAY_MIN_OBJECT_STORE_MB = 75
 
 
 @dataclass
-class RuntimeConfig:
+class RuntimeConfig(Section):
     address: str | None = None  # Ray address to connect to; None starts a local Ray
     num_workers: int | None = None  # None: as many as the cluster's resources allow
     num_cpus: int | None = None  # CPUs of a locally started Ray (None: all)
@@ -262,7 +265,7 @@ class RuntimeConfig:
 
 
 @dataclass
-class PersonalizeConfig:
+class PersonalizeConfig(Section):
     # personalized evaluation: each federated-eval client fine-tunes a copy of the global
     # model on its own train split (local SGD from its own seed) before its test split is
     # evaluated; on when steps or epochs > 0. The global model is never touched.
@@ -273,7 +276,7 @@ class PersonalizeConfig:
 
 
 @dataclass
-class EvalConfig:
+class EvalConfig(Section):
     every: int = 1  # evaluate after every N-th round and after the last; 0: only after the last
     central: bool = True  # on the data set's central test set
     # also on the held-out data of this many fixed clients: pooled (fed_test_*), per-client
@@ -284,7 +287,7 @@ class EvalConfig:
 
 
 @dataclass
-class ClockDevicesConfig:
+class ClockDevicesConfig(Section):
     """clock.devices: each client's device (fedray.timing.devices): log-normal profiles
     drawn once per (seed, client id), or the rows of a device trace file."""
 
@@ -299,7 +302,7 @@ class ClockDevicesConfig:
 
 
 @dataclass
-class ClockAvailabilityConfig:
+class ClockAvailabilityConfig(Section):
     """clock.availability: when a client is online (fedray.timing.availability)."""
 
     model: str = "always"  # always | diurnal | trace
@@ -311,7 +314,7 @@ class ClockAvailabilityConfig:
 
 
 @dataclass
-class ClockConfig:
+class ClockConfig(Section):
     """clock: simulated time (docs/time.md). Off: no clock work at all."""
 
     enabled: bool = False
@@ -324,7 +327,7 @@ class ClockConfig:
 
 
 @dataclass
-class CheckpointConfig:
+class CheckpointConfig(Section):
     # write run_dir/checkpoint.safetensors after every N-th round and after the last, so
     # `fedray run --resume RUN_DIR` can continue; 0: only after the last round
     every: int = 10
@@ -335,7 +338,7 @@ class CheckpointConfig:
 
 
 @dataclass
-class OutputConfig:
+class OutputConfig(Section):
     dir: str | None = None  # any fsspec URL; None: runs/<name>-<timestamp>
     save_weights: bool = True
     # each round's invited clients as participants/round_<r>.arrow (who arrived, loss,
@@ -355,7 +358,7 @@ class OutputConfig:
 
 
 @dataclass
-class FedrayConfig:
+class FedrayConfig(Section):
     name: str = "fedray"
     seed: int = 0
     rounds: int = 10
@@ -379,6 +382,33 @@ class FedrayConfig:
 
 
 ConfigSource = str | os.PathLike | dict | DictConfig | FedrayConfig
+
+
+def _typed_section(cls: type, tree: Mapping[str, Any], key: str) -> Any:
+    values = {}
+    for f in dataclasses.fields(cls):
+        value = tree[f.name] if f.name in tree else getattr(cls(), f.name)
+        sub = f.default_factory if f.default_factory is not dataclasses.MISSING else None
+        if isinstance(sub, type) and issubclass(sub, Section):
+            values[f.name] = _typed_section(sub, value, f"{key}{f.name}.")
+        else:
+            values[f.name] = frozen(value)
+    out = cls(**values)
+    extra = {k: frozen(v) for k, v in tree.items() if k not in values}
+    if extra:
+        if key.rstrip(".") not in FedrayConfig.OPEN_SECTIONS:
+            raise ConfigError(f"unknown config key '{key}{next(iter(extra))}'")
+        object.__setattr__(out, "sections", FrozenMap(extra))
+    object.__setattr__(out, "_typed", True)
+    return out
+
+
+def typed(cfg: Any) -> FedrayConfig:
+    """The resolved job as immutable typed sections: what fedray.run hands the subsystems
+    after ``load_config``, ``validate`` and ``with_algorithm`` (a DictConfig or its plain
+    dict; config.yaml records the same tree)."""
+    tree = OmegaConf.to_container(cfg, resolve=True) if OmegaConf.is_config(cfg) else cfg
+    return _typed_section(FedrayConfig, tree, "")
 
 # keys people look for where they are not: where they are (the selector is a part)
 ELSEWHERE = {"sampling.selector": "algorithm.selector"}
@@ -921,23 +951,6 @@ def validate(cfg: DictConfig, population: int, *, custom_model: bool = False) ->
       cfg.model.loss)
     # the algorithm's parts check their own sections when fedray.api.prepare resolves them
     # (with_algorithm), right after this, and the adversary's section with them
-
-
-def with_algorithm(cfg: DictConfig, notes: list[str] | None = None) -> DictConfig:
-    """``cfg`` with its ``algorithm`` section as a run records it (registry.canonical): the
-    part keys as given, and one section per part with every hyper-parameter, defaults
-    filled; legacy flat keys (``algorithm.prox_mu``) gone, read into the section they name
-    where a part uses it (each such read adds a line to ``notes``)."""
-    from fedray.algorithms.registry import canonical
-
-    algorithm = canonical(cfg.algorithm, cfg.server, notes, client_lr=cfg.client.lr)
-    out = OmegaConf.merge(cfg, {})  # a writable copy
-    OmegaConf.set_readonly(out, False)
-    for key in [k for k in out.algorithm if k not in algorithm]:
-        out.algorithm.pop(key)
-    out = OmegaConf.merge(out, {"algorithm": algorithm})
-    OmegaConf.set_readonly(out, True)
-    return out
 
 
 def to_yaml(cfg: DictConfig) -> str:

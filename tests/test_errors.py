@@ -153,7 +153,7 @@ def _checkpointed_runs(runs: pathlib.Path) -> None:
     and ``foreign``, whose checkpoint was written by another run (another run id)."""
     import torch
 
-    from fedray.config import with_algorithm
+    from fedray.api import with_algorithm
     from fedray.state.checkpoint import (
         CHECKPOINT_FILE,
         RUN_ID_LINE,

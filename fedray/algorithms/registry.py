@@ -29,7 +29,10 @@ import sysconfig
 from dataclasses import dataclass, field
 from typing import Any
 
+from omegaconf import DictConfig, OmegaConf
+
 from fedray.errors import ConfigError, FedrayError, key_error
+from fedray.section import Section, section_tree
 
 KINDS = ("client", "aggregator", "server_opt", "selector")
 _BASES = {"client": "ClientWork", "aggregator": "Aggregator", "server_opt": "ServerOptimizer",
@@ -265,7 +268,6 @@ def params_of(cls: type, section_cfg: Any, key: str, part: str = "") -> Any:
     how errors name the part (``algorithm.aggregator my_algos:Median``)."""
     import dataclasses
 
-    from omegaconf import OmegaConf
     from omegaconf.errors import OmegaConfBaseException
 
     if cls.Params is None:
@@ -405,10 +407,11 @@ def resolve(algorithm: Any, server: Any = None, *, notes: list[str] | None = Non
     its section and checked. Sections no part uses are an error, except the legacy flat keys
     (``LEGACY_KEYS``), which old jobs and runs carry for every algorithm and which count
     only for a part that uses them (each such use adds a line to ``notes``)."""
-    from omegaconf import DictConfig, OmegaConf
-
-    tree = (OmegaConf.to_container(algorithm, resolve=True)
-            if isinstance(algorithm, DictConfig) else dict(algorithm))
+    if isinstance(algorithm, Section):  # typed (fedray.config.typed): the driver's
+        tree = section_tree(algorithm)
+    else:
+        tree = (OmegaConf.to_container(algorithm, resolve=True)
+                if isinstance(algorithm, DictConfig) else dict(algorithm))
     base = preset(tree.get("name") or "fedavg")
     names = {k: tree.get(k) or getattr(base, k) for k in KINDS}
     classes = {k: lookup(k, names[k], f"algorithm.{k}" if tree.get(k) else "algorithm.name")
@@ -552,10 +555,11 @@ def canonical(algorithm: Any, server: Any = None, notes: list[str] | None = None
     """The ``algorithm`` section as a run records it: the part keys as given, legacy keys
     dropped, and a section with every hyper-parameter of each part that has one.
     ``client_lr`` (the job's client.lr) may be 0 only for a client part that allows it."""
-    from omegaconf import DictConfig, OmegaConf
-
-    tree = (OmegaConf.to_container(algorithm, resolve=True)
-            if isinstance(algorithm, DictConfig) else dict(algorithm))
+    if isinstance(algorithm, Section):  # typed (fedray.config.typed): the driver's
+        tree = section_tree(algorithm)
+    else:
+        tree = (OmegaConf.to_container(algorithm, resolve=True)
+                if isinstance(algorithm, DictConfig) else dict(algorithm))
     resolved = resolve(tree, server, notes=notes)
     if client_lr == 0 and not getattr(resolved.client, "allows_zero_lr", False):
         raise key_error("client.lr", f"must be > 0 for client part {resolved.names['client']} "
@@ -566,4 +570,3 @@ def canonical(algorithm: Any, server: Any = None, notes: list[str] | None = None
         out["stages"] = list(resolved.stage_names)
     out.update(resolved.sections)
     return out
-

@@ -59,6 +59,7 @@ import fsspec
 import numpy as np
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
+from fedray.config import typed
 from fedray.errors import ConfigError, FedrayError
 from fedray.state.redact import mask
 from fedray.state.storage import LOCK_FILE, RunClaim, absolute_url, filesystem
@@ -443,10 +444,11 @@ def client_state_disk(sweep: DictConfig, job: DictConfig,
                 trial_config(base, params, "unused", sweep.workers_per_trial))
             key = json.dumps([OmegaConf.to_container(cfg[k], resolve=True)
                               for k in ("data", "model", "algorithm", "server")], default=str)
+            trial = typed(cfg)
             if key not in built:
-                source = build_source(cfg)
-                template = FlatModel(source_model_factory(cfg.model, source)())
-                parts = resolve(cfg.algorithm, cfg.server)
+                source = build_source(trial.data, in_process=trial.runtime.backend == "inline")
+                template = FlatModel(source_model_factory(trial.model, source)())
+                parts = resolve(trial.algorithm, trial.server)
                 built[key] = (source.population, template, parts.client, parts.stages)
             population, template, client, stages = built[key]
             if not keeps_client_state(client, stages):
@@ -455,9 +457,9 @@ def client_state_disk(sweep: DictConfig, job: DictConfig,
                                        clients_per_round=cfg.sampling.clients_per_round,
                                        sampling=cfg.sampling.mode, rounds=cfg.rounds,
                                        num_params=template.num_params))
-            disk = run_estimate(cfg, population, k, template, client, stages,
-                                sweep.workers_per_trial)
-            refusal = over_budget(cfg, disk)
+            disk = run_estimate(trial.runtime.worker, trial.rounds, population, k, template,
+                                client, stages, sweep.workers_per_trial)
+            refusal = over_budget(trial.runtime, disk)
             if refusal:
                 what = ", ".join(f"{k}={v!r}" for k, v in params.items())
                 raise ConfigError(f"sweep setting {what}: {refusal}")
@@ -611,7 +613,8 @@ def _check_fits(job: DictConfig, workers: int, resources: dict[str, float]) -> N
     from fedray.runtime.pool import pool_size
 
     try:
-        pool_size(OmegaConf.merge(job, {"runtime": {"num_workers": workers}}), resources)
+        trial = typed(OmegaConf.merge(job, {"runtime": {"num_workers": workers}}))
+        pool_size(trial.runtime, trial.sampling.clients_per_round, resources)
     except FedrayError as exc:
         raise FedrayError(f"workers_per_trial={workers}: {exc}") from None
 
@@ -1086,7 +1089,7 @@ def _run_sweep(source: Any, overrides: list[str] | tuple, resume: str | None,
     todo = _to_run(sweep, record)
     again = f"fedray sweep --resume {mask(sweep.output)}"
     start = time.perf_counter()
-    with ray_session(job):
+    with ray_session(typed(job).runtime):
         import ray
 
         if not job.runtime.address and not os.environ.get("RAY_ADDRESS"):

@@ -28,6 +28,8 @@ from typing import Any
 import torch
 from torch import nn
 
+from fedray.section import thawed
+
 ModelFactory = Callable[[tuple[int, ...], int], nn.Module]
 
 
@@ -389,8 +391,9 @@ def source_model_factory(model: Any, source: Any) -> Callable[[], nn.Module]:
     build."""
     from omegaconf import OmegaConf
 
-    return model_factory(model.name, OmegaConf.to_container(model.args, resolve=True),
-                         tuple(source.input_shape), source.num_classes)
+    args = (OmegaConf.to_container(model.args, resolve=True) if OmegaConf.is_config(model.args)
+            else thawed(model.args))  # a typed section's (fedray.config.typed)
+    return model_factory(model.name, args, tuple(source.input_shape), source.num_classes)
 
 
 def fit_problem(module: nn.Module, input_shape: tuple[int, ...], num_classes: int,

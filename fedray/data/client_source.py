@@ -21,8 +21,10 @@ from typing import Any, Protocol
 import numpy as np
 import torch
 
+from fedray.config import DataConfig
 from fedray.core.tensors import readonly_tensor
 from fedray.errors import FedrayError
+from fedray.section import section_tree
 
 Arrays = tuple[np.ndarray, np.ndarray]
 
@@ -212,19 +214,20 @@ class MemorySource:
         return state
 
 
-def build_source(cfg: Any, client_data: Mapping | None = None,
-                 test_data: tuple | None = None, manifest: dict | None = None) -> ClientSource:
-    """The source a config names ('synthetic' or a store URL), or in-memory client data."""
+def build_source(data: DataConfig, client_data: Mapping | None = None,
+                 test_data: tuple | None = None, manifest: dict | None = None, *,
+                 in_process: bool = False) -> ClientSource:
+    """The source the ``data`` section names ('synthetic' or a store URL), or in-memory
+    client data (``in_process``: the inline backend's, read where it was given)."""
     if client_data is not None:
-        return MemorySource(client_data, test_data,
-                            in_process=cfg.runtime.get("backend") == "inline")
-    if cfg.data.partition != "synthetic":
+        return MemorySource(client_data, test_data, in_process=in_process)
+    if data.partition != "synthetic":
         from fedray.data.store.reader import StoreSource
 
-        return StoreSource(cfg.data.partition, manifest, max_open_shards=cfg.data.open_shards)
+        return StoreSource(data.partition, manifest, max_open_shards=data.open_shards)
     from fedray.data.sources.synthetic import SyntheticFEMNIST
 
-    return SyntheticFEMNIST(**cfg.data.synthetic)
+    return SyntheticFEMNIST(**section_tree(data.synthetic))
 
 
 class ClientCache:

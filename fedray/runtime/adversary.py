@@ -31,6 +31,7 @@ import numpy as np
 
 from fedray.core.seeding import TAG_ADVERSARY, derive_seed
 from fedray.errors import ConfigError, key_error
+from fedray.section import Section, section_tree
 
 SECTION = "adversary"
 KEYS = ("fraction", "clients", "attacks")
@@ -132,8 +133,11 @@ def resolve(section: Any, seed: int, population: int | None = None,
 
     from fedray.algorithms import registry
 
-    tree = (OmegaConf.to_container(section, resolve=True) if isinstance(section, DictConfig)
-            else dict(section or {}))
+    if isinstance(section, Section):  # typed (fedray.config.typed): the driver's
+        tree = section_tree(section)
+    else:
+        tree = (OmegaConf.to_container(section, resolve=True) if isinstance(section, DictConfig)
+                else dict(section or {}))
     fraction, clients = tree.get("fraction", 0.0), tree.get("clients") or []
     refs = tree.get("attacks") or []
     if not isinstance(refs, list) or not all(isinstance(r, str) and r for r in refs):

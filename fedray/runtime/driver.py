@@ -55,6 +55,7 @@ from fedray.algorithms.base import (
     extra_sizes,
 )
 from fedray.algorithms.registry import Resolved, check_plan, resolve
+from fedray.config import DataConfig, typed
 from fedray.core.assignment import assign_balanced
 from fedray.core.evaluation import ClientEval, EvalSums, merge_sums, pooled
 from fedray.core.flat_model import FlatModel
@@ -112,13 +113,13 @@ from fedray.tracking.client_eval import client_metrics, client_table, table_byte
 from fedray.version import __version__
 
 
-def _data_name(cfg: Any) -> str:
+def _data_name(data: DataConfig) -> str:
     """The data a run trains on, as an error message names it."""
-    if cfg.data.partition == "memory":
+    if data.partition == "memory":
         return "client_data"
-    if cfg.data.partition == "synthetic":
+    if data.partition == "synthetic":
         return "the synthetic population"
-    return f"the store {cfg.data.partition}"
+    return f"the store {data.partition}"
 
 
 def _finite(t: torch.Tensor) -> bool:
@@ -236,7 +237,9 @@ class Driver:
 
         Not in __init__: an exception there kills the actor with an opaque error, while one
         raised here reaches fedray.run as the FedrayError it is."""
-        self.cfg = OmegaConf.create(cfg)
+        # the job as typed, read-only sections (fedray.config.typed): each subsystem below
+        # is handed its own; ``cfg``'s plain tree is what the run directory records
+        self.cfg = typed(cfg)
         c = self.cfg
         self.source = source
         self.notes: list[str] = []
@@ -244,7 +247,7 @@ class Driver:
         # fedray.run(model_fn=...) names its model "custom"
         where = ("model_fn: the model" if c.model.name == "custom" else
                  f"config key 'model.name': the {c.model.name} model")
-        data = _data_name(c)
+        data = _data_name(c.data)
         try:
             self.template = FlatModel(make_model())
         except (ValueError, RuntimeError) as exc:
@@ -255,7 +258,7 @@ class Driver:
                               tuple(getattr(source, "label_shape", ())))
         if problem is not None:  # before any round, and before the run directory is written
             raise FedrayError(f"{where} {problem}")
-        per_client = parse_per_client(c.data.get("per_client"))
+        per_client = parse_per_client(c.data.per_client)
         check_data(per_client, tuple(source.input_shape),
                    tuple(getattr(source, "label_shape", ())), data)
         self.weights = self.template.flat.clone()
@@ -332,7 +335,7 @@ class Driver:
         # the run's identity, in every checkpoint: --resume checks a checkpoint is this
         # run's and names what differs from the config it records (check_resume)
         self.run_id = new_run_id()  # a resumed run keeps its own (_restore)
-        self.config_record = recorded_config(self.cfg)
+        self.config_record = recorded_config(cfg)
         self.history: list[dict] = []
         cl, w = c.client, c.runtime.worker
         self.clock, self.sim_time_s = None, 0.0
@@ -364,8 +367,8 @@ class Driver:
         selector_name = self.algorithm.names.get("selector") or "uniform"
         check_selector(selector_name, self.selector, c.sampling)
         self.participation = None if self.schedule is not None else Participation(
-            self.selector, selector_name, c, source.population, self.sizes_of, self.clock,
-            columns=client.columns)
+            self.selector, selector_name, c.sampling, c.seed, source.population, self.sizes_of,
+            self.clock, columns=client.columns, participants=c.output.participants)
         # each aggregated client's report (loss, examples, a part's columns)
         self.client_rows = self.participation is not None and self.participation.reports
         spec = WorkerSpec(
@@ -381,7 +384,7 @@ class Driver:
                                       state_half=state_half,
                                       vectorize=self._vectorize_plan(client)),
             client=worker_parts[0], aggregator=worker_parts[1], state_url=state_url,
-            per_round=parse_per_round(c.data.get("per_round")), per_client=per_client,
+            per_round=parse_per_round(c.data.per_round), per_client=per_client,
             stages=worker_parts[2],
             labels=(self.algorithm.names["client"], self.algorithm.names["aggregator"],
                     *self.algorithm.stage_names),
@@ -427,7 +430,7 @@ class Driver:
             lr=cl.lr if p.lr is None else p.lr, batch_size=p.batch_size, epochs=p.epochs,
             steps=p.steps) if p.steps or p.epochs else None
         self.run_dir.create(RUN_ID_LINE.format(self.run_id)
-                            + OmegaConf.to_yaml(self.cfg, resolve=True))
+                            + OmegaConf.to_yaml(OmegaConf.create(cfg), resolve=True))
         return self.notes
 
     def _check_individual(self, plan: RoundPlan) -> None:
@@ -468,10 +471,10 @@ class Driver:
         from fedray.state.client_state_disk import over_budget, run_estimate
 
         c = self.cfg
-        disk = run_estimate(c, plan.population, most_clients(plan), self.template, client,
-                            self.stages, workers)
+        disk = run_estimate(c.runtime.worker, c.rounds, plan.population, most_clients(plan),
+                            self.template, client, self.stages, workers)
         self.notes.append(disk.line(c.rounds, c.runtime.worker.state_dtype))
-        refusal = over_budget(c, disk)
+        refusal = over_budget(c.runtime, disk)
         if refusal:
             raise ConfigError(refusal)
 

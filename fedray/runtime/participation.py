@@ -27,6 +27,7 @@ import numpy as np
 import pyarrow as pa
 
 from fedray.algorithms.base import ClientFeedback, SelectionContext, Selector
+from fedray.config import SamplingConfig
 from fedray.core.sampling import (
     over_selected,
     poisson_clients,
@@ -80,25 +81,27 @@ class Participation:
     """The driver's side of client selection: one per synchronous run (the caller has
     checked the selector against the sampling section: ``check_selector``)."""
 
-    def __init__(self, selector: Selector, name: str, cfg: Any, population: int,
-                 sizes_of: Callable[[np.ndarray], np.ndarray], clock: Any = None,
-                 columns: tuple[str, ...] = ()):
-        """``columns``: the client part's per-client values (``ClientWork.columns``)."""
+    def __init__(self, selector: Selector, name: str, sampling: SamplingConfig, seed: int,
+                 population: int, sizes_of: Callable[[np.ndarray], np.ndarray],
+                 clock: Any = None, columns: tuple[str, ...] = (), *,
+                 participants: bool = False):
+        """``sampling``: the job's section; ``columns``: the client part's per-client values
+        (``ClientWork.columns``); ``participants``: output.participants."""
         self.selector, self.name, self.clock = selector, name, clock
-        self.cfg, self.population, self.sizes_of = cfg, population, sizes_of
+        self.sampling, self.seed = sampling, seed
+        self.population, self.sizes_of = population, sizes_of
         self.columns = tuple(columns)
         # the workers report each aggregated client (loss, examples, the part's columns):
         # for a selector that learns from them, a part's own values, or output.participants
-        self.reports = bool(selector.wants_feedback or self.columns
-                            or cfg.output.participants)
-        sm = cfg.sampling
+        self.reports = bool(selector.wants_feedback or self.columns or participants)
+        sm = sampling
         self.k, self.n = sm.clients_per_round, over_selected(sm.clients_per_round,
                                                              sm.over_selection, population)
 
     def invite(self, r: int, start_s: float,
                probe: Callable[[np.ndarray], np.ndarray]) -> RoundInvites:
         """Round ``r``'s invitees (the selector's), and who of them trains."""
-        c, sm, clock = self.cfg, self.cfg.sampling, self.clock
+        seed, sm, clock = self.seed, self.sampling, self.clock
         probe_s = [0.0]
 
         def sample(n: int, exclude: Any = ()) -> np.ndarray:
@@ -107,8 +110,8 @@ class Participation:
             if clock is not None:
                 return clock.sample(r, start_s, n)
             if sm.mode == "poisson":
-                return poisson_clients(c.seed, r, self.population, sm.clients_per_round)
-            return sample_clients(c.seed, r, self.population, n, sm.always)
+                return poisson_clients(seed, r, self.population, sm.clients_per_round)
+            return sample_clients(seed, r, self.population, n, sm.always)
 
         def probed(ids: Any, share: float) -> np.ndarray:
             ids = np.asarray(ids, dtype=np.int64)
@@ -117,18 +120,18 @@ class Participation:
             return probe(ids)
 
         ctx = SelectionContext(
-            round=r, k=self.n, population=self.population, seed=c.seed, start_s=start_s,
+            round=r, k=self.n, population=self.population, seed=seed, start_s=start_s,
             sample=sample, probe=probed,
             durations=clock.durations if clock is not None else None,
             online=((lambda ids: clock.availability.online(np.asarray(ids, np.int64),
                                                            start_s))
                     if clock is not None else None),
-            rng=rng(c.seed, TAG_SELECT, r))
+            rng=rng(seed, TAG_SELECT, r))
         invited = self._checked(self.selector.select(ctx), r)
         if clock is not None:
             sel = clock.run(r, start_s + probe_s[0], invited, self.k, dropout=sm.dropout)
         else:
-            sel = survivors(c.seed, r, invited, self.k, dropout=sm.dropout,
+            sel = survivors(seed, r, invited, self.k, dropout=sm.dropout,
                             over_selection=sm.over_selection, sizes=self.sizes_of)
         return RoundInvites(invited, sel, probe_s[0])
 
@@ -143,7 +146,7 @@ class Participation:
         if 2 * len(ex) < self.population:
             if clock is not None:
                 return clock.sample(r, start_s, n, ex, partial=True)
-            return sample_online(self.cfg.seed, r, self.population, n, AlwaysOnline(), 0.0,
+            return sample_online(self.seed, r, self.population, n, AlwaysOnline(), 0.0,
                                  exclude=ex, partial=True).ids
         rest = np.setdiff1d(np.arange(self.population, dtype=np.int64), ex,
                             assume_unique=True)
@@ -151,7 +154,7 @@ class Participation:
             rest = rest[clock.availability.online(rest, start_s)]
         if len(rest) <= n:
             return rest
-        g = rng(self.cfg.seed, TAG_SELECT, r, 1)  # apart from the selector's own stream
+        g = rng(self.seed, TAG_SELECT, r, 1)  # apart from the selector's own stream
         return np.sort(g.choice(rest, size=n, replace=False))
 
     def _checked(self, ids: Any, r: int) -> np.ndarray:

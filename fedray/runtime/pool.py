@@ -14,16 +14,18 @@ import time
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
-from omegaconf import DictConfig
-
+from fedray.config import RuntimeConfig
 from fedray.errors import FedrayError, key_error
 
 if TYPE_CHECKING:  # torch, which pool_size's callers (a sweep's checks) need not import
     from fedray.runtime.messages import GroupResult
 
 
-def pool_size(cfg: DictConfig, resources: dict[str, float]) -> int:
-    w = cfg.runtime.worker
+def pool_size(runtime: RuntimeConfig, clients_per_round: int, resources: dict[str, float]
+              ) -> int:
+    """How many workers the job runs: ``runtime.num_workers``, or as many as the cluster's
+    ``resources`` fit (``runtime.worker``'s share each), at most one per client of a round."""
+    w = runtime.worker
     cpus = float(resources.get("CPU", 0.0))
     gpus = float(resources.get("GPU", 0.0))
     eps = 1e-9
@@ -33,7 +35,7 @@ def pool_size(cfg: DictConfig, resources: dict[str, float]) -> int:
     fit = math.floor(cpus / w.num_cpus + eps)
     if w.num_gpus > 0:
         fit = min(fit, math.floor(gpus / w.num_gpus + eps))
-    requested = cfg.runtime.num_workers
+    requested = runtime.num_workers
     if requested is not None:
         if requested > fit:
             need = f"{requested * w.num_cpus:g} CPUs"
@@ -45,7 +47,7 @@ def pool_size(cfg: DictConfig, resources: dict[str, float]) -> int:
     if fit < 1:
         raise key_error("runtime.worker.num_cpus", f"the Ray cluster has only {cpus:g} CPUs, "
                         "not enough for one worker", w.num_cpus)
-    return max(1, min(fit, cfg.sampling.clients_per_round))
+    return max(1, min(fit, clients_per_round))
 
 
 def _failure_types() -> tuple[type[BaseException], ...]:

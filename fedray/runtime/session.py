@@ -49,8 +49,7 @@ import time
 from collections.abc import Iterable, Iterator
 from typing import Any
 
-from omegaconf import DictConfig
-
+from fedray.config import RuntimeConfig
 from fedray.errors import FedrayError, key_error, one_line
 
 POLL_S = 0.2  # how often the health watch looks, and how long get() waits between looks
@@ -395,7 +394,9 @@ def _init_failure(exc: BaseException, address: str | None, private: bool) -> Fed
 
 
 @contextlib.contextmanager
-def ray_session(cfg: DictConfig) -> Iterator[None]:
+def ray_session(runtime: RuntimeConfig) -> Iterator[None]:
+    """Ray for a job: joined at ``runtime.address`` (or the RAY_ADDRESS Ray Jobs sets), or a
+    private local instance sized by ``runtime`` and ended when the job is."""
     global _HEALTH
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
     import ray
@@ -405,7 +406,7 @@ def ray_session(cfg: DictConfig) -> Iterator[None]:
         return
     _plain_log_prefixes()
     kwargs: dict = {"logging_level": logging.ERROR, "include_dashboard": False}
-    address = cfg.runtime.address
+    address = runtime.address
     inherited = os.environ.get("RAY_ADDRESS") if not address else None
     if address:
         probe(address)
@@ -413,10 +414,10 @@ def ray_session(cfg: DictConfig) -> Iterator[None]:
     elif inherited and inherited != "local":  # Ray Jobs' entrypoint joins its cluster
         probe(inherited, source="RAY_ADDRESS")
     else:  # a private instance, even if `ray start` ran here
-        rt = cfg.runtime
+        rt = runtime
         kwargs.update(address="local", num_cpus=rt.num_cpus, num_gpus=rt.num_gpus,
                       include_dashboard=rt.dashboard, dashboard_host=rt.dashboard_host)
-        if rt.get("object_store_mb") is not None:
+        if rt.object_store_mb is not None:
             kwargs["object_store_memory"] = int(rt.object_store_mb) * 2**20
     private = kwargs.get("address") == "local"
     ray_dir = os.path.dirname(ray.__file__)

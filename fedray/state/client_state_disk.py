@@ -33,6 +33,8 @@ from typing import Any
 
 import numpy as np
 
+from fedray.config import RuntimeConfig, WorkerConfig
+
 FLOAT_BYTES = {"float32": 4, "float16": 2}
 
 
@@ -72,24 +74,24 @@ def expected_clients(population: int, k: int, rounds: int) -> float:
     return population * -math.expm1(rounds * math.log1p(-q)) if q < 1 else float(population)
 
 
-def run_estimate(cfg: Any, population: int, k: int, template: Any, client: Any,
-                 stages: tuple, workers: int = 1) -> ClientStateDisk:
+def run_estimate(worker: WorkerConfig, rounds: int, population: int, k: int, template: Any,
+                 client: Any, stages: tuple, workers: int = 1) -> ClientStateDisk:
     """A run's estimate from its config and built parts (the driver's, or a sweep's for each
     trial before it starts): each state tensor a part declares (``ClientWork.state``, an
     update stage's ``client_state``) counted as model-sized, as SCAFFOLD's control variate
     and an error-feedback residual are, and ``local`` parameters as many values as they
-    have. ``k``: the most clients a round trains, ``workers`` share them."""
+    have. ``k``: the most clients a round trains, ``workers`` share them; ``worker``: the
+    job's ``runtime.worker`` section (how states are stored)."""
     d = template.num_params
     local = int(template.positions(client.local).numel()) if client.local else 0
     keys = len(client.state) + sum(len(s.client_state) for s in stages)
-    w = cfg.runtime.worker
-    return estimate(population, k, cfg.rounds, keys * d + local, w.state_dtype,
-                    w.state_pack_mb, workers)
+    return estimate(population, k, rounds, keys * d + local, worker.state_dtype,
+                    worker.state_pack_mb, workers)
 
 
-def over_budget(cfg: Any, disk: ClientStateDisk) -> str | None:
+def over_budget(runtime: RuntimeConfig, disk: ClientStateDisk) -> str | None:
     """The refusal of a run expected to keep more than ``runtime.client_state_mb``."""
-    budget = cfg.runtime.client_state_mb
+    budget = runtime.client_state_mb
     if budget is None or disk.expected <= budget * 2**20:
         return None
     return (f"config key 'runtime.client_state_mb': the run's client state is expected to "
@@ -97,7 +99,7 @@ def over_budget(cfg: Any, disk: ClientStateDisk) -> str | None:
             f"sampled, {disk.per_client:,} bytes each, and superseded states in their packs) "
             f"> {budget:g} MB; raise it, "
             + ("store it as float16 (runtime.worker.state_dtype=float16), "
-               if cfg.runtime.worker.state_dtype == "float32" else "")
+               if runtime.worker.state_dtype == "float32" else "")
             + "or run fewer rounds or clients per round")
 
 

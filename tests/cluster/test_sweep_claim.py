@@ -32,7 +32,7 @@ def test_a_second_sweep_to_the_same_output_is_refused_before_ray_starts(tmp_path
     second: list = []
 
     @contextlib.contextmanager
-    def ray_session(job):
+    def ray_session(runtime):
         sweeps.append("started Ray")
         if len(sweeps) == 1:  # the first sweep: the second one starts now, to the same output
             capsys.readouterr()

@@ -28,7 +28,7 @@ from omegaconf import OmegaConf
 
 from fedray.algorithms.base import RoundPlan, Selector
 from fedray.algorithms.selection import Oort, PowerOfChoice, UniformSelector
-from fedray.config import FedrayConfig
+from fedray.config import FedrayConfig, typed
 from fedray.core.sampling import over_selected, poisson_clients, sample_clients, select_round
 from fedray.errors import ConfigError, PartError
 from fedray.runtime.participation import (
@@ -47,9 +47,16 @@ def sizes_of(ids) -> np.ndarray:
     return SIZES[np.asarray(ids, dtype=np.int64)]
 
 
-def config(**over) -> OmegaConf:
+def config(**over) -> FedrayConfig:
     cfg = OmegaConf.structured(FedrayConfig)
-    return OmegaConf.merge(cfg, {"seed": SEED, "sampling": {"clients_per_round": K}}, over)
+    return typed(OmegaConf.merge(cfg, {"seed": SEED, "sampling": {"clients_per_round": K}},
+                                 over))
+
+
+def participation(selector, name, cfg: FedrayConfig, *args, **kwargs) -> Participation:
+    """Participation as the driver makes it, from the job's typed sections."""
+    return Participation(selector, name, cfg.sampling, cfg.seed, *args,
+                         participants=cfg.output.participants, **kwargs)
 
 
 def no_probe(ids):
@@ -81,7 +88,7 @@ def same_selection(a, b) -> None:
 def test_uniform_without_the_clock_is_select_round(sampling):
     cfg = config(sampling=sampling)
     sm = cfg.sampling
-    part = Participation(uniform(), "uniform", cfg, POPULATION, sizes_of)
+    part = participation(uniform(), "uniform", cfg, POPULATION, sizes_of)
     n = over_selected(K, sm.over_selection, POPULATION)
     assert (part.k, part.n) == (K, n)
     dropped = late = 0
@@ -120,7 +127,7 @@ def test_uniform_on_the_clock_is_roundclock_select(sampling):
     cfg = config(sampling=sampling, clock=CLOCK, client={"batch_size": 4})
     sm = cfg.sampling
     clock, reference = round_clock(cfg), round_clock(cfg)
-    part = Participation(uniform(), "uniform", cfg, POPULATION, sizes_of, clock)
+    part = participation(uniform(), "uniform", cfg, POPULATION, sizes_of, clock)
     t = ref_t = 0.0
     events = 0
     for r in range(1, 11):
@@ -193,20 +200,20 @@ class Returns(Selector):
 ], ids=["duplicate", "too-high", "negative", "empty", "floats", "float-array", "2-d", "none",
         "str"])
 def test_a_bad_choice_is_one_line_naming_the_selector(out, problem):
-    part = Participation(Returns(out), "my_sel:Returns", config(), POPULATION, sizes_of)
+    part = participation(Returns(out), "my_sel:Returns", config(), POPULATION, sizes_of)
     with pytest.raises(PartError) as info:
         part.invite(2, 0.0, no_probe)
     assert str(info.value) == f"selector my_sel:Returns (algorithm.selector): {problem}"
 
 
 def test_a_good_choice_is_sorted_int64():
-    part = Participation(Returns([9, 2, 30]), "my_sel:Returns", config(), POPULATION,
+    part = participation(Returns([9, 2, 30]), "my_sel:Returns", config(), POPULATION,
                          sizes_of)
     inv = part.invite(1, 0.0, no_probe)
     np.testing.assert_array_equal(inv.invited, [2, 9, 30])
     assert inv.invited.dtype == np.int64
     np.testing.assert_array_equal(inv.selection.participants, [2, 9, 30])
-    part = Participation(Returns(np.array([7], np.uint8)), "x", config(), POPULATION, sizes_of)
+    part = participation(Returns(np.array([7], np.uint8)), "x", config(), POPULATION, sizes_of)
     assert part.invite(1, 0.0, no_probe).invited.tolist() == [7]
 
 
@@ -239,7 +246,7 @@ class Records(Selector):
 
 def test_feedback_aligns_the_arrived_with_the_invited():
     sel = Records()
-    part = Participation(sel, "records", config(), POPULATION, sizes_of)
+    part = participation(sel, "records", config(), POPULATION, sizes_of)
     inv = part.invite(3, 0.0, no_probe)
     ids = inv.invited
     assert len(ids) == K
@@ -274,7 +281,7 @@ def test_feedback_aligns_the_arrived_with_the_invited():
     assert table.num_rows == K and not any(table["arrived"].to_pylist())
     # ... unless nobody asked for either: uniform without output.participants
     for participants, rows in ((False, None), (True, K)):
-        quiet = Participation(uniform(), "uniform", config(output={"participants": participants}),
+        quiet = participation(uniform(), "uniform", config(output={"participants": participants}),
                               POPULATION, sizes_of)
         table = quiet.feedback(4, quiet.invite(4, 0.0, no_probe), None, 1.0)
         assert (table if table is None else table.num_rows) == rows
@@ -285,7 +292,7 @@ def test_feedback_on_the_clock_carries_durations_and_skips_a_selector_that_wants
     cfg = config(clock=CLOCK, client={"batch_size": 4})
     clock = round_clock(cfg)
     sel = Records()
-    part = Participation(sel, "records", cfg, POPULATION, sizes_of, clock)
+    part = participation(sel, "records", cfg, POPULATION, sizes_of, clock)
     inv = part.invite(1, 0.0, no_probe)
     kept = inv.selection.participants
     arrived = {"id": kept, "loss": np.ones(len(kept)), "examples": sizes_of(kept)}
@@ -295,12 +302,12 @@ def test_feedback_on_the_clock_carries_durations_and_skips_a_selector_that_wants
     assert table.column_names == ["client_id", "arrived", "loss", "examples", "duration_s"]
     # uniform learns nothing (wants_feedback False) and, unless a client part records
     # columns or output.participants asks, the workers report nothing and no table is made
-    quiet = Participation(uniform(), "uniform", config(), POPULATION, sizes_of)
+    quiet = participation(uniform(), "uniform", config(), POPULATION, sizes_of)
     assert not quiet.reports
     assert quiet.feedback(1, quiet.invite(1, 0.0, no_probe), None, math.nan) is None
     # a client part's columns (IFCA's cluster): reported and tabled with uniform too, the
     # column there (NaN) even in a round nobody arrived
-    own = Participation(uniform(), "uniform", config(), POPULATION, sizes_of,
+    own = participation(uniform(), "uniform", config(), POPULATION, sizes_of,
                         columns=("cluster",))
     assert own.reports
     table = own.feedback(1, own.invite(1, 0.0, no_probe), None, math.nan)
@@ -346,7 +353,7 @@ def test_oort_on_a_diurnal_clock_explores_what_is_online_and_fills_with_seen_cli
     clock = RoundClock(cfg.clock, cfg.seed, sizes, 5, LocalWork(4, 1, None))
     sel = Oort()
     sel.init_server(RoundPlan(SEED, population, K, "fixed", 50, 5))
-    part = Participation(sel, "oort", cfg, population, sizes.__getitem__, clock)
+    part = participation(sel, "oort", cfg, population, sizes.__getitem__, clock)
     t, seen_before = 0.0, 0
     for r in range(1, 11):
         inv = part.invite(r, t, no_probe)
@@ -366,6 +373,6 @@ def test_oort_finds_the_last_unseen_client_of_a_large_population():
     excluded the rest is listed instead, so it is explored every time."""
     for r in range(1, 11):
         sel = _explored_all_but(3000, [1234])
-        part = Participation(sel, "oort", config(), 3000,
+        part = participation(sel, "oort", config(), 3000,
                              lambda ids: np.ones(len(ids), np.int64))
         assert 1234 in part.invite(r, 0.0, no_probe).invited

@@ -220,7 +220,7 @@ import sys, psutil
 from fedray.config import load_config
 from fedray.runtime.session import ray_session
 cfg = load_config({"runtime": {"num_cpus": 1, "dashboard": sys.argv[1] == "on"}})
-with ray_session(cfg):
+with ray_session(cfg.runtime):
     me = psutil.Process()
     found = set()
     for p in me.children(recursive=True):
