@@ -20,8 +20,10 @@ from typing import Any
 from omegaconf import DictConfig, ListConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
+from fedray.algorithms.registry import is_import_path
 from fedray.errors import ConfigError, key_error, one_line, yaml_problem
 from fedray.section import FrozenMap, Section, frozen
+from fedray.tracking.callbacks import callback_class
 
 # A synthetic client's size and data are hashed from its id on demand, so no process holds
 # anything per client; the bound is the largest population sampling, the clock and the
@@ -814,6 +816,8 @@ def validate(cfg: DictConfig, population: int, *, custom_model: bool = False) ->
     r(bool(cfg.data.partition), "data.partition",
       "must be 'synthetic' or the path or URL of a partition store", cfg.data.partition)
     r(cfg.data.open_shards >= 1, "data.open_shards", "must be >= 1", cfg.data.open_shards)
+    # imported when used, not at the top: numpy, and torch below, which a job's first
+    # errors (unknown keys, wrong types) need not wait for (start-up time)
     from fedray.data.transforms.per_client import parse_per_client
     from fedray.data.transforms.per_round import parse_per_round
 
@@ -928,13 +932,12 @@ def validate(cfg: DictConfig, population: int, *, custom_model: bool = False) ->
       cfg.checkpoint.every_s)
     _validate_clock(cfg)
     r(bool(cfg.output.dir), "output.dir", "must be a path or URL", cfg.output.dir)
-    from fedray.tracking.callbacks import callback_class
 
     for ref in cfg.output.callbacks:  # importable, and a Callback (instantiated at the start)
         callback_class(ref)
     # last: the model and loss registries import torch, which a typo in any other
     # key should not wait for
-    from fedray.algorithms.registry import is_import_path
+    # imported when used, not at the top: it loads torch (start-up time)
     from fedray.core.losses import LOSSES
     from fedray.core.models import MODELS, user_model
 

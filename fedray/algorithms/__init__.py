@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from fedray.algorithms import registry
 from fedray.algorithms.registry import (
     Algorithm,
     load_builtins,
@@ -38,15 +39,16 @@ _BASE = {"Aggregator", "ClientContext", "ClientFeedback", "ClientOptimizer", "Cl
 
 def __getattr__(name: str) -> Any:  # the API classes import torch: only when asked for
     if name == "PRESETS":  # every preset, once the families have registered theirs
-        from fedray.algorithms import registry
 
         registry.load_builtins()
         return registry.PRESETS
     if name in _BASE:
+        # imported when used, not at the top: it loads torch (start-up time)
         from fedray.algorithms import base
 
         return getattr(base, name)
     if name == "ServerOptimizer":
+        # imported when used, not at the top: it loads torch (start-up time)
         from fedray.algorithms.server_opt import ServerOptimizer
 
         return ServerOptimizer

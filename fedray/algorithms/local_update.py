@@ -48,6 +48,7 @@ from fedray.algorithms.base import (
     require,
 )
 from fedray.algorithms.registry import register, register_preset
+from fedray.core.losses import loss_fn
 from fedray.kernels.sequential import batch_schedule, local_sgd, num_local_steps
 from fedray.theory import surrogate
 
@@ -170,7 +171,6 @@ class MAMLClient(ClientWork):
     def train(self, env: WorkerEnv, ctx: ClientContext) -> LocalUpdate:
         from torch.func import functional_call
 
-        from fedray.core.losses import loss_fn
 
         model, t = env.model, env.training
         n = len(ctx.y)

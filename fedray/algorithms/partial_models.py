@@ -47,6 +47,7 @@ from fedray.algorithms.base import (
     require_length,
 )
 from fedray.algorithms.registry import register, register_preset
+from fedray.core.model_parts import describe
 
 SPEC_RULE = ("must be a non-empty list of parameter-name prefixes or the selectors @head, "
              "@body, @norm")
@@ -88,8 +89,6 @@ class PartialModel(ClientWork):
     def check_model(self, model) -> None:
         """Refuse a selection that picks nothing (the run would be FedAvg, silently) or
         everything (nothing would be shared), naming the model's parts."""
-        from fedray.core.model_parts import describe
-
         n = int(model.positions(self.local).numel())
         if not 0 < n < model.size:
             found = "no parameter" if n == 0 else "every parameter"

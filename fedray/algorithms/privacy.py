@@ -108,6 +108,7 @@ class DifferentialPrivacy(UpdateStage):
     needs_plain_client = True
 
     def check(self, p: DPParams) -> None:
+        # imported when used, not at the top: it loads scipy (start-up time)
         from fedray.privacy.accountant import ACCOUNTANTS, ACCOUNTED_NOISE
 
         require(p.mode in MODES, "mode", f"must be one of: {', '.join(MODES)}", p.mode)
@@ -148,6 +149,7 @@ class DifferentialPrivacy(UpdateStage):
 
     def init_server(self, plan: RoundPlan) -> None:
         super().init_server(plan)
+        # imported when used, not at the top: it loads scipy (start-up time)
         from fedray.privacy.accountant import Accountant, default_delta
 
         p = self.params

@@ -31,7 +31,7 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
-from fedray.errors import ConfigError, FedrayError, key_error
+from fedray.errors import ConfigError, FedrayError, PartError, key_error
 from fedray.section import Section, section_tree
 
 KINDS = ("client", "aggregator", "server_opt", "selector")
@@ -344,6 +344,7 @@ def build(cls: type, params: Any, key: str, server: Any, part: str = "") -> Any:
     """The part, built from its checked ``params``. A user's class that fails otherwise
     than with ParamError (its ``check`` comparing a value it did not expect, say) is named
     in one line, ``part`` as the job names it; fedray's own keep their traceback (a bug)."""
+    # imported when used, not at the top: it loads torch (start-up time)
     from fedray.algorithms.base import ParamError
 
     try:
@@ -357,7 +358,6 @@ def build(cls: type, params: Any, key: str, server: Any, part: str = "") -> Any:
     except Exception as exc:
         if not part or cls.__module__.partition(".")[0] == "fedray":
             raise
-        from fedray.errors import PartError
 
         text = str(exc).strip()
         raise PartError(f"{part}: building it raised {type(exc).__name__}"
@@ -368,6 +368,7 @@ def check_plan(aggregator: Any, plan: Any) -> None:
     """The aggregator's ``check_plan`` (the round size its guarantee needs: Krum with
     n <= 2f + 2) against the job's ``RoundPlan``, a ``ParamError`` reported as its config
     key; before Ray starts (fedray.api) and again by the driver."""
+    # imported when used, not at the top: it loads torch (start-up time)
     from fedray.algorithms.base import ParamError
 
     try:
@@ -382,11 +383,13 @@ def check_against_model(resolved: Resolved, make_model: Any) -> None:
     ``ParamError`` is reported as its part's config key. The model is built only when a
     part has such a check (a model that cannot be built is the driver's to report, with
     the data's shape)."""
+    # imported when used, not at the top: it loads torch (start-up time)
     from fedray.algorithms.base import ParamError, Part
 
     checking = [p for p in resolved.parts if type(p).check_model is not Part.check_model]
     if not checking:
         return
+    # imported when used, not at the top: it loads torch (start-up time)
     from fedray.core.flat_model import FlatModel
 
     try:

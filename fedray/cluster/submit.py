@@ -39,9 +39,17 @@ from typing import Any
 
 from omegaconf import OmegaConf
 
-from fedray.algorithms.registry import PART_KEYS, installed
+from fedray.algorithms.registry import PART_KEYS, installed, sibling_files
 from fedray.cluster.job_files import JOB_FILE, OVERRIDES_FILE, RESUME_FILE
+from fedray.config import FedrayConfig, load_structured
 from fedray.errors import FedrayError, key_error, one_line
+from fedray.runtime.session import token_refusal, token_source
+from fedray.state.checkpoint import (
+    CHECKPOINT_FILE,
+    masked_keys,
+    read_checkpoint_header,
+    saved_config,
+)
 from fedray.state.redact import mask
 
 DEFAULT_ADDRESS = "http://127.0.0.1:8265"
@@ -89,7 +97,6 @@ def auth_failure(exc: BaseException, url: str) -> FedrayError | None:
         return None
     if not isinstance(exc, AuthenticationError):
         return None
-    from fedray.runtime.session import token_refusal, token_source
 
     no_token_here = os.environ.get("RAY_AUTH_MODE", "").strip().lower() == "token" and \
         token_source()[0] is None  # Ray refused before sending (its words vary by cause)
@@ -205,7 +212,6 @@ def siblings(key: str, ref: str, path: str) -> list[str]:
     """The ``.py`` files that travel with the module file ``path``
     (fedray.algorithms.registry.sibling_files), refused in one line naming ``key`` when
     they exceed what a sweep ships with every trial (MAX_MODULES_MB)."""
-    from fedray.algorithms.registry import sibling_files
     files = sibling_files(path)
     size = sum(os.path.getsize(f) for f in files)
     if size > MAX_MODULES_MB * 2**20:
@@ -220,8 +226,6 @@ def submit(job: str, overrides: list[str], address: str | None = None,
            submission_id: str | None = None, agent_wait_s: float = 120.0) -> str:
     """Submit ``fedray run JOB.yaml overrides`` to the cluster; return the job's id. A head
     whose job agent is not up yet (just after ``ray up``) is retried for ``agent_wait_s``."""
-    from fedray.config import FedrayConfig, load_structured
-
     # typos and types fail here, not on the cluster; without load_config's default output.dir
     cfg = load_structured(FedrayConfig, job, overrides)
     if cfg.output.dir is None:
@@ -251,14 +255,6 @@ def submit_resume(run_dir: str, job: str | None = None, overrides: Sequence[str]
     the resume would run under has no unknown key or wrong type, nor a relative store. The
     comparison with the config the checkpoint records needs the run's data and model, so the
     cluster makes it: a refusal there is the job's last log line."""
-    from fedray.config import FedrayConfig, load_structured
-    from fedray.state.checkpoint import (
-        CHECKPOINT_FILE,
-        masked_keys,
-        read_checkpoint_header,
-        saved_config,
-    )
-
     if _local_relative(run_dir) or run_dir.startswith("memory://"):
         raise FedrayError(f"--resume {run_dir}: a job on a cluster continues a run where "
                           "every node can reach it: give the run's URL (s3://bucket/runs/x) "

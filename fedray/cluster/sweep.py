@@ -59,9 +59,24 @@ import fsspec
 import numpy as np
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
-from fedray.config import typed
+from fedray.algorithms.registry import resolve
+from fedray.api import prepare, run
+from fedray.cluster.submit import (
+    MAX_MODULES_MB,
+    PART_KEYS,
+    algorithm_refs,
+    job_refs,
+    model_refs,
+    user_modules,
+)
+from fedray.config import check_interpolations, load_config, load_structured, typed
 from fedray.errors import ConfigError, FedrayError
+from fedray.runtime.pool import pool_size
+from fedray.runtime.session import ray_session
+from fedray.state.checkpoint import masked_keys
+from fedray.state.client_state_disk import over_budget, run_estimate, size_text
 from fedray.state.redact import mask
+from fedray.state.run_dir import read_metrics
 from fedray.state.storage import LOCK_FILE, RunClaim, absolute_url, filesystem
 from fedray.state.sweep_dir import (  # noqa: F401 (the layout, re-exported for the CLI)
     ERROR,
@@ -78,6 +93,7 @@ from fedray.state.sweep_dir import (  # noqa: F401 (the layout, re-exported for 
     TRIALS_DIR,
     TUNE_DIR,
 )
+from fedray.tracking.report import build_report
 
 DISTRIBUTIONS = ("uniform", "loguniform", "randint")
 MAX_NAME = 120  # characters of a trial's name from its values (a directory name)
@@ -112,8 +128,6 @@ class SweepConfig:
 
 def _job_config(sweep: DictConfig, base_dir: str) -> DictConfig:
     """The sweep's job with its overrides, paths made absolute; validated later per trial."""
-    from fedray.config import load_config
-
     job = sweep.job
     if job is None:
         raise ConfigError("sweep key 'job': the job to sweep, e.g. job=jobs/quickstart.yaml")
@@ -133,8 +147,6 @@ def _job_config(sweep: DictConfig, base_dir: str) -> DictConfig:
 
 def load_sweep(source: Any, overrides: list[str] | tuple = ()) -> tuple[DictConfig, DictConfig]:
     """The sweep (its job inlined) and the job config; reads no data, starts nothing."""
-    from fedray.config import load_structured
-
     # job.KEY=VALUE on the command line: a key of the job. Merged into a sweep whose job is
     # a file's path, it would replace the path with that one key (the job's other keys, its
     # data among them, silently back to their defaults), so there it joins `overrides`
@@ -231,8 +243,6 @@ def _absolute_files(job: DictConfig) -> dict[str, dict[str, str]]:
     """Parts and the model named by a relative .py path, with the path made absolute: a
     trial's working directory is not the caller's (on a cluster the file must be on shared
     storage; a module named by module name is shipped instead, ``pack_modules``)."""
-    from fedray.cluster.submit import algorithm_refs, model_refs
-
     out: dict[str, dict[str, str]] = {}
     for key, ref in algorithm_refs(job.algorithm) + model_refs(job):
         section, _, name = key.partition(".")
@@ -245,8 +255,6 @@ def _absolute_files(job: DictConfig) -> dict[str, dict[str, str]]:
 
 def _ref_keys() -> set[str]:
     """The config keys whose values may be import paths of the user's modules."""
-    from fedray.cluster.submit import PART_KEYS
-
     return {f"algorithm.{k}" for k in PART_KEYS} | {"model.name"}
 
 
@@ -395,8 +403,6 @@ def check_trials(sweep: DictConfig, job: DictConfig,
                  prepared: dict[str, DictConfig] | None = None) -> int:
     """Validate every setting the sweep can produce; return how many trials it will run.
     ``prepared``, if given, receives each setting's validated config (by ``_key``)."""
-    from fedray.api import prepare
-
     base = OmegaConf.to_container(job, resolve=True)
     candidates = _candidates(sweep)
     for params in candidates:
@@ -425,15 +431,23 @@ def client_state_disk(sweep: DictConfig, job: DictConfig,
     refused here, naming its setting, before Ray starts. Each distinct model and algorithm
     is built once, in this process (with the user's modules on the path, as in a trial).
     ``prepared``: configs check_trials validated already, by ``_key``."""
+    # imported when used, not at the top: it loads torch (start-up time)
     from fedray.algorithms.base import RoundPlan
-    from fedray.algorithms.registry import resolve
-    from fedray.api import prepare
+
+    # imported when used, not at the top: it loads torch (start-up time)
     from fedray.core.flat_model import FlatModel
+
+    # imported when used, not at the top: it loads torch (start-up time)
     from fedray.core.models import source_model_factory
+
+    # imported when used, not at the top: it loads torch (start-up time)
     from fedray.data.client_source import build_source
+
+    # imported when used, not at the top: it loads pyarrow, ray, safetensors, torch (start-up time)
     from fedray.runtime.driver import most_clients
+
+    # imported when used, not at the top: it loads safetensors, torch (start-up time)
     from fedray.runtime.worker import keeps_client_state
-    from fedray.state.client_state_disk import over_budget, run_estimate, size_text
 
     base = OmegaConf.to_container(job, resolve=True)
     built: dict[str, tuple] = {}
@@ -489,8 +503,6 @@ def _trial(config: dict, *, plan: dict[str, dict], job: dict, sweep_dir: str, wo
     otherwise kill the run while it writes its final checkpoint and summary."""
     from ray import tune
 
-    from fedray.api import run
-    from fedray.state.run_dir import read_metrics
 
     name = config["trial"]
     run_dir = _url(sweep_dir, TRIALS_DIR, name)  # how _rows finds it again
@@ -525,8 +537,6 @@ def _trial(config: dict, *, plan: dict[str, dict], job: dict, sweep_dir: str, wo
 def _module_refs(sweep: DictConfig, job: DictConfig) -> list[tuple[str, str]]:
     """The import paths the job names (fedray.cluster.submit.job_refs), and the algorithm parts
     and models a sweep parameter sets."""
-    from fedray.cluster.submit import job_refs
-
     refs = job_refs(job)
     for key, spec in sweep.parameters.items():
         for k, values in ([kv for option in spec for kv in option.items()] if is_choice(spec)
@@ -541,8 +551,6 @@ def pack_modules(refs: list[tuple[str, str]]) -> bytes | None:
     name's top-level package or file; .py paths stay where they are), zipped to travel with
     every trial; None when the job names none. Only source files go: __pycache__ and
     hidden directories are left out."""
-    from fedray.cluster.submit import user_modules
-
     modules = [m for m in user_modules(refs) if not m.by_file]
     if not modules:
         return None
@@ -566,7 +574,6 @@ def pack_modules(refs: list[tuple[str, str]]) -> bytes | None:
                 if name not in names:  # a namespace package's portions: the first wins
                     names.add(name)
                     zf.write(path, name)
-    from fedray.cluster.submit import MAX_MODULES_MB
 
     data = buf.getvalue()
     if len(data) > MAX_MODULES_MB * 2**20:
@@ -610,8 +617,6 @@ def _placement(job: DictConfig, workers: int):
 def _check_fits(job: DictConfig, workers: int, resources: dict[str, float]) -> None:
     """On a fixed-size Ray (no autoscaler), a trial that can never be placed would wait
     forever; say so instead (the pool's own fit check, for a pool of workers_per_trial)."""
-    from fedray.runtime.pool import pool_size
-
     try:
         trial = typed(OmegaConf.merge(job, {"runtime": {"num_workers": workers}}))
         pool_size(trial.runtime, trial.sampling.clients_per_round, resources)
@@ -942,8 +947,6 @@ class SweepResult:
 def _rows(sweep: DictConfig, record: TrialRecord) -> list[dict[str, Any]]:
     """One row per planned trial: its values, status (trials.json's), rounds run, final and
     best metric, time and run directory."""
-    from fedray.state.run_dir import read_metrics
-
     keys = swept_keys(sweep)
     rows = []
     for name, entry in record.entries.items():
@@ -1000,8 +1003,6 @@ def _report(sweep: DictConfig, rows: list[dict[str, Any]]) -> str | None:
     the trials that ran every round (FINISHED) only: a trial stopped early, failed or
     interrupted would pull a setting's mean toward wherever it was cut, so it is left out,
     and report.md names it and why."""
-    from fedray.tracking.report import build_report
-
     out = _url(sweep.output, REPORT_DIR)
     fs, path = fsspec.core.url_to_fs(out)
     if fs.exists(path):
@@ -1043,8 +1044,6 @@ def run_sweep(source: Any = None, overrides: list[str] | tuple = (), *,
 
 def _run_sweep(source: Any, overrides: list[str] | tuple, resume: str | None,
                log: Callable[[str], None] | None, claims: list[RunClaim]) -> SweepResult:
-    from fedray.runtime.session import ray_session
-
     log = log or (lambda s: print(mask(s), file=sys.stderr, flush=True))
     if resume is not None:
         url = absolute_url(resume)
@@ -1052,13 +1051,11 @@ def _run_sweep(source: Any, overrides: list[str] | tuple, resume: str | None,
         if not fs.exists(f"{path}/{SWEEP_FILE}"):
             raise FedrayError(f"--resume {url}: not a fedray sweep directory (no {SWEEP_FILE})")
         saved = OmegaConf.create(fs.cat_file(f"{path}/{SWEEP_FILE}").decode())
-        from fedray.config import check_interpolations
 
         try:  # before anything resolves it: a crafted ${oc.env:...} would read the environment
             check_interpolations(saved, "sweep")
         except FedrayError as exc:
             raise FedrayError(f"--resume {url}: its {SWEEP_FILE}: {exc}") from None
-        from fedray.state.checkpoint import masked_keys
 
         masked = masked_keys(saved)
         if masked:  # sweep.yaml never holds secrets, so it cannot restore them

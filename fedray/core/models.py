@@ -28,6 +28,8 @@ from typing import Any
 import torch
 from torch import nn
 
+from fedray.algorithms.registry import import_object, is_import_path
+from fedray.errors import key_error, one_line
 from fedray.section import thawed
 
 ModelFactory = Callable[[tuple[int, ...], int], nn.Module]
@@ -312,9 +314,6 @@ def user_model(name: str, args: Mapping[str, Any] | None = None) -> Callable[...
     able to take those keyword arguments. Imported here, in the caller, so that the object
     travels to the Ray processes by value (fedray.algorithms.registry) rather than by name.
     Each problem is one line naming ``model.name`` or ``model.args``."""
-    from fedray.algorithms.registry import import_object
-    from fedray.errors import key_error
-
     obj = import_object(name, "model.name")
     if isinstance(obj, type) and not issubclass(obj, nn.Module) or not callable(obj):
         what = ("a class that is not one" if isinstance(obj, type) else
@@ -358,8 +357,6 @@ def build_user_model(obj: Callable[..., nn.Module], name: str, args: Mapping[str
     a call that refuses the arguments names ``model.args``, a result that is not an
     nn.Module names ``model.name``, each in one line (the driver builds the model before
     round 1, so this fails before any round runs or anything is written)."""
-    from fedray.errors import key_error, one_line
-
     try:
         module = obj(**model_kwargs(obj, args, input_shape, num_classes))
     except TypeError as exc:
@@ -376,8 +373,6 @@ def model_factory(name: str, args: Mapping[str, Any] | None, input_shape: tuple[
     """The zero-argument model factory a run hands its driver and workers: a registered
     name's (unchanged: ``build_model``), or a user's model by import path, resolved here
     (``user_model``) so that it is pickled by value with its module."""
-    from fedray.algorithms.registry import is_import_path
-
     if not is_import_path(name):
         return functools.partial(build_model, name, tuple(input_shape), num_classes)
     args = dict(args or {})

@@ -23,6 +23,8 @@ import torch
 
 from fedray.config import DataConfig
 from fedray.core.tensors import readonly_tensor
+from fedray.data.examples import first_nonfinite
+from fedray.data.sources.synthetic import SyntheticFEMNIST
 from fedray.errors import FedrayError
 from fedray.section import section_tree
 
@@ -60,8 +62,6 @@ def sizes_of(source: ClientSource, ids: Any, split: str = "train") -> np.ndarray
 
 
 def _as_xy(x: Any, y: Any, what: str) -> Arrays:
-    from fedray.data.examples import first_nonfinite
-
     given = np.asarray(x)
     bad = first_nonfinite(given) if given.dtype.kind in "iuf" else None
     if bad is not None:  # every update of the client would be non-finite, and dropped
@@ -222,10 +222,10 @@ def build_source(data: DataConfig, client_data: Mapping | None = None,
     if client_data is not None:
         return MemorySource(client_data, test_data, in_process=in_process)
     if data.partition != "synthetic":
+        # imported when used, not at the top: it loads pyarrow (start-up time)
         from fedray.data.store.reader import StoreSource
 
         return StoreSource(data.partition, manifest, max_open_shards=data.open_shards)
-    from fedray.data.sources.synthetic import SyntheticFEMNIST
 
     return SyntheticFEMNIST(**section_tree(data.synthetic))
 

@@ -19,6 +19,7 @@ import numpy as np
 
 from fedray.data.examples import Split
 from fedray.data.partition import Partition
+from fedray.data.partitioners.natural import natural_blocks
 from fedray.errors import FedrayError, key_error
 from fedray.state.redact import mask_tree
 from fedray.state.storage import RunClaim, absolute_url, filesystem, storage_failure
@@ -84,6 +85,7 @@ def write(url: str, dataset: Dataset, part: Partition, recipe: dict, shard_mb: f
           log: Callable[[str], None], claim: RunClaim | None = None) -> dict:
     """Write the store (``fedray.data.store.writer.write_store``); returns the manifest.
     claim: the caller's hold on ``url`` (fedray.data.store.writer.claim_store)."""
+    # imported when used, not at the top: it loads pyarrow (start-up time)
     from fedray.data.store.writer import write_store
 
     with _storage_errors(url):
@@ -111,7 +113,7 @@ def write_natural(url: str, source: Any, min_examples: int, recipe: dict, shard_
     import os
     import time
 
-    from fedray.data.partitioners.natural import natural_blocks
+    # imported when used, not at the top: it loads pyarrow (start-up time)
     from fedray.data.store.writer import StoreWriter
 
     n = int(source.population)
@@ -174,6 +176,7 @@ class PartitionedDataset:
         """Write the store at ``url`` (a new local path or fsspec URL) in shards of about
         ``shard_mb`` MB; returns its absolute URL and manifest. An existing store is never
         overwritten, and a failed write leaves nothing behind."""
+        # imported when used, not at the top: it loads pyarrow (start-up time)
         from fedray.data.store.writer import claim_store
 
         if isinstance(shard_mb, bool) or not isinstance(shard_mb, (int, float)) \

@@ -19,7 +19,10 @@ import numpy as np
 from omegaconf import DictConfig, OmegaConf
 
 from fedray.config import load_structured
+from fedray.data import partitioners
 from fedray.data.dataset import Dataset, hold_out_test
+from fedray.data.partitioned import write, write_natural
+from fedray.data.partitioners import PARAMS, check_params
 from fedray.data.sources.spec import SourceSpec
 from fedray.errors import ConfigError, key_error
 from fedray.state.redact import mask_tree
@@ -41,7 +44,7 @@ class Recipe:
 
 def load_recipe(source: Any, overrides: list[str] | tuple = ()) -> DictConfig:
     """Load and validate a recipe; reads no data."""
-    from fedray.data.partitioners import PARAMS, check_params
+    # imported when used, not at the top: it loads h5py, pyarrow (start-up time)
     from fedray.data.sources.loaders import GENERIC_LOADERS, LOADERS
 
     cfg = load_structured(Recipe, source, overrides, what="recipe", kind="recipe")
@@ -81,6 +84,7 @@ def load_recipe(source: Any, overrides: list[str] | tuple = ()) -> DictConfig:
 def _check_own_data_keys(s: DictConfig, partitioner: str) -> None:
     """The numpy/table/hf_disk keys: each set only for a source that reads it, every value
     possible, and what the partitioner needs of them, all before any data is read."""
+    # imported when used, not at the top: it loads pyarrow (start-up time)
     from fedray.data.sources.columns import SOURCE_KEYS, check_keys
 
     reads = SOURCE_KEYS.get(s.name, ())
@@ -124,6 +128,7 @@ def to_uint8(x: np.ndarray) -> np.ndarray:
 
 
 def synthetic_source(spec: DictConfig) -> Any:
+    # imported when used, not at the top: it loads torch (start-up time)
     from fedray.data.sources.synthetic import SyntheticFEMNIST
 
     return SyntheticFEMNIST(num_clients=spec.num_writers, min_examples=spec.min_examples,
@@ -137,7 +142,10 @@ def load_dataset(spec: DictConfig) -> Dataset:
             data = replace(data, scale=1 / 255, train=replace(data.train, x=to_uint8(
                 data.train.x)), test=replace(data.test, x=to_uint8(data.test.x)))
         return data
+    # imported when used, not at the top: it loads pyarrow (start-up time)
     from fedray.data.sources.columns import SOURCE_KEYS
+
+    # imported when used, not at the top: it loads h5py, pyarrow (start-up time)
     from fedray.data.sources.loaders import load_source
 
     options: dict[str, Any] = {"test_fraction": spec.client_test_fraction} \
@@ -151,6 +159,7 @@ def load_dataset(spec: DictConfig) -> Dataset:
 def build(recipe: Any, overrides: list[str] | tuple = (),
           log: Callable[[str], None] = lambda s: None) -> tuple[str, dict]:
     """Run a recipe end to end; returns the store's URL and manifest."""
+    # imported when used, not at the top: it loads pyarrow (start-up time)
     from fedray.data.store.writer import claim_store
 
     cfg = load_recipe(recipe, overrides)
@@ -167,9 +176,6 @@ def build(recipe: Any, overrides: list[str] | tuple = (),
 
 def _build_claimed(cfg: DictConfig, out: str, claim: RunClaim,
                    log: Callable[[str], None]) -> dict:
-    from fedray.data.partitioned import write
-    from fedray.data.partitioners import partition
-
     t0 = time.perf_counter()
     if cfg.source.name == "synthetic" and cfg.partitioner.name == "natural":
         return _build_streamed(cfg, out, claim, log, t0)
@@ -181,7 +187,8 @@ def _build_claimed(cfg: DictConfig, out: str, claim: RunClaim,
     log(f"  {len(dataset.train):,} train / {test_n:,} test examples, "
         f"{dataset.num_classes} classes ({time.perf_counter() - t0:.1f}s)")
     t1 = time.perf_counter()
-    part = partition(dataset, cfg.partitioner.name, cfg.seed, **_partitioner_params(cfg))
+    part = partitioners.partition(dataset, cfg.partitioner.name, cfg.seed,
+                                  **_partitioner_params(cfg))
     log(f"partitioned into {part.num_clients:,} clients with '{cfg.partitioner.name}' "
         f"({time.perf_counter() - t1:.1f}s)")
     t2 = time.perf_counter()
@@ -199,8 +206,6 @@ def _build_streamed(cfg: DictConfig, out: str, claim: RunClaim, log: Callable[[s
     one the gathered data set would give, plus the generator's own central test set (the
     held-out examples of 200 writers spread over the population), so that evaluating on it
     costs the same at every population."""
-    from fedray.data.partitioned import write_natural
-
     if cfg.test_fraction > 0:  # what hold_out_test says of a source with a test split
         raise ConfigError("recipe key 'test_fraction': source 'synthetic' already has a test "
                           "split; set test_fraction=0")

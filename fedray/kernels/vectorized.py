@@ -48,7 +48,7 @@ from torch.func import functional_call, grad, vmap
 
 from fedray.algorithms.local_terms import NO_TERMS, ClientOptimizer, GradTransform, LocalTerms
 from fedray.core.flat_model import FlatModel
-from fedray.core.losses import PER_POSITION, loss_fn
+from fedray.core.losses import PER_POSITION, float_targets, loss_fn
 from fedray.errors import key_error
 from fedray.kernels.sequential import batch_schedule
 
@@ -165,8 +165,6 @@ def batch_failure(model: FlatModel, input_shape: tuple[int, ...], loss: str,
     types, and each of them means the model trains only one client after another. The
     model's weights are not changed (the kernel trains copies) and its train/eval mode is
     restored."""
-    from fedray.core.losses import float_targets
-
     was_training = model.module.training
     x = torch.zeros((2, *input_shape), device=model.device)
     y = torch.zeros((2, *label_shape), device=model.device,

@@ -114,6 +114,7 @@ def add_privacy_command(sub: Any, command: Command) -> None:
 
 def run_privacy(args: argparse.Namespace) -> int:
     """Run a parsed ``fedray privacy`` command; prints its result, returns the exit code."""
+    # imported when used, not at the top: it loads scipy, numpy (start-up time)
     from fedray.privacy import accountant as acc
 
     delta, default = _check_args(args, acc.PLD_MIN_NOISE, acc.ACCOUNTED_NOISE,
@@ -175,6 +176,7 @@ def _check_args(args: argparse.Namespace, pld_min_noise: float,
             raise FedrayError("--plot: without noise (--noise-multiplier 0) epsilon is "
                               "infinite from the first round; nothing to plot")
         if args.plot:  # before any accounting: a type matplotlib cannot write
+            # imported when used: fsspec, which `fedray --help` does not load
             from fedray.tracking.figures import figure_format
 
             figure_format(args.plot, "--plot")
@@ -228,6 +230,7 @@ def _plot(path: str, accountant: Any, args: argparse.Namespace, delta: float,
     import numpy as np
     from matplotlib.ticker import MaxNLocator
 
+    # imported when used: fsspec, which `fedray --help` does not load
     from fedray.tracking.figures import plain_text, write_figure
 
     last = args.rounds

@@ -29,6 +29,7 @@ from typing import Any
 
 import numpy as np
 
+from fedray.algorithms import registry
 from fedray.core.seeding import TAG_ADVERSARY, derive_seed
 from fedray.errors import ConfigError, key_error
 from fedray.section import Section, section_tree
@@ -66,6 +67,7 @@ class Adversary:
                            count=len(ids))
 
     def _with(self, hook: str) -> tuple[Any, ...]:
+        # imported when used, not at the top: it loads torch (start-up time)
         from fedray.algorithms.base import Attack
 
         return tuple(a for a in self.attacks
@@ -86,6 +88,7 @@ class Adversary:
     def check_data(self, input_shape: tuple[int, ...], num_classes: int,
                    test_x: Any = None) -> None:
         """Each attack against the job's data, before round 1 (one line naming the key)."""
+        # imported when used, not at the top: it loads torch (start-up time)
         from fedray.algorithms.base import ParamError
 
         for attack in self.attacks:
@@ -131,7 +134,6 @@ def resolve(section: Any, seed: int, population: int | None = None,
     (``Aggregator.trusted``), left out of the malicious set."""
     from omegaconf import DictConfig, OmegaConf
 
-    from fedray.algorithms import registry
 
     if isinstance(section, Section):  # typed (fedray.config.typed): the driver's
         tree = section_tree(section)

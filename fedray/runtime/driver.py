@@ -55,6 +55,7 @@ from fedray.algorithms.base import (
     extra_sizes,
 )
 from fedray.algorithms.registry import Resolved, check_plan, resolve
+from fedray.algorithms.selection import UniformSelector
 from fedray.config import DataConfig, typed
 from fedray.core.assignment import assign_balanced
 from fedray.core.evaluation import ClientEval, EvalSums, merge_sums, pooled
@@ -102,6 +103,7 @@ from fedray.state.checkpoint import (
     saved_run_id,
 )
 from fedray.state.client_state import ClientStateStore, ClientVersions
+from fedray.state.client_state_disk import over_budget, run_estimate
 from fedray.state.run_dir import (
     CLIENT_STATE_DIR,
     MODELS_DIR,
@@ -109,6 +111,8 @@ from fedray.state.run_dir import (
     WEIGHTS_FILE,
     RunDir,
 )
+from fedray.timing.buffered import buffered_schedule, versions_needed
+from fedray.timing.rounds import LocalWork, RoundClock
 from fedray.tracking.client_eval import client_metrics, client_table, table_bytes, table_name
 from fedray.version import __version__
 
@@ -286,8 +290,6 @@ class Driver:
         # who takes part (algorithm.selector): uniform unless the job names another
         self.selector = self.algorithm.selector
         if self.selector is None:
-            from fedray.algorithms.selection import UniformSelector
-
             self.selector = UniformSelector()
         self.selector.init_server(plan)
         check_plan(self.aggregator, plan)  # the round size its guarantee needs
@@ -340,8 +342,6 @@ class Driver:
         cl, w = c.client, c.runtime.worker
         self.clock, self.sim_time_s = None, 0.0
         if c.clock.enabled:
-            from fedray.timing.rounds import LocalWork, RoundClock
-
             self.clock = RoundClock(c.clock, c.seed, self.sizes_of, self.template.num_params,
                                     LocalWork(cl.batch_size, cl.local_epochs, cl.local_steps,
                                               cl.steps_per_epoch, client.full_batch,
@@ -358,7 +358,6 @@ class Driver:
                 raise key_error("sampling.concurrency", f"{who} keeps per-client state, "
                                 "which buffered asynchronous training does not support",
                                 c.sampling.concurrency)
-            from fedray.timing.buffered import buffered_schedule, versions_needed
 
             self.schedule = buffered_schedule(self.clock, c.sampling.concurrency,
                                               c.sampling.clients_per_round, c.rounds)
@@ -468,8 +467,6 @@ class Driver:
         """Say what the run's client state will take on disk, and refuse, before round 1, a
         run expected to keep more than ``runtime.client_state_mb``
         (fedray.state.client_state_disk)."""
-        from fedray.state.client_state_disk import over_budget, run_estimate
-
         c = self.cfg
         disk = run_estimate(c.runtime.worker, c.rounds, plan.population, most_clients(plan),
                             self.template, client, self.stages, workers)

@@ -30,6 +30,7 @@ from typing import Any, TypeVar
 
 import torch
 
+from fedray.algorithms.base import LocalUpdate
 from fedray.errors import FedrayError, PartError, one_line
 
 KEYS = ("algorithm.client", "algorithm.aggregator")  # then one "algorithm.stages" per stage
@@ -222,8 +223,6 @@ def check_delta(who: Who, method: str, delta: Any, like: torch.Tensor) -> None:
 
 def check_local_update(who: Who, update: Any, like: torch.Tensor) -> None:
     """What a client part's own ``train`` returns: a LocalUpdate with a usable delta."""
-    from fedray.algorithms.base import LocalUpdate
-
     if not isinstance(update, LocalUpdate):
         raise PartError(f"{_name(who)}: train() returned a {type(update).__name__}, not a "
                         "LocalUpdate (fedray.algorithms.base)")

@@ -27,6 +27,7 @@ import numpy as np
 import pyarrow as pa
 
 from fedray.algorithms.base import ClientFeedback, SelectionContext, Selector
+from fedray.algorithms.selection import UniformSelector
 from fedray.config import SamplingConfig
 from fedray.core.sampling import (
     over_selected,
@@ -36,7 +37,7 @@ from fedray.core.sampling import (
     survivors,
 )
 from fedray.core.seeding import TAG_SELECT, rng
-from fedray.errors import key_error
+from fedray.errors import PartError, key_error
 from fedray.state.run_dir import PARTICIPANTS_DIR
 from fedray.timing.availability import AlwaysOnline
 from fedray.timing.online_sampling import sample_online
@@ -53,8 +54,6 @@ def check_selector(name: str, selector: Selector, sampling: Any) -> None:
     """A selector other than ``uniform`` picks its clients itself: refused, in one line,
     with the sampling keys that say who takes part some other way (clients pinned into
     every round, Poisson sampling's independent coins, buffered training's schedule)."""
-    from fedray.algorithms.selection import UniformSelector
-
     if selector is None or type(selector) is UniformSelector:
         return
     for key, on, value in (("sampling.always", len(sampling.always), list(sampling.always)),
@@ -159,8 +158,6 @@ class Participation:
 
     def _checked(self, ids: Any, r: int) -> np.ndarray:
         """The selector's choice as sorted distinct int64 ids, or one line naming it."""
-        from fedray.errors import PartError
-
         try:
             arr = np.asarray(ids)
             ok = arr.ndim == 1 and (arr.dtype.kind in "iu" or len(arr) == 0)

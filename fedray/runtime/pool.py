@@ -75,6 +75,7 @@ def launch_workers(count: int, num_cpus: float, num_gpus: float) -> list:
     slower (docs/performance.md, "Run start-up")."""
     import ray
 
+    # imported when used, not at the top: it loads safetensors, torch (start-up time)
     from fedray.runtime.worker import ClientWorker
 
     actor = ray.remote(ClientWorker).options(num_cpus=num_cpus, num_gpus=num_gpus,
@@ -147,6 +148,7 @@ class WorkerPool:
 
     def order_by_node(self) -> None:
         """Reorder the slots node-major (nodes in the order of their first worker)."""
+        # imported when used, not at the top: it loads torch (start-up time)
         from fedray.runtime.reduction_tree import node_major
 
         order = node_major([i.get("node_id") for i in self.info()])
@@ -251,6 +253,7 @@ class WorkerPool:
         group of one) the group is summed here, each result fetched as it is added."""
         import ray
 
+        # imported when used, not at the top: it loads torch (start-up time)
         from fedray.runtime.reduction_tree import reduce_results
 
         self.merge_s = self._task_s = 0.0

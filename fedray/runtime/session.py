@@ -51,6 +51,7 @@ from typing import Any
 
 from fedray.config import RuntimeConfig
 from fedray.errors import FedrayError, key_error, one_line
+from fedray.runtime import reaper as reapers
 
 POLL_S = 0.2  # how often the health watch looks, and how long get() waits between looks
 # Ray's switch for its local-only mode (ray._private.ray_constants.ENABLE_RAY_CLUSTER)
@@ -423,7 +424,6 @@ def ray_session(runtime: RuntimeConfig) -> Iterator[None]:
     ray_dir = os.path.dirname(ray.__file__)
     reaper = None
     if private:  # before init: what init starts is ours to end
-        from fedray.runtime import reaper as reapers
 
         reaper = reapers.start(ray_dir)
     handlers = _signal_handlers()

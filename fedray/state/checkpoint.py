@@ -46,7 +46,7 @@ import fsspec
 import numpy as np
 from omegaconf import DictConfig, OmegaConf
 
-from fedray.config import FedrayConfig, flat_keys
+from fedray.config import FedrayConfig, check_interpolations, flat_keys
 from fedray.errors import FedrayError, yaml_problem
 from fedray.state.redact import MASK, mask_tree
 
@@ -92,6 +92,7 @@ def encode(ckpt: Checkpoint) -> bytes:
     import torch
     from safetensors.torch import save as save_safetensors
 
+    # imported when used, not at the top: it loads safetensors, torch (start-up time)
     from fedray.state.client_state import ClientVersions
 
     tensors = {"weights": ckpt.weights.detach().cpu().contiguous(),
@@ -151,6 +152,7 @@ def _header_values(meta: Any) -> tuple[int, list[str]]:
 def decode(data: bytes, where: str) -> Checkpoint:
     from safetensors.torch import load as load_safetensors
 
+    # imported when used, not at the top: it loads safetensors, torch (start-up time)
     from fedray.state.client_state import ClientVersions
 
     try:
@@ -304,7 +306,6 @@ def saved_config(run_dir: str) -> DictConfig:
                           f"{yaml_problem(exc)}") from None
     if not isinstance(cfg, DictConfig):
         raise FedrayError(f"--resume {run_dir}: its {CONFIG_FILE} is not a mapping of keys")
-    from fedray.config import check_interpolations
 
     try:  # before anything resolves it: a crafted ${oc.env:...} would read the environment
         check_interpolations(cfg)

@@ -63,6 +63,7 @@ def device_model(cfg: Any, seed: int) -> DeviceModel:
     """clock.devices as a device model (a trace file is read here)."""
     d = cfg.devices
     if d.source == "trace":
+        # imported when used, not at the top: it loads pyarrow (start-up time)
         from fedray.timing.traces import read_device_trace
 
         return read_device_trace(d.trace)
@@ -76,6 +77,7 @@ def availability_model(cfg: Any, seed: int) -> Availability:
     """clock.availability as an availability model (a trace file is read here)."""
     a = cfg.availability
     if a.model == "trace":
+        # imported when used, not at the top: it loads pyarrow (start-up time)
         from fedray.timing.traces import read_availability_trace
 
         return read_availability_trace(a.trace)

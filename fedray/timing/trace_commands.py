@@ -198,7 +198,10 @@ def run_traces(args: argparse.Namespace) -> int:
 def _new_out(url: str) -> None:
     """Refuse --out before any work: a name without a trace format, or a file that exists
     (a trace is an input of runs: overwriting one would silently change what they mean)."""
+    # imported when used, not at the top: it loads fsspec (start-up time)
     from fedray.state.storage import filesystem
+
+    # imported when used, not at the top: it loads fsspec, numpy, pyarrow (start-up time)
     from fedray.timing.traces import file_format
 
     try:
@@ -232,6 +235,7 @@ def generate_devices(clients: int, seed: int, out: str, **params: float) -> str:
         else:
             _check(name, value, value > 0, "> 0 and finite")
     _new_out(out)
+    # imported when used, not at the top: it loads fsspec, numpy, pyarrow (start-up time)
     from fedray.timing.traces import generate_device_trace, write_device_trace
 
     write_device_trace(generate_device_trace(clients, seed, **params), out)
@@ -256,6 +260,7 @@ def generate_availability(clients: int, seed: int, out: str, *, period_s: float,
         raise FedrayError("--jitter-s needs --horizon-s: jitter changes every period, so a "
                           "repeating trace cannot hold it")
     _new_out(out)
+    # imported when used, not at the top: it loads fsspec, numpy, pyarrow (start-up time)
     from fedray.timing.traces import generate_availability_trace, write_availability_trace
 
     table = generate_availability_trace(clients, seed, period_s=period_s, online_s=online_s,
@@ -284,7 +289,10 @@ def convert_fedscale(kind: str, source: str, out: str, *, order: str = "fedscale
     _check("train_factor", train_factor, train_factor is not None and train_factor > 0,
            "> 0 and finite")
     _new_out(out)
+    # imported when used, not at the top: it loads fsspec, numpy, pyarrow (start-up time)
     from fedray.timing import fedscale
+
+    # imported when used, not at the top: it loads fsspec, numpy, pyarrow (start-up time)
     from fedray.timing.traces import write_availability_trace, write_device_trace
 
     if kind == "devices":
@@ -321,6 +329,7 @@ def _duration(s: float) -> str:
 def describe_trace(url: str) -> str:
     """What the trace at ``url`` holds, checked as a run checks it; the kind is told by the
     columns (a table with both kinds' columns is refused rather than guessed)."""
+    # imported when used, not at the top: it loads fsspec, numpy, pyarrow (start-up time)
     from fedray.timing.traces import AVAILABILITY_COLUMNS, DEVICE_COLUMNS, read_table
 
     table = read_table(url)
@@ -345,6 +354,7 @@ def describe_trace(url: str) -> str:
 def _describe_devices(table: Any, url: str) -> list[str]:
     import numpy as np
 
+    # imported when used, not at the top: it loads fsspec, numpy, pyarrow (start-up time)
     from fedray.timing.traces import device_trace
 
     trace = device_trace(table, url)
@@ -368,6 +378,7 @@ def _describe_devices(table: Any, url: str) -> list[str]:
 def _describe_availability(table: Any, url: str) -> list[str]:
     import numpy as np
 
+    # imported when used, not at the top: it loads fsspec, numpy, pyarrow (start-up time)
     from fedray.timing.traces import availability_trace
 
     trace = availability_trace(table, url)

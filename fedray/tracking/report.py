@@ -39,9 +39,11 @@ from typing import Any
 import numpy as np
 import yaml
 
+from fedray.config import flat_keys
 from fedray.errors import FedrayError, one_line
 from fedray.state.redact import mask
 from fedray.state.storage import check_writable, filesystem, write_atomic
+from fedray.state.sweep_dir import FINISHED, PLAN_FILE, TRIALS_DIR
 from fedray.tracking.figures import plain_text
 
 CONFIG_FILE = "config.yaml"
@@ -187,8 +189,6 @@ def sweep_trials(url: str) -> tuple[list[str], list[str]] | None:
     out; None when ``url`` is not a sweep directory. A trial stopped early, failed or still
     running is left out, as the sweep's own report/ leaves it: it would pull its setting's
     mean toward wherever it was cut."""
-    from fedray.state.sweep_dir import FINISHED, PLAN_FILE, TRIALS_DIR
-
     fs, path = filesystem(url, "run directory", what=None)
     if fs.isfile(_join(path, CONFIG_FILE)) or not fs.isfile(_join(path, PLAN_FILE)):
         return None
@@ -247,8 +247,6 @@ def parse_group_by(group_by: str | Sequence[str] | None,
 
 
 def _flat(config: dict) -> dict[str, Any]:
-    from fedray.config import flat_keys
-
     return flat_keys(config)
 
 
@@ -861,6 +859,7 @@ def client_summary(values: np.ndarray, metric: str) -> dict[str, float]:
     """Clients, mean, the 10th percentile (90th for a loss: the bad tail) and the worst-10%
     mean, as the ``clients_*`` keys of metrics.jsonl compute them (fedray.tracking
     .client_eval.client_stats)."""
+    # imported when used, not at the top: it loads pyarrow (start-up time)
     from fedray.tracking.client_eval import client_stats
 
     higher = not lower_is_better(metric)

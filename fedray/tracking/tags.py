@@ -15,6 +15,7 @@ import math
 from typing import Any
 
 from fedray.config import flat_keys
+from fedray.state.redact import mask_tree
 
 GROUPS = ("train", "test", "clients", "system")
 
@@ -69,7 +70,6 @@ def flat_config(cfg: Any) -> dict[str, Any]:
     (a tracker that compares runs sorts numbers as numbers)."""
     from omegaconf import DictConfig, OmegaConf
 
-    from fedray.state.redact import mask_tree
 
     tree = OmegaConf.to_container(cfg, resolve=True) if isinstance(cfg, DictConfig) else cfg
     return flat_keys(mask_tree(tree))

@@ -29,7 +29,8 @@ def run_all(runs: Iterable[Run], log: Callable[[str], None] = _log) -> None:
         return  # everything already finished: no Ray session to start
     cfg = load_config(runs[0][0], runs[0][1])
     # runtime.backend=inline runs need no Ray: starting a session would only cost time
-    session = contextlib.nullcontext() if cfg.runtime.backend == "inline" else ray_session(cfg.runtime)
+    session = (contextlib.nullcontext() if cfg.runtime.backend == "inline"
+               else ray_session(cfg.runtime))
     with session:
         for i, (job, overrides, out, kwargs) in enumerate(runs, 1):
             if os.path.exists(os.path.join(out, "summary.json")):

@@ -26,6 +26,7 @@ import pyarrow as pa
 
 from fedray.data.dataset import Dataset
 from fedray.data.examples import MAX_CLASSES, Split, first_nonfinite
+from fedray.data.sources.shakespeare import PAD, char_ids
 from fedray.data.sources.spec import SourceSpec
 from fedray.errors import FedrayError, key_error, one_line
 
@@ -342,8 +343,6 @@ def tokens(col: Column, values: Any, length: int) -> np.ndarray:
     """Text as ``length`` character ids per row, uint8 [n, length]: fedray's Shakespeare
     vocabulary (fedray.data.sources.shakespeare: TFF's 86 characters as ids 1..86, any other
     character 87), cut after ``length`` characters or padded with 0."""
-    from fedray.data.sources.shakespeare import PAD, char_ids
-
     v, null = _numpy(col, values)
     _first_null(col, null, "missing text")
     out = np.full((len(v), length), PAD, dtype=np.uint8)

@@ -55,6 +55,7 @@ import numpy as np
 
 from fedray.data.dataset import Dataset
 from fedray.data.examples import Split
+from fedray.data.sources.leaf import _read_split
 from fedray.errors import FedrayError
 
 # TFF's Shakespeare character vocabulary, in TFF's order (id = position + 1)
@@ -185,8 +186,6 @@ def load_leaf_shakespeare(path: str) -> Dataset:
     becomes input ``ids(x)`` and target ``ids(x[1:] + y)``. Users are the natural clients;
     counts are checked as for LEAF FEMNIST, and a window that is not 80 characters or a ``y``
     that is not one character is an error naming the file, the user and the sample."""
-    from fedray.data.sources.leaf import _read_split
-
     root = Path(path)
     parts = [_read_split(root, split, _read_leaf_user, who="user")
              for split in ("train", "test")]
@@ -226,6 +225,7 @@ def load_tff_shakespeare(path: str) -> Dataset:
     ``path``: ``examples/<client>/snippets``, one variable-length byte string per snippet,
     clients in sorted id order. Each snippet is tokenized as TFF does (module docstring).
     Train and test clients are the same roles, so ``owners`` joins them."""
+    # imported when used, not at the top: it loads h5py (start-up time)
     from fedray.data.sources.tff import _read_clients, _require
 
     root = Path(path)

@@ -15,6 +15,7 @@ from fedray.data.store.client_index import ClientIndex
 from fedray.data.store.format import read_manifest
 from fedray.data.store.reader import client_index
 from fedray.data.store.verify import verify_store
+from fedray.tracking.figures import figure_format, plain_text, write_figure
 
 
 def _entropy_bits(hist: np.ndarray) -> np.ndarray:
@@ -43,7 +44,6 @@ def describe(url: str, plot: str | None = None, verify: bool = True) -> str:
     (``verify``) every shard against it; writes the label-distribution PNG to ``plot`` if
     given (never otherwise: describing a store changes nothing)."""
     if plot:  # before the store is read: an image type that cannot be written
-        from fedray.tracking.figures import figure_format
 
         figure_format(plot, "--plot")
     m = read_manifest(url)
@@ -82,8 +82,6 @@ def describe(url: str, plot: str | None = None, verify: bool = True) -> str:
         if info:
             lines.append(f"partitioner info: {info}")
     if plot:
-        from fedray.tracking.figures import plain_text, write_figure
-
         with plain_text():  # the manifest's source and partitioner names are text
             fig = _plot(index, m)
         write_figure(fig, plot, "--plot", dpi=110)  # whole, or one line and no file
