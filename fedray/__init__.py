@@ -9,8 +9,9 @@ __all__ = ["STOP", "Callback", "RunResult", "run", "__version__"]
 
 
 def __getattr__(name: str):
-    # fedray.run pulls in torch, which takes seconds; the CLI's --help, --version and the
-    # errors it reports before a job starts do not need it
+    # imported when asked for (start-up time): fedray.run pulls in torch, which takes
+    # seconds; the CLI's --help, --version and the errors it reports before a job starts
+    # do not need it
     if name in ("run", "RunResult"):
         from fedray import api
 

@@ -130,3 +130,28 @@ def test_fedray_has_no_import_cycle():
     cycle = find_cycle(graph)
     assert cycle is None, "import cycle: " + " -> ".join(
         f"{a} (line {graph[a][b]})" for a, b in itertools.pairwise(cycle)) + f" -> {cycle[-1]}"
+
+
+def test_every_lazy_import_says_why():
+    """An import inside a function is kept only where it saves start-up time (torch, Ray,
+    pyarrow... load only when used), and says so: "start-up" in a comment on the lines just
+    above it, or in its module's docstring when the whole module works that way (fedray.api,
+    fedray.cli). One without a reason belongs at the top of its module."""
+    silent = []
+    for name, path in module_names().items():
+        src = path.read_text(encoding="utf-8")
+        tree = ast.parse(src)
+        lines = src.split("\n")
+        head = (ast.get_docstring(tree) or "") + " ".join(
+            line for line in lines[:60] if line.lstrip().startswith("#"))
+        for fn in ast.walk(tree):
+            if not isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                continue
+            for node in ast.walk(fn):
+                if isinstance(node, (ast.Import, ast.ImportFrom)) and any(
+                        t.startswith("fedray") for t in _targets(name, path.name == "__init__.py",
+                                                                 node, module_names())):
+                    above = " ".join(lines[max(0, node.lineno - 5):node.lineno - 1])
+                    if "start-up" not in above and "start-up" not in head:
+                        silent.append(f"{name}:{node.lineno}")
+    assert not silent, f"function-local imports that do not say why: {silent}"

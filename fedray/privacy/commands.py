@@ -176,7 +176,7 @@ def _check_args(args: argparse.Namespace, pld_min_noise: float,
             raise FedrayError("--plot: without noise (--noise-multiplier 0) epsilon is "
                               "infinite from the first round; nothing to plot")
         if args.plot:  # before any accounting: a type matplotlib cannot write
-            # imported when used: fsspec, which `fedray --help` does not load
+            # imported when used (start-up time): fsspec, which `fedray --help` does not load
             from fedray.tracking.figures import figure_format
 
             figure_format(args.plot, "--plot")
@@ -230,7 +230,7 @@ def _plot(path: str, accountant: Any, args: argparse.Namespace, delta: float,
     import numpy as np
     from matplotlib.ticker import MaxNLocator
 
-    # imported when used: fsspec, which `fedray --help` does not load
+    # imported when used (start-up time): fsspec, which `fedray --help` does not load
     from fedray.tracking.figures import plain_text, write_figure
 
     last = args.rounds

@@ -112,7 +112,7 @@ class FunctionCallback(Callback):
 def callback_class(ref: str, key: str = CONFIG_KEY) -> type[Callback]:
     """The Callback subclass an import path ``module:Class`` names (a dotted module, or a
     ``.py`` file's path); one line naming ``key`` when it cannot be used."""
-    # imported when used: omegaconf, which the progress line of `fedray run` does not need
+    # imported when used (start-up time): omegaconf, not needed by the progress line
     from fedray.algorithms.registry import import_object
 
     cls = import_object(ref, key)

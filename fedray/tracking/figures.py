@@ -74,7 +74,7 @@ def figure_bytes(fig: Any, fmt: str, dpi: int) -> bytes:
 def write_figure(fig: Any, path: str, option: str, dpi: int) -> None:
     """Render ``fig`` and write it to the local or fsspec ``path`` whole or not at all; one
     line naming ``option`` when it cannot be written (a directory, a full disk)."""
-    # imported when used: fsspec, which `fedray --help` (fedray privacy) does not load
+    # imported when used (start-up time): fsspec, which `fedray --help` does not load
     from fedray.state.storage import filesystem, write_atomic
 
     data = figure_bytes(fig, figure_format(path, option), dpi)
