@@ -19,7 +19,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -28,6 +28,9 @@ from fedray.timing.availability import AlwaysOnline, Availability, Diurnal
 from fedray.timing.clock import RoundOutcome, examples_processed, synchronous_round, update_times
 from fedray.timing.devices import DeviceModel, LogNormalDevices
 from fedray.timing.online_sampling import sample_online
+
+if TYPE_CHECKING:  # the section's type only: timing loads no omegaconf
+    from fedray.config import ClockConfig
 
 BYTES_PER_PARAMETER = 4  # float32 weights down, a float32 update up
 
@@ -59,9 +62,9 @@ class LocalWork:
             independent=self.independent)[0] for m in n], dtype=np.int64)
 
 
-def device_model(cfg: Any, seed: int) -> DeviceModel:
+def device_model(clock: ClockConfig, seed: int) -> DeviceModel:
     """clock.devices as a device model (a trace file is read here)."""
-    d = cfg.devices
+    d = clock.devices
     if d.source == "trace":
         # imported when used, not at the top: it loads pyarrow (start-up time)
         from fedray.timing.traces import read_device_trace
@@ -73,9 +76,9 @@ def device_model(cfg: Any, seed: int) -> DeviceModel:
                             up_bytes_per_s=d.up_bytes_per_s, up_sigma=d.up_sigma)
 
 
-def availability_model(cfg: Any, seed: int) -> Availability:
+def availability_model(clock: ClockConfig, seed: int) -> Availability:
     """clock.availability as an availability model (a trace file is read here)."""
-    a = cfg.availability
+    a = clock.availability
     if a.model == "trace":
         # imported when used, not at the top: it loads pyarrow (start-up time)
         from fedray.timing.traces import read_availability_trace
@@ -101,7 +104,7 @@ class ClockedSelection:
 class RoundClock:
     """The simulated clock of a synchronous run: its devices, availability and bytes."""
 
-    def __init__(self, cfg: Any, seed: int,
+    def __init__(self, clock: ClockConfig, seed: int,
                  sizes: np.ndarray | Callable[[np.ndarray], np.ndarray], num_params: int,
                  work: LocalWork, update_bytes: int | None = None,
                  population: int | None = None):
@@ -119,14 +122,14 @@ class RoundClock:
         else:
             every = np.asarray(sizes, dtype=np.int64)
             self.population, self.sizes_of = len(every), every.__getitem__
-        self.devices = device_model(cfg, seed)
-        self.availability = availability_model(cfg, seed)
+        self.devices = device_model(clock, seed)
+        self.availability = availability_model(clock, seed)
         default = float(BYTES_PER_PARAMETER * num_params)
         up = default if update_bytes is None else float(update_bytes)
-        self.down_bytes = default if cfg.down_bytes is None else float(cfg.down_bytes)
-        self.up_bytes = up if cfg.up_bytes is None else float(cfg.up_bytes)
-        self.deadline_s = cfg.deadline_s
-        self.max_draws = cfg.max_sample_draws
+        self.down_bytes = default if clock.down_bytes is None else float(clock.down_bytes)
+        self.up_bytes = up if clock.up_bytes is None else float(clock.up_bytes)
+        self.deadline_s = clock.deadline_s
+        self.max_draws = clock.max_sample_draws
         self.work = work
 
     def durations(self, ids: np.ndarray) -> np.ndarray:
