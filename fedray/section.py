@@ -60,6 +60,8 @@ class Section:
 
 
 def frozen(value: Any) -> Any:
+    """A config value made immutable (lists as tuples, dicts as FrozenMaps), so that a
+    section handed to a subsystem cannot be changed under the others that share it."""
     if isinstance(value, dict):
         return FrozenMap({k: frozen(v) for k, v in value.items()})
     if isinstance(value, list | tuple):
@@ -68,6 +70,8 @@ def frozen(value: Any) -> Any:
 
 
 def thawed(value: Any) -> Any:
+    """``frozen`` undone: the plain lists and dicts a value had in the resolved config, for
+    what takes them as such (a user's model's keyword arguments, omegaconf's merge)."""
     if isinstance(value, Mapping):
         return {k: thawed(v) for k, v in value.items()}
     if isinstance(value, tuple):
