@@ -291,11 +291,9 @@ def test_a_resumed_job_carries_the_run_directory_out_of_sight(tmp_path, monkeypa
 
     # the run is read from a local copy here; the URL is what the cluster is told
     monkeypatch.setattr(submit_mod, "client", lambda address: Server())
-    import fedray.state.checkpoint as checkpoint
-
-    for name in ("saved_config", "read_checkpoint_header"):  # imported when submit_resume runs
-        original = getattr(checkpoint, name)
-        monkeypatch.setattr(checkpoint, name, lambda u, f=original: f(str(run)))
+    for name in ("saved_config", "read_checkpoint_header"):  # what submit_resume reads with
+        original = getattr(submit_mod, name)
+        monkeypatch.setattr(submit_mod, name, lambda u, f=original: f(str(run)))
     resumed = submit_mod.submit_resume(url, None, ["rounds=30", "output.tensorboard=false"],
                                        ["rounds"], "http://head:8265")
     assert (resumed.job_id, resumed.round) == ("raysubmit_9", 3)

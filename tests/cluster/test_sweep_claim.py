@@ -12,8 +12,8 @@ import yaml
 from conftest import tiny_job
 
 from fedray import cli
+from fedray.cluster import sweep
 from fedray.errors import FedrayError
-from fedray.runtime import session
 from fedray.state.storage import LOCK_FILE
 
 
@@ -41,7 +41,7 @@ def test_a_second_sweep_to_the_same_output_is_refused_before_ray_starts(tmp_path
         raise RayWouldStart("Ray would start here")
         yield
 
-    monkeypatch.setattr(session, "ray_session", ray_session)
+    monkeypatch.setattr(sweep, "ray_session", ray_session)  # where the sweep starts Ray
     code = cli.main(["sweep", str(tmp_path / "s.yaml")])
     assert code == 2 and "Ray would start here" in capsys.readouterr().err
     assert sweeps == ["started Ray"]  # the second sweep never got that far (before: both did)
