@@ -15,6 +15,8 @@ import dataclasses
 from collections.abc import Iterator, Mapping
 from typing import Any, ClassVar
 
+from omegaconf import OmegaConf
+
 
 class FrozenMap(Mapping):
     """A read-only mapping: an open section's keys (``algorithm.<section>``) and a dict-valued
@@ -88,3 +90,15 @@ def section_tree(section: Any) -> dict[str, Any]:
     out = {f.name: thawed(getattr(section, f.name)) for f in dataclasses.fields(section)}
     out.update({k: thawed(v) for k, v in getattr(section, "sections", {}).items()})
     return out
+
+
+def plain(section: Any) -> dict[str, Any]:
+    """A section as a plain dict, whatever it arrives as: typed (what the driver holds), an
+    omegaconf node (a job while it is checked), or a mapping (a recorded config, a test).
+    What reads a section's keys by name (the registry, the adversary, the per-round and
+    per-client transforms) reads them from this one form."""
+    if isinstance(section, Section):
+        return section_tree(section)
+    if OmegaConf.is_config(section):
+        return OmegaConf.to_container(section, resolve=True)  # type: ignore[return-value]
+    return dict(section or {})

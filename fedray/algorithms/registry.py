@@ -29,10 +29,10 @@ import sysconfig
 from dataclasses import dataclass, field
 from typing import Any
 
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import OmegaConf
 
 from fedray.errors import ConfigError, FedrayError, PartError, key_error
-from fedray.section import Section, section_tree
+from fedray.section import plain
 
 KINDS = ("client", "aggregator", "server_opt", "selector")
 _BASES = {"client": "ClientWork", "aggregator": "Aggregator", "server_opt": "ServerOptimizer",
@@ -410,11 +410,7 @@ def resolve(algorithm: Any, server: Any = None, *, notes: list[str] | None = Non
     its section and checked. Sections no part uses are an error, except the legacy flat keys
     (``LEGACY_KEYS``), which old jobs and runs carry for every algorithm and which count
     only for a part that uses them (each such use adds a line to ``notes``)."""
-    if isinstance(algorithm, Section):  # typed (fedray.config.typed): the driver's
-        tree = section_tree(algorithm)
-    else:
-        tree = (OmegaConf.to_container(algorithm, resolve=True)
-                if isinstance(algorithm, DictConfig) else dict(algorithm))
+    tree = plain(algorithm)
     base = preset(tree.get("name") or "fedavg")
     names = {k: tree.get(k) or getattr(base, k) for k in KINDS}
     classes = {k: lookup(k, names[k], f"algorithm.{k}" if tree.get(k) else "algorithm.name")
@@ -558,11 +554,7 @@ def canonical(algorithm: Any, server: Any = None, notes: list[str] | None = None
     """The ``algorithm`` section as a run records it: the part keys as given, legacy keys
     dropped, and a section with every hyper-parameter of each part that has one.
     ``client_lr`` (the job's client.lr) may be 0 only for a client part that allows it."""
-    if isinstance(algorithm, Section):  # typed (fedray.config.typed): the driver's
-        tree = section_tree(algorithm)
-    else:
-        tree = (OmegaConf.to_container(algorithm, resolve=True)
-                if isinstance(algorithm, DictConfig) else dict(algorithm))
+    tree = plain(algorithm)
     resolved = resolve(tree, server, notes=notes)
     if client_lr == 0 and not getattr(resolved.client, "allows_zero_lr", False):
         raise key_error("client.lr", f"must be > 0 for client part {resolved.names['client']} "

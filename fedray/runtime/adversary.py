@@ -32,7 +32,7 @@ import numpy as np
 from fedray.algorithms import registry
 from fedray.core.seeding import TAG_ADVERSARY, derive_seed
 from fedray.errors import ConfigError, key_error
-from fedray.section import Section, section_tree
+from fedray.section import plain
 
 SECTION = "adversary"
 KEYS = ("fraction", "clients", "attacks")
@@ -132,14 +132,7 @@ def resolve(section: Any, seed: int, population: int | None = None,
     """The job's ``adversary`` section as an ``Adversary``, every key checked in one line;
     None when no attack is configured. ``trusted``: the aggregator's own clients
     (``Aggregator.trusted``), left out of the malicious set."""
-    from omegaconf import DictConfig, OmegaConf
-
-
-    if isinstance(section, Section):  # typed (fedray.config.typed): the driver's
-        tree = section_tree(section)
-    else:
-        tree = (OmegaConf.to_container(section, resolve=True) if isinstance(section, DictConfig)
-                else dict(section or {}))
+    tree = plain(section)
     fraction, clients = tree.get("fraction", 0.0), tree.get("clients") or []
     refs = tree.get("attacks") or []
     if not isinstance(refs, list) or not all(isinstance(r, str) and r for r in refs):

@@ -58,7 +58,7 @@ import numpy as np
 
 from fedray.core.seeding import rng
 from fedray.errors import key_error
-from fedray.section import Section, section_tree
+from fedray.section import plain
 
 # Stream tag of the per-client shift: fixed forever (fedray.core.seeding's tags are 1..19,
 # the partitioners' 101..106, data.per_round's 201).
@@ -135,8 +135,7 @@ def parse_per_client(section: Any, per_round: Any = None) -> PerClient | None:
     which has no index in this client's noise stream)."""
     if section is None:
         return None
-    if isinstance(section, Section):  # typed (fedray.config.typed): the driver's
-        section = section_tree(section)
+    section = plain(section)  # typed, an omegaconf node or a dict
     rotation = _number(section, "rotation", 0.0, f"must be in [0, {MAX_ROTATION:g}] degrees",
                        lambda v: 0.0 <= v <= MAX_ROTATION)
     contrast = _pair(section, "contrast", "must be [lo, hi] with 0 <= lo <= hi",

@@ -46,7 +46,7 @@ import numpy as np
 from fedray.core.seeding import rng
 from fedray.data.partitioners.common import derangement, largest_remainder
 from fedray.errors import key_error
-from fedray.section import Section, section_tree
+from fedray.section import plain
 
 # Stream tag of the per-round transforms: fixed forever (fedray.core.seeding's tags are
 # 1..9, the partitioners' 101..106).
@@ -79,8 +79,7 @@ def parse_per_round(section: Any) -> PerRound | None:
     Every impossible value is one line naming its key."""
     if section is None:
         return None
-    if isinstance(section, Section):  # typed (fedray.config.typed): the driver's
-        section = section_tree(section)
+    section = plain(section)  # typed, an omegaconf node or a dict
     imb, flip = section.get("imbalance") or {}, section.get("label_flip") or {}
     base = "data.per_round."
     ratios = tuple(float(r) for r in (imb.get("ratios") or ()))
