@@ -37,7 +37,6 @@ MAX_KEY_PARTS = 32
 MAX_NAME_BYTES = 200
 
 
-
 @dataclass
 class SyntheticConfig(Section):
     """The built-in FEMNIST-shaped generator (fedray.data.sources.synthetic)."""
@@ -387,6 +386,8 @@ ConfigSource = str | os.PathLike | dict | DictConfig | FedrayConfig
 
 
 def _typed_section(cls: type, tree: Mapping[str, Any], key: str) -> Any:
+    """``tree`` (the section at ``key``) as a read-only ``cls``, its sub-sections typed
+    too; keys beyond its fields are kept in ``sections`` where the section is open."""
     values = {}
     for f in dataclasses.fields(cls):
         value = tree[f.name] if f.name in tree else getattr(cls(), f.name)
@@ -411,6 +412,7 @@ def typed(cfg: Any) -> FedrayConfig:
     dict; config.yaml records the same tree)."""
     tree = OmegaConf.to_container(cfg, resolve=True) if OmegaConf.is_config(cfg) else cfg
     return _typed_section(FedrayConfig, tree, "")
+
 
 # keys people look for where they are not: where they are (the selector is a part)
 ELSEWHERE = {"sampling.selector": "algorithm.selector"}

@@ -135,8 +135,9 @@ def test_fedray_has_no_import_cycle():
 def test_every_lazy_import_says_why():
     """An import inside a function is kept only where it saves start-up time (torch, Ray,
     pyarrow... load only when used), and says so: "start-up" in a comment on the lines just
-    above it, or in its module's docstring when the whole module works that way (fedray.api,
-    fedray.cli). One without a reason belongs at the top of its module."""
+    above it or above its block of imports, or in its module's docstring when the whole
+    module works that way (fedray.api, fedray.cli). One without a reason belongs at the top
+    of its module."""
     silent = []
     for name, path in module_names().items():
         src = path.read_text(encoding="utf-8")
@@ -151,7 +152,11 @@ def test_every_lazy_import_says_why():
                 if isinstance(node, (ast.Import, ast.ImportFrom)) and any(
                         t.startswith("fedray") for t in _targets(name, path.name == "__init__.py",
                                                                  node, module_names())):
-                    above = " ".join(lines[max(0, node.lineno - 5):node.lineno - 1])
+                    start = node.lineno - 1  # the first line of its block of imports
+                    while start > 0 and lines[start - 1].strip() and \
+                            not lines[start - 1].lstrip().startswith(("#", '"""')):
+                        start -= 1
+                    above = " ".join(lines[max(0, start - 4):start])
                     if "start-up" not in above and "start-up" not in head:
                         silent.append(f"{name}:{node.lineno}")
     assert not silent, f"function-local imports that do not say why: {silent}"

@@ -431,22 +431,12 @@ def client_state_disk(sweep: DictConfig, job: DictConfig,
     refused here, naming its setting, before Ray starts. Each distinct model and algorithm
     is built once, in this process (with the user's modules on the path, as in a trial).
     ``prepared``: configs check_trials validated already, by ``_key``."""
-    # imported when used, not at the top: it loads torch (start-up time)
+    # imported when used, not at the top: they load torch, pyarrow, ray, safetensors (start-up time)
     from fedray.algorithms.base import RoundPlan
-
-    # imported when used, not at the top: it loads torch (start-up time)
     from fedray.core.flat_model import FlatModel
-
-    # imported when used, not at the top: it loads torch (start-up time)
     from fedray.core.models import source_model_factory
-
-    # imported when used, not at the top: it loads torch (start-up time)
     from fedray.data.client_source import build_source
-
-    # imported when used, not at the top: it loads pyarrow, ray, safetensors, torch (start-up time)
     from fedray.runtime.driver import most_clients
-
-    # imported when used, not at the top: it loads safetensors, torch (start-up time)
     from fedray.runtime.worker import keeps_client_state
 
     base = OmegaConf.to_container(job, resolve=True)

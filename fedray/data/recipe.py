@@ -142,10 +142,8 @@ def load_dataset(spec: DictConfig) -> Dataset:
             data = replace(data, scale=1 / 255, train=replace(data.train, x=to_uint8(
                 data.train.x)), test=replace(data.test, x=to_uint8(data.test.x)))
         return data
-    # imported when used, not at the top: it loads pyarrow (start-up time)
+    # imported when used, not at the top: they load h5py, pyarrow (start-up time)
     from fedray.data.sources.columns import SOURCE_KEYS
-
-    # imported when used, not at the top: it loads h5py, pyarrow (start-up time)
     from fedray.data.sources.loaders import load_source
 
     options: dict[str, Any] = {"test_fraction": spec.client_test_fraction} \

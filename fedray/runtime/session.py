@@ -424,7 +424,6 @@ def ray_session(runtime: RuntimeConfig) -> Iterator[None]:
     ray_dir = os.path.dirname(ray.__file__)
     reaper = None
     if private:  # before init: what init starts is ours to end
-
         reaper = reapers.start(ray_dir)
     handlers = _signal_handlers()
     try:

@@ -198,10 +198,8 @@ def run_traces(args: argparse.Namespace) -> int:
 def _new_out(url: str) -> None:
     """Refuse --out before any work: a name without a trace format, or a file that exists
     (a trace is an input of runs: overwriting one would silently change what they mean)."""
-    # imported when used, not at the top: it loads fsspec (start-up time)
+    # imported when used, not at the top: they load fsspec, numpy, pyarrow (start-up time)
     from fedray.state.storage import filesystem
-
-    # imported when used, not at the top: it loads fsspec, numpy, pyarrow (start-up time)
     from fedray.timing.traces import file_format
 
     try:
@@ -289,10 +287,8 @@ def convert_fedscale(kind: str, source: str, out: str, *, order: str = "fedscale
     _check("train_factor", train_factor, train_factor is not None and train_factor > 0,
            "> 0 and finite")
     _new_out(out)
-    # imported when used, not at the top: it loads fsspec, numpy, pyarrow (start-up time)
+    # imported when used, not at the top: they load fsspec, numpy, pyarrow (start-up time)
     from fedray.timing import fedscale
-
-    # imported when used, not at the top: it loads fsspec, numpy, pyarrow (start-up time)
     from fedray.timing.traces import write_availability_trace, write_device_trace
 
     if kind == "devices":
