@@ -45,10 +45,10 @@ class Recipe:
 def load_recipe(source: Any, overrides: list[str] | tuple = ()) -> DictConfig:
     """Load and validate a recipe; reads no data."""
     # imported when used, not at the top: it loads h5py, pyarrow (start-up time)
-    from fedray.data.sources.loaders import GENERIC_LOADERS, LOADERS
+    from fedray.data.sources.loaders import SOURCE_OPTIONS
 
     cfg = load_structured(Recipe, source, overrides, what="recipe", kind="recipe")
-    sources = [*LOADERS, *GENERIC_LOADERS, "synthetic"]
+    sources = list(SOURCE_OPTIONS)
     if cfg.source.name not in sources:
         raise ConfigError(f"recipe key 'source.name': must be one of: {', '.join(sources)}, "
                           f"got {cfg.source.name!r}")
@@ -82,18 +82,21 @@ def load_recipe(source: Any, overrides: list[str] | tuple = ()) -> DictConfig:
 
 
 def _check_own_data_keys(s: DictConfig, partitioner: str) -> None:
-    """The numpy/table/hf_disk keys: each set only for a source that reads it, every value
-    possible, and what the partitioner needs of them, all before any data is read."""
-    # imported when used, not at the top: it loads pyarrow (start-up time)
+    """Each source.* key set only for a source that reads it (SOURCE_OPTIONS), and the
+    numpy/table/hf_disk keys' values and what the partitioner needs of them, all before any
+    data is read."""
+    # imported when used, not at the top: they load h5py, pyarrow (start-up time)
     from fedray.data.sources.columns import SOURCE_KEYS, check_keys
+    from fedray.data.sources.loaders import SOURCE_OPTIONS
 
-    reads = SOURCE_KEYS.get(s.name, ())
+    reads = SOURCE_OPTIONS.get(s.name, ())
     defaults = SourceSpec()
-    for key in sorted(set().union(*SOURCE_KEYS.values())):
+    for key in sorted(set().union(*SOURCE_OPTIONS.values())):
         if key not in reads and s[key] != getattr(defaults, key):
-            users = [n for n, keys in SOURCE_KEYS.items() if key in keys]
+            users = [n for n, keys in SOURCE_OPTIONS.items() if key in keys]
             raise key_error(f"source.{key}", f"is read by source {' / '.join(users)} only, "
                             f"not {s.name!r}", s[key], what="recipe")
+    reads = SOURCE_KEYS.get(s.name, ())
     if not reads:
         return
     keys = {k: OmegaConf.to_container(s[k]) if OmegaConf.is_config(s[k]) else s[k]
@@ -142,13 +145,11 @@ def load_dataset(spec: DictConfig) -> Dataset:
             data = replace(data, scale=1 / 255, train=replace(data.train, x=to_uint8(
                 data.train.x)), test=replace(data.test, x=to_uint8(data.test.x)))
         return data
-    # imported when used, not at the top: they load h5py, pyarrow (start-up time)
-    from fedray.data.sources.columns import SOURCE_KEYS
-    from fedray.data.sources.loaders import load_source
+    # imported when used, not at the top: it loads h5py, pyarrow (start-up time)
+    from fedray.data.sources.loaders import SOURCE_OPTIONS, load_source
 
-    options: dict[str, Any] = {"test_fraction": spec.client_test_fraction} \
-        if spec.name == "shakespeare_folio" else {}
-    for key in SOURCE_KEYS.get(spec.name, ()):
+    options: dict[str, Any] = {}
+    for key in SOURCE_OPTIONS[spec.name]:
         value = spec[key]
         options[key] = OmegaConf.to_container(value) if OmegaConf.is_config(value) else value
     return load_source(spec.name, spec.path, **options)

@@ -300,6 +300,12 @@ def test_bad_hf_disk(tmp_path):
      r"not 'numpy'"),
     ("mnist", ["source.user=u"], r"'source\.user': is read by source numpy / table / hf_disk "
      r"only, not 'mnist'"),
+    # every source's keys, not only the columns': a generator's or the Folio's key set for
+    # a source that does not read it would go unused
+    ("mnist", ["source.num_writers=5"], r"'source\.num_writers': is read by source synthetic "
+     r"only, not 'mnist'"),
+    ("leaf_femnist", ["source.client_test_fraction=0.5"], r"'source\.client_test_fraction': "
+     r"is read by source shakespeare_folio only"),
     ("table", [], r"'source\.features': name the input columns"),
     ("table", ["source.features=[a]", "source.image=im"], r"'source\.image': the inputs are "
      r"either"),

@@ -14,6 +14,8 @@ class SourceSpec:
     # tff_shakespeare | shakespeare_folio | synthetic; your own data: numpy | table | hf_disk
     name: str = ""
     path: str | None = None  # where the raw files are (not used by 'synthetic')
+    # The keys below are each read by some sources only (fedray.data.sources.loaders.
+    # SOURCE_OPTIONS, which the recipe checks: a key set for another source is refused).
     # numpy | table | hf_disk (fedray.data.sources.columns.SOURCE_KEYS says which reads which;
     # docs/partitions.md, "Bring your own data"). Row numbers in error lines count from 0.
     x: str = "x"  # numpy only: the .npz array of inputs [n, ...]
