@@ -52,6 +52,13 @@ class Ragged(Sequence[np.ndarray]):
         """Each client's number of elements ([k] int64)."""
         return np.diff(self.offsets)
 
+    def select(self, keep: np.ndarray) -> Ragged:
+        """The clients where ``keep`` ([k] bool) is true, in order (a copy)."""
+        keep = np.asarray(keep, dtype=bool)
+        counts = self.counts
+        values = self.span(0, len(self))[np.repeat(keep, counts)]
+        return Ragged.from_counts(values, counts[keep])
+
     def span(self, a: int, b: int) -> np.ndarray:
         """Clients a..b-1's elements, one client after the other (a view)."""
         return self.values[self.offsets[a]:self.offsets[b]]

@@ -150,6 +150,22 @@ def _nonnegative(key: str, value: object) -> float:
     return v
 
 
+def _choice(key: str, value: object, choices: Sequence[str]) -> str:
+    if not isinstance(value, str) or value not in choices:
+        raise _bad(key, f"must be one of: {', '.join(choices)}", value)
+    return value
+
+
+def _flag(key: str, value: object) -> bool:
+    if not isinstance(value, (bool, np.bool_)):
+        raise _bad(key, "must be true or false", value)
+    return bool(value)
+
+
+SIZE_LAWS = ("linear", "square", "exponential")
+GROUP_MODES = ("allow-smaller", "allow-bigger", "drop-remainder", "strict")
+
+
 # What can be checked of each parameter without the data (bounds such as num_clients <= n
 # need the data and stay in the partitioners). Same helpers as the partitioners use.
 _RULES: dict[str, Callable[[str, object], object]] = {
@@ -160,6 +176,11 @@ _RULES: dict[str, Callable[[str, object], object]] = {
     "sigma": _nonnegative,
     "similarity": _fraction, "corruption": _fraction, "flip_ratio": _fraction,
     "ratios": _ratio_list, "base": _base,
+    "shards_per_client": lambda k, v: _int(k, v, 1),
+    "law": lambda k, v: _choice(k, v, SIZE_LAWS), "rate": _positive,
+    "strictness": _fraction, "feature": lambda k, v: _int(k, v, 0),
+    "group_size": lambda k, v: _int(k, v, 1),
+    "mode": lambda k, v: _choice(k, v, GROUP_MODES), "shuffle": _flag,
 }
 
 
