@@ -38,16 +38,17 @@ def _top_up(client: np.ndarray, k: int, min_examples: int) -> int:
     need = int((min_examples - counts[short]).sum())
     if need == 0:
         return 0
-    moved: list[np.ndarray] = []
-    got = 0
-    for d in np.lexsort((np.arange(k), -counts)):
-        spare = int(counts[d]) - min_examples
-        if spare <= 0 or got >= need:
-            break
-        take = min(spare, need - got)
-        moved.append(np.flatnonzero(client == d)[-take:])
-        got += take
-    pool = np.concatenate(moved)
+    donors = np.lexsort((np.arange(k), -counts))  # largest first, ties by id
+    spare = np.maximum(counts[donors] - min_examples, 0)
+    before = np.cumsum(spare) - spare  # what the donors ahead of each one gave
+    take = np.clip(need - before, 0, spare)  # all of its spare until the need is met
+    donors, take = donors[take > 0], take[take > 0]
+    # each donor's last ``take`` positions, donor after donor: one pass over every client's
+    # positions (stable: ascending within a client), not one per donor
+    srt = np.argsort(client, kind="stable")
+    end = np.cumsum(counts)[donors]
+    first = np.repeat(end - take - (np.cumsum(take) - take), take)
+    pool = srt[first + np.arange(int(take.sum()))]
     receivers = np.repeat(short, min_examples - counts[short])
     client[pool] = receivers
     return need
