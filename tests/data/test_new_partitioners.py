@@ -311,3 +311,20 @@ def test_store_of_a_ragged_partition_equals_the_list_one(tmp_path):
     as_lists = Partition(list(p.client_names), [a.copy() for a in p.train],
                          [a.copy() for a in p.test], info=p.info)
     assert store_bytes(tmp_path, "r", ds, p) == store_bytes(tmp_path, "l", ds, as_lists)
+
+
+def test_size_and_grouped_natural_take_sequence_labels(tmp_path):
+    """Neither reads a label as a class, so next-character targets ([n, L]) pass through."""
+    g = np.random.default_rng(0)
+    x = g.integers(1, 30, (60, 8)).astype(np.int64)
+    y = g.integers(1, 30, (60, 8)).astype(np.int64)
+    ds = Dataset("text", Split(x, y, owner=np.arange(60) % 6), None, 30,
+                 owners=[f"r{i}" for i in range(6)])
+    for name, params in (("size", {"num_clients": 4, "law": "square"}),
+                         ("grouped_natural", {"group_size": 2})):
+        p = partition(ds, name, 0, **params)
+        assert sum(p.train.counts) == 60
+        store_bytes(tmp_path, name, ds, p)
+    with pytest.raises(FedrayError, match="cannot split by class; use one of: natural, iid, "
+                       "size, grouped_natural"):
+        partition(ds, "shard", 0, num_clients=3)
