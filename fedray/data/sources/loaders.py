@@ -26,6 +26,7 @@ from fedray.data.sources.shakespeare import (
     load_shakespeare_folio,
     load_tff_shakespeare,
 )
+from fedray.data.sources.stackoverflow import load_tff_stackoverflow
 from fedray.data.sources.table import from_table
 from fedray.data.sources.tff import load_tff_cifar100, load_tff_emnist
 from fedray.errors import FedrayError, key_error
@@ -44,6 +45,7 @@ LOADERS: dict[str, Callable[..., Dataset]] = {
     "leaf_shakespeare": load_leaf_shakespeare,
     "tff_shakespeare": load_tff_shakespeare,
     "shakespeare_folio": _folio,
+    "tff_stackoverflow": load_tff_stackoverflow,
 }
 
 # your own data: an .npz of arrays, a CSV / parquet table, a Hugging Face save_to_disk directory
@@ -59,6 +61,8 @@ GENERIC_LOADERS: dict[str, Callable[..., Dataset]] = {
 SOURCE_OPTIONS: dict[str, tuple[str, ...]] = {
     **{name: () for name in LOADERS},
     "shakespeare_folio": ("client_test_fraction",),
+    "tff_stackoverflow": ("task", "vocab_size", "num_tags", "sequence_length",
+                          "max_client_examples"),
     **SOURCE_KEYS,
     "synthetic": ("num_writers", "min_examples", "max_examples", "seed", "dtype"),
 }

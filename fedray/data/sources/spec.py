@@ -11,7 +11,8 @@ from dataclasses import dataclass
 @dataclass
 class SourceSpec:
     # leaf_femnist | tff_emnist | tff_cifar100 | cifar100 | mnist | leaf_shakespeare |
-    # tff_shakespeare | shakespeare_folio | synthetic; your own data: numpy | table | hf_disk
+    # tff_shakespeare | shakespeare_folio | tff_stackoverflow | synthetic; your own data:
+    # numpy | table | hf_disk
     name: str = ""
     path: str | None = None  # where the raw files are (not used by 'synthetic')
     # The keys below are each read by some sources only (fedray.data.sources.loaders.
@@ -41,3 +42,12 @@ class SourceSpec:
     # shakespeare_folio only: the share of each role's speeches (its last ones) held out as
     # that role's test data (fedray.data.sources.shakespeare.load_shakespeare_folio)
     client_test_fraction: float = 0.2
+    # tff_stackoverflow only (fedray.data.sources.stackoverflow): the task, next_word or tag
+    # (required), the words of the vocabulary (the most frequent first), the tags predicted
+    # (tag only), the words per example (next_word only), and each train user's first posts
+    # kept (null: all; Reddi et al. keep 1000)
+    task: str | None = None
+    vocab_size: int = 10000
+    num_tags: int = 500
+    sequence_length: int = 20
+    max_client_examples: int | None = None
