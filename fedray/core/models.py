@@ -1,11 +1,12 @@
 """Model registry: name -> factory(input_shape, num_classes) -> torch.nn.Module.
 
 Architectures follow the papers fedray reproduces: ``emnist_cnn`` (TFF / Reddi et al.),
-``leaf_cnn`` (LEAF FEMNIST, Caldas et al.), ``mlp`` (SCAFFOLD's 2-layer fully connected
-network; its width is fedray's choice), ``logreg``, ``resnet18_gn`` (GroupNorm ResNet-18
-for CIFAR-100, Hsieh et al. / Reddi et al., with its input preprocessing built in) and
-``shakespeare_lstm`` (seed 002's character LSTM), ``word_lstm`` and ``tag_logreg``
-(Reddi et al.'s Stack Overflow next-word and tag models). ``emnist_cnn_bn`` and ``cifar_cnn_bn`` are
+``leaf_cnn`` (LEAF FEMNIST, Caldas et al.), ``leaf_logreg`` (LEAF Synthetic's), ``mlp``
+(SCAFFOLD's 2-layer fully connected network; its width is fedray's choice), ``logreg``,
+``resnet18_gn`` (GroupNorm ResNet-18 for CIFAR-100, Hsieh et al. / Reddi et al., with its
+input preprocessing built in), ``shakespeare_lstm`` (seed 002's character LSTM), ``word_lstm``
+and ``tag_logreg`` (Reddi et al.'s Stack Overflow next-word and tag models).
+``emnist_cnn_bn`` and ``cifar_cnn_bn`` are
 BatchNorm CNNs for FedBN-style personalization (Li et al., ICLR 2021), kept apart from the
 networks above because BatchNorm's running statistics are buffers: such a model trains one
 client after another (fedray.kernels.vectorized.unsupported_reason refuses it), and its
@@ -89,6 +90,15 @@ class EmnistCNN(nn.Module):
 def logistic_regression(input_shape: tuple[int, ...], num_classes: int) -> nn.Module:
     """Multinomial logistic regression on the flattened input."""
     return nn.Sequential(nn.Flatten(), nn.Linear(math.prod(input_shape), num_classes))
+
+
+def leaf_logreg(input_shape: tuple[int, ...], num_classes: int) -> nn.Module:
+    """LEAF's Synthetic model (TalwalkarLab/leaf models/synthetic/log_reg.py): one dense
+    layer whose sigmoid outputs are the logits of the softmax cross-entropy. The sigmoid
+    leaves the predicted class (the argmax) as ``logreg``'s but bounds the logits to (0, 1),
+    which slows and flattens training; kept apart from ``logreg`` to train as LEAF does."""
+    return nn.Sequential(nn.Flatten(), nn.Linear(math.prod(input_shape), num_classes),
+                         nn.Sigmoid())
 
 
 def _image_shape(name: str, input_shape: tuple[int, ...], least: int) -> None:
@@ -369,6 +379,7 @@ MODELS: dict[str, ModelFactory] = {
     "emnist_cnn": emnist_cnn,
     "emnist_cnn_bn": emnist_cnn_bn,
     "leaf_cnn": leaf_cnn,
+    "leaf_logreg": leaf_logreg,
     "logreg": logistic_regression,
     "mlp": mlp,
     "resnet18_gn": resnet18_gn,
