@@ -110,7 +110,8 @@ class ModelConfig(Section):
     # a registered model (fedray.core.models.MODELS) or a user's, by import path:
     # module:Class or path/to/file.py:Class (a class or a function returning an nn.Module)
     name: str = "emnist_cnn"
-    loss: str = "cross_entropy"  # cross_entropy | mse | bce | sequence_cross_entropy
+    loss: str = "cross_entropy"  # cross_entropy | mse | bce | sequence_cross_entropy |
+    # multi_label_bce
     # keyword arguments of a model named by import path (input_shape and num_classes come
     # from the data where its signature names them and these do not)
     args: dict[str, Any] = field(default_factory=dict)

@@ -1,10 +1,12 @@
 """Model registry: name -> factory(input_shape, num_classes) -> torch.nn.Module.
 
 Architectures follow the papers fedray reproduces: ``emnist_cnn`` (TFF / Reddi et al.),
-``leaf_cnn`` (LEAF FEMNIST, Caldas et al.), ``mlp`` (SCAFFOLD's 2-layer fully connected
-network; its width is fedray's choice), ``logreg``, ``resnet18_gn`` (GroupNorm ResNet-18
-for CIFAR-100, Hsieh et al. / Reddi et al., with its input preprocessing built in) and
-``shakespeare_lstm`` (seed 002's character LSTM). ``emnist_cnn_bn`` and ``cifar_cnn_bn`` are
+``leaf_cnn`` (LEAF FEMNIST, Caldas et al.), ``leaf_logreg`` (LEAF Synthetic's), ``mlp``
+(SCAFFOLD's 2-layer fully connected network; its width is fedray's choice), ``logreg``,
+``resnet18_gn`` (GroupNorm ResNet-18 for CIFAR-100, Hsieh et al. / Reddi et al., with its
+input preprocessing built in), ``shakespeare_lstm`` (seed 002's character LSTM), ``word_lstm``
+and ``tag_logreg`` (Reddi et al.'s Stack Overflow next-word and tag models).
+``emnist_cnn_bn`` and ``cifar_cnn_bn`` are
 BatchNorm CNNs for FedBN-style personalization (Li et al., ICLR 2021), kept apart from the
 networks above because BatchNorm's running statistics are buffers: such a model trains one
 client after another (fedray.kernels.vectorized.unsupported_reason refuses it), and its
@@ -88,6 +90,15 @@ class EmnistCNN(nn.Module):
 def logistic_regression(input_shape: tuple[int, ...], num_classes: int) -> nn.Module:
     """Multinomial logistic regression on the flattened input."""
     return nn.Sequential(nn.Flatten(), nn.Linear(math.prod(input_shape), num_classes))
+
+
+def leaf_logreg(input_shape: tuple[int, ...], num_classes: int) -> nn.Module:
+    """LEAF's Synthetic model (TalwalkarLab/leaf models/synthetic/log_reg.py): one dense
+    layer whose sigmoid outputs are the logits of the softmax cross-entropy. The sigmoid
+    leaves the predicted class (the argmax) as ``logreg``'s but bounds the logits to (0, 1),
+    which slows and flattens training; kept apart from ``logreg`` to train as LEAF does."""
+    return nn.Sequential(nn.Flatten(), nn.Linear(math.prod(input_shape), num_classes),
+                         nn.Sigmoid())
 
 
 def _image_shape(name: str, input_shape: tuple[int, ...], least: int) -> None:
@@ -287,15 +298,94 @@ def shakespeare_lstm(input_shape: tuple[int, ...], num_classes: int) -> nn.Modul
     return CharLSTM(vocab_size=num_classes)
 
 
+# --- Stack Overflow (TFF; Reddi et al., "Adaptive Federated Optimization", ICLR 2021) ------
+
+
+def _keras_truncated_normal_(w: torch.Tensor, std: float) -> None:
+    """Keras' GlorotNormal / HeNormal draw: a normal of ``std`` / 0.8796 cut at two of its
+    own standard deviations (so the cut normal's std is ``std``)."""
+    scaled = std / 0.87962566103423978
+    nn.init.trunc_normal_(w, std=scaled, a=-2 * scaled, b=2 * scaled)
+
+
+class WordLSTM(nn.Module):
+    """Reddi et al.'s Stack Overflow next-word model, as google-research/federated builds it
+    (``utils/models/stackoverflow_models.py``, ``create_recurrent_model`` with the defaults
+    ``optimization/tasks/stackoverflow_nwp.py`` passes): an embedding of 96 over the
+    vocabulary and its special tokens, one LSTM layer of 670 units, a dense projection back
+    to 96 (no activation), and a dense layer of logits over the same tokens at every
+    position: [batch, 20] ids -> [batch, 20, vocab_size + 4] (10,004 for the 10,000 words
+    with padding, OOV, BOS and EOS; fedray.data.sources.stackoverflow).
+
+    Initialized as there: embedding uniform in [-0.05, 0.05], LSTM kernel He-normal and
+    recurrent kernel orthogonal, its bias 0 with the forget gate's 1 (Keras' unit forget
+    bias), dense kernels Glorot-normal, dense biases 0. torch's LSTM keeps two bias vectors
+    (input and recurrent) where Keras keeps one; the recurrent one starts at 0, so the sum
+    is Keras' bias, and the model has 4 x 670 = 2,680 parameters more than the Keras one.
+    Padding is embedded like any token; it only ever follows a post's last word, so in this
+    left-to-right model it changes no output at a real position (Keras masks it instead),
+    and the loss leaves its positions out."""
+
+    def __init__(self, vocab_size: int = 10_004, embedding: int = 96, hidden: int = 670):
+        super().__init__()
+        self.embed = nn.Embedding(vocab_size, embedding)
+        self.lstm = nn.LSTM(embedding, hidden, batch_first=True)
+        self.project = nn.Linear(hidden, embedding)
+        self.out = nn.Linear(embedding, vocab_size)
+        nn.init.uniform_(self.embed.weight, -0.05, 0.05)
+        # Keras draws the four gates' kernels as one matrix (fan-in: the embedding), and the
+        # recurrent one as one orthogonal [hidden, 4 hidden] matrix: torch's [4 hidden,
+        # hidden] transpose then has orthonormal columns, as orthogonal_ makes them
+        _keras_truncated_normal_(self.lstm.weight_ih_l0, math.sqrt(2.0 / embedding))
+        nn.init.orthogonal_(self.lstm.weight_hh_l0)
+        nn.init.zeros_(self.lstm.bias_ih_l0)
+        nn.init.zeros_(self.lstm.bias_hh_l0)
+        with torch.no_grad():  # torch's gate order: input, forget, cell, output
+            self.lstm.bias_ih_l0[hidden:2 * hidden] = 1.0
+        for layer in (self.project, self.out):
+            _keras_truncated_normal_(layer.weight,
+                                     math.sqrt(2.0 / (layer.in_features + layer.out_features)))
+            nn.init.zeros_(layer.bias)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h, _ = self.lstm(self.embed(x.long()))
+        return self.out(self.project(h))
+
+
+def word_lstm(input_shape: tuple[int, ...], num_classes: int) -> nn.Module:
+    """WordLSTM over sequences of ``input_shape`` = (length,) token ids; its vocabulary is
+    the data's ``num_classes`` (the words and the four special tokens)."""
+    if len(input_shape) != 1 or input_shape[0] < 1:
+        raise ValueError(f"word_lstm needs (sequence length,) inputs, got {input_shape}")
+    return WordLSTM(vocab_size=num_classes)
+
+
+def tag_logreg(input_shape: tuple[int, ...], num_classes: int) -> nn.Module:
+    """Reddi et al.'s Stack Overflow tag model: logistic regression from the bag of words to
+    one logit per tag (google-research/federated ``utils/models/stackoverflow_lr_models.py``:
+    one dense layer, Glorot-normal kernel, zero bias; its sigmoid is in the loss,
+    ``multi_label_bce``). ``logreg`` with Keras' initialization; trained on its own it
+    learns the same."""
+    model = logistic_regression(input_shape, num_classes)
+    linear = model[1]
+    _keras_truncated_normal_(linear.weight,
+                             math.sqrt(2.0 / (linear.in_features + linear.out_features)))
+    nn.init.zeros_(linear.bias)
+    return model
+
+
 MODELS: dict[str, ModelFactory] = {
     "cifar_cnn_bn": cifar_cnn_bn,
     "emnist_cnn": emnist_cnn,
     "emnist_cnn_bn": emnist_cnn_bn,
     "leaf_cnn": leaf_cnn,
+    "leaf_logreg": leaf_logreg,
     "logreg": logistic_regression,
     "mlp": mlp,
     "resnet18_gn": resnet18_gn,
     "shakespeare_lstm": shakespeare_lstm,
+    "tag_logreg": tag_logreg,
+    "word_lstm": word_lstm,
 }
 
 
@@ -396,21 +486,24 @@ def fit_problem(module: nn.Module, input_shape: tuple[int, ...], num_classes: in
                 ) -> str | None:
     """Why ``module`` cannot train on data of ``input_shape`` with labels in
     ``0..num_classes-1`` under ``loss``, or None when it can. ``label_shape``: () for one
-    label per example, (L,) for a sequence of L (next-character targets), which only
-    ``sequence_cross_entropy`` takes, and which it needs.
+    label per example, (L,) for a vector of L: a sequence (next-character or next-word
+    targets), which ``sequence_cross_entropy`` takes, or a 0/1 vector over the classes
+    (tags), which ``multi_label_bce`` takes; each of those two losses needs one.
 
     One forward pass on a single zero example, in eval mode and without gradients (no
     dropout mask or batch-norm statistic changes), finds a wrong input width or too few
     outputs before the first round, where otherwise a worker fails mid-round with a raw
     shape or index error that names neither the model nor the data."""
     sequence = loss == "sequence_cross_entropy"
-    if label_shape and not sequence:
+    multi = loss == "multi_label_bce"
+    if label_shape and not (sequence or multi):
         return (f"trains with model.loss={loss}, but {data} has a sequence of "
                 f"{' x '.join(map(str, label_shape))} labels per example: use "
-                "model.loss=sequence_cross_entropy")
-    if sequence and not label_shape:
-        return (f"trains with model.loss=sequence_cross_entropy, which needs a sequence of "
-                f"labels per example; {data} has one")
+                "model.loss=sequence_cross_entropy (a target per position) or "
+                "multi_label_bce (a 0/1 vector of labels)")
+    if (sequence or multi) and not label_shape:
+        return (f"trains with model.loss={loss}, which needs a vector of labels per "
+                f"example; {data} has one")
     was_training = module.training
     module.eval()
     try:
@@ -437,6 +530,9 @@ def fit_problem(module: nn.Module, input_shape: tuple[int, ...], num_classes: in
         return (f"outputs shape {tuple(out.shape[1:])} per example; "
                 f"model.loss=sequence_cross_entropy needs [positions, classes] logits with "
                 f"at least the {num_classes} classes of {data}")
+    if multi and (out.dim() != 2 or width != math.prod(label_shape)):
+        return (f"outputs shape {tuple(out.shape[1:])} per example; model.loss="
+                f"multi_label_bce needs one logit per label: {math.prod(label_shape)}")
     if loss == "bce" and width != 1:
         return f"outputs {width} values per example; model.loss=bce needs one logit"
     return None

@@ -45,14 +45,14 @@ class Recipe:
 def load_recipe(source: Any, overrides: list[str] | tuple = ()) -> DictConfig:
     """Load and validate a recipe; reads no data."""
     # imported when used, not at the top: it loads h5py, pyarrow (start-up time)
-    from fedray.data.sources.loaders import SOURCE_OPTIONS
+    from fedray.data.sources.loaders import GENERATED, SOURCE_OPTIONS
 
     cfg = load_structured(Recipe, source, overrides, what="recipe", kind="recipe")
     sources = list(SOURCE_OPTIONS)
     if cfg.source.name not in sources:
         raise ConfigError(f"recipe key 'source.name': must be one of: {', '.join(sources)}, "
                           f"got {cfg.source.name!r}")
-    if cfg.source.name != "synthetic" and not cfg.source.path:
+    if cfg.source.name not in GENERATED and not cfg.source.path:
         raise ConfigError(f"recipe key 'source.path': where the raw {cfg.source.name} files "
                           f"are, e.g. source.path=PATH/{cfg.source.name}")
     pname = cfg.partitioner.get("name", "")
@@ -87,7 +87,7 @@ def _check_own_data_keys(s: DictConfig, partitioner: str) -> None:
     data is read."""
     # imported when used, not at the top: they load h5py, pyarrow (start-up time)
     from fedray.data.sources.columns import SOURCE_KEYS, check_keys
-    from fedray.data.sources.loaders import SOURCE_OPTIONS
+    from fedray.data.sources.loaders import SOURCE_OPTIONS, check_generated
 
     reads = SOURCE_OPTIONS.get(s.name, ())
     defaults = SourceSpec()
@@ -96,6 +96,7 @@ def _check_own_data_keys(s: DictConfig, partitioner: str) -> None:
             users = [n for n, keys in SOURCE_OPTIONS.items() if key in keys]
             raise key_error(f"source.{key}", f"is read by source {' / '.join(users)} only, "
                             f"not {s.name!r}", s[key], what="recipe")
+    check_generated(s.name, **{k: s[k] for k in reads})
     reads = SOURCE_KEYS.get(s.name, ())
     if not reads:
         return

@@ -22,13 +22,16 @@ SHAPES = {
     "emnist_cnn": ((1, 28, 28), 62),
     "emnist_cnn_bn": ((1, 28, 28), 62),
     "leaf_cnn": ((1, 28, 28), 62),
+    "leaf_logreg": ((60,), 5),
     "logreg": ((1, 28, 28), 10),
     "mlp": ((1, 28, 28), 10),
     "resnet18_gn": ((3, 32, 32), 100),
+    "tag_logreg": ((10_000,), 500),  # Stack Overflow: bag of words -> tags
 }
 # one output per position, [batch, positions, classes] (tests/core/test_sequence_model.py)
 SEQUENCE_SHAPES = {
     "shakespeare_lstm": ((80,), 90),
+    "word_lstm": ((20,), 10_004),  # Stack Overflow: 20 words, 10,000 + 4 tokens
 }
 
 

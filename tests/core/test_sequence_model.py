@@ -30,7 +30,7 @@ def test_shakespeare_lstm_has_seed_002s_shapes():
     # the loss and the labels must agree, before any round
     assert "use model.loss=sequence_cross_entropy" in fit_problem(
         model, (80,), 90, "cross_entropy", "the store s", label_shape=seq)
-    assert "needs a sequence of labels per example; the data has one" in fit_problem(
+    assert "needs a vector of labels per example; the data has one" in fit_problem(
         model, (80,), 90, "sequence_cross_entropy")
     assert "trains with model.loss=sequence_cross_entropy" in fit_problem(
         model, (80,), 90, "cross_entropy")
