@@ -2,10 +2,10 @@
 
 Loaders (LEAF, TFF h5, CIFAR-100 pickles, MNIST IDX, ...) read an official on-disk format
 into this one shape, so every partitioner works on every source (those that split by class
-label need one label per example; sequence labels go with ``natural`` or ``iid``). Images
-are channel-first ([n, C, H, W]); pixels keep their stored dtype (uint8 or float32) and
-``scale`` says how to turn them into model inputs (1/255 for uint8 pixels, 1.0 for floats
-already in [0, 1]).
+label need one label per example; sequence labels go with ``natural``, ``iid``, ``size`` or
+``grouped_natural``). Images are channel-first ([n, C, H, W]); pixels keep their stored
+dtype (uint8 or float32) and ``scale`` says how to turn them into model inputs (1/255 for
+uint8 pixels, 1.0 for floats already in [0, 1]).
 """
 
 from __future__ import annotations

@@ -62,7 +62,9 @@ def test_a_degenerate_dirichlet_draw_falls_back_to_the_targets():
 
     y = np.repeat(np.arange(3), 8)  # 3 classes of 8 examples, 4 clients
     for bad in (0.0, np.nan):
-        parts, attempts, moved = _dirichlet_positions(y, 4, 1.0, 0.0, 1, _DegenerateDraws(bad))
+        client, attempts, moved = _dirichlet_positions(y, 4, 1.0, 0.0, 1,
+                                                       _DegenerateDraws(bad))
         assert (attempts, moved) == (1, 0)
-        for pos in parts:  # 2 of each class per client
+        for c in range(4):  # 2 of each class per client
+            pos = np.flatnonzero(client == c)
             assert np.array_equal(np.bincount(y[pos], minlength=3), [2, 2, 2]), bad

@@ -467,6 +467,10 @@ def test_params_table():
         "similarity": {"num_clients", "similarity"},
         "imbalance": {"num_clients", "ratios"},
         "label_flip": {"num_clients", "corruption", "flip_ratio", "base", "alpha"},
+        "shard": {"num_clients", "shards_per_client"},
+        "size": {"num_clients", "law", "rate", "min_examples"},
+        "continuous": {"num_clients", "strictness", "feature"},
+        "grouped_natural": {"group_size", "mode", "shuffle"},
     }
     assert set(PARTITIONERS) == set(PARAMS)
 

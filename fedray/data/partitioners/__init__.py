@@ -26,13 +26,17 @@ import numpy as np
 
 from fedray.data.partition import Partition
 from fedray.data.partitioners.common import _RULES, _seed, canonical_order, fingerprints
+from fedray.data.partitioners.continuous import continuous
 from fedray.data.partitioners.dirichlet import dirichlet
+from fedray.data.partitioners.grouped_natural import grouped_natural
 from fedray.data.partitioners.iid import iid
 from fedray.data.partitioners.imbalance import imbalance
 from fedray.data.partitioners.label_flip import label_flip
 from fedray.data.partitioners.natural import natural
 from fedray.data.partitioners.pachinko import pachinko
+from fedray.data.partitioners.shard import shard
 from fedray.data.partitioners.similarity import similarity
+from fedray.data.partitioners.size import check_size_params, size
 from fedray.errors import key_error
 
 if TYPE_CHECKING:  # a Dataset (fedray.data.dataset) uses this module: its type only
@@ -49,7 +53,14 @@ PARTITIONERS: dict[str, Callable[..., Partition]] = {
     "similarity": similarity,
     "imbalance": imbalance,
     "label_flip": label_flip,
+    "shard": shard,
+    "size": size,
+    "continuous": continuous,
+    "grouped_natural": grouped_natural,
 }
+
+# what a partitioner refuses of its parameters together, still without the data
+_JOINT_CHECKS: dict[str, Callable[[dict], None]] = {"size": check_size_params}
 
 
 def _params(fn: Callable[..., Partition]) -> tuple[set[str], set[str]]:
@@ -60,7 +71,7 @@ def _params(fn: Callable[..., Partition]) -> tuple[set[str], set[str]]:
 
 
 # the partitioners that never read a label as a class: they take sequence labels as they are
-SEQUENCE_LABEL_PARTITIONERS = ("natural", "iid")
+SEQUENCE_LABEL_PARTITIONERS = ("natural", "iid", "size", "grouped_natural")
 
 PARAMS: dict[str, set[str]] = {name: _params(fn)[0] for name, fn in PARTITIONERS.items()}
 _REQUIRED: dict[str, set[str]] = {name: _params(fn)[1] for name, fn in PARTITIONERS.items()}
@@ -87,6 +98,8 @@ def check_params(name: str, seed: int, params: dict) -> None:
     for key, value in params.items():
         if key in _RULES and value is not None:
             _RULES[key](key, value)
+    if name in _JOINT_CHECKS:
+        _JOINT_CHECKS[name]({k: v for k, v in params.items() if v is not None})
 
 
 def partition(dataset: Dataset, name: str, seed: int, **params: object) -> Partition:

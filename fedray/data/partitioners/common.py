@@ -9,6 +9,7 @@ from collections.abc import Callable, Sequence
 import numpy as np
 
 from fedray.data.examples import Split
+from fedray.data.partition import NumberedNames, Ragged
 from fedray.errors import FedrayError, key_error
 
 # Stream tags: fixed forever, changing one changes every partition that uses it.
@@ -18,6 +19,10 @@ TAG_IID = 103
 TAG_SIMILARITY = 104
 TAG_IMBALANCE = 105
 TAG_LABEL_FLIP = 106
+TAG_SHARD = 107
+TAG_SIZE = 108
+TAG_CONTINUOUS = 109
+TAG_GROUPED_NATURAL = 110
 
 DIRICHLET_MAX_ATTEMPTS = 10  # draws of the dirichlet split before short clients are topped up
 
@@ -145,6 +150,22 @@ def _nonnegative(key: str, value: object) -> float:
     return v
 
 
+def _choice(key: str, value: object, choices: Sequence[str]) -> str:
+    if not isinstance(value, str) or value not in choices:
+        raise _bad(key, f"must be one of: {', '.join(choices)}", value)
+    return value
+
+
+def _flag(key: str, value: object) -> bool:
+    if not isinstance(value, (bool, np.bool_)):
+        raise _bad(key, "must be true or false", value)
+    return bool(value)
+
+
+SIZE_LAWS = ("linear", "square", "exponential")
+GROUP_MODES = ("allow-smaller", "allow-bigger", "drop-remainder", "strict")
+
+
 # What can be checked of each parameter without the data (bounds such as num_clients <= n
 # need the data and stay in the partitioners). Same helpers as the partitioners use.
 _RULES: dict[str, Callable[[str, object], object]] = {
@@ -155,6 +176,11 @@ _RULES: dict[str, Callable[[str, object], object]] = {
     "sigma": _nonnegative,
     "similarity": _fraction, "corruption": _fraction, "flip_ratio": _fraction,
     "ratios": _ratio_list, "base": _base,
+    "shards_per_client": lambda k, v: _int(k, v, 1),
+    "law": lambda k, v: _choice(k, v, SIZE_LAWS), "rate": _positive,
+    "strictness": _fraction, "feature": lambda k, v: _int(k, v, 0),
+    "group_size": lambda k, v: _int(k, v, 1),
+    "mode": lambda k, v: _choice(k, v, GROUP_MODES), "shuffle": _flag,
 }
 
 
@@ -185,8 +211,21 @@ def _to_original(order: np.ndarray, parts: list[np.ndarray]) -> list[np.ndarray]
     return [order[np.sort(p)].astype(np.int64) for p in parts]
 
 
-def _names(k: int) -> list[str]:
-    return [str(i) for i in range(k)]
+def _assigned(order: np.ndarray, client: np.ndarray, k: int) -> Ragged:
+    """Each canonical position's client (``client``, -1: nobody) -> every client's indices
+    into the caller's split, in canonical order: what ``_to_original(order, _groups(client,
+    k))`` gives, as one array and offsets, without a loop over clients (a million of them
+    in a second or two)."""
+    client = np.asarray(client, dtype=np.int64)
+    srt = np.argsort(client, kind="stable")
+    counts = np.bincount(client[client >= 0], minlength=k)[:k]
+    start = len(client) - int(counts.sum())  # the unassigned (-1) sort first
+    return Ragged.from_counts(order[srt[start:]].astype(np.int64, copy=False), counts)
+
+
+def _names(k: int) -> NumberedNames:
+    """The names "0".."k-1", made as they are read (fedray.data.partition.NumberedNames)."""
+    return NumberedNames(k)
 
 
 def largest_remainder(shares: np.ndarray, total: int) -> np.ndarray:

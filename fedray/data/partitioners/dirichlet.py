@@ -11,15 +11,14 @@ from fedray.data.partition import Partition
 from fedray.data.partitioners.common import (
     DIRICHLET_MAX_ATTEMPTS,
     TAG_DIRICHLET,
+    _assigned,
     _bad,
-    _groups,
     _int,
     _names,
     _num_clients,
     _number,
     _positive,
     _seed,
-    _to_original,
     canonical_order,
 )
 
@@ -39,26 +38,27 @@ def _top_up(client: np.ndarray, k: int, min_examples: int) -> int:
     need = int((min_examples - counts[short]).sum())
     if need == 0:
         return 0
-    moved: list[np.ndarray] = []
-    got = 0
-    for d in np.lexsort((np.arange(k), -counts)):
-        spare = int(counts[d]) - min_examples
-        if spare <= 0 or got >= need:
-            break
-        take = min(spare, need - got)
-        moved.append(np.flatnonzero(client == d)[-take:])
-        got += take
-    pool = np.concatenate(moved)
+    donors = np.lexsort((np.arange(k), -counts))  # largest first, ties by id
+    spare = np.maximum(counts[donors] - min_examples, 0)
+    before = np.cumsum(spare) - spare  # what the donors ahead of each one gave
+    take = np.clip(need - before, 0, spare)  # all of its spare until the need is met
+    donors, take = donors[take > 0], take[take > 0]
+    # each donor's last ``take`` positions, donor after donor: one pass over every client's
+    # positions (stable: ascending within a client), not one per donor
+    srt = np.argsort(client, kind="stable")
+    end = np.cumsum(counts)[donors]
+    first = np.repeat(end - take - (np.cumsum(take) - take), take)
+    pool = srt[first + np.arange(int(take.sum()))]
     receivers = np.repeat(short, min_examples - counts[short])
     client[pool] = receivers
     return need
 
 
 def _dirichlet_positions(y: np.ndarray, k: int, alpha: float, sigma: float, min_examples: int,
-                         g: np.random.Generator) -> tuple[list[np.ndarray], int, int]:
+                         g: np.random.Generator) -> tuple[np.ndarray, int, int]:
     """The label-Dirichlet split of labels ``y`` (canonical order).
 
-    Returns the positions per client, the draws used and how many examples were moved to
+    Returns each position's client, the draws used and how many examples were moved to
     top up short clients."""
     n = len(y)
     classes = np.unique(y)
@@ -79,9 +79,9 @@ def _dirichlet_positions(y: np.ndarray, k: int, alpha: float, sigma: float, min_
             counts = np.diff(np.concatenate([[0], cuts, [len(pos)]]))
             client[g.permutation(pos)] = np.repeat(np.arange(k), counts)
         if np.bincount(client, minlength=k).min() >= min_examples:
-            return _groups(client, k), attempt, 0
+            return client, attempt, 0
     moved = _top_up(client, k, min_examples)
-    return _groups(client, k), DIRICHLET_MAX_ATTEMPTS, moved
+    return client, DIRICHLET_MAX_ATTEMPTS, moved
 
 
 def dirichlet(dataset: Dataset, seed: int, num_clients: int, alpha: float, sigma: float = 0.0,
@@ -124,9 +124,9 @@ def dirichlet(dataset: Dataset, seed: int, num_clients: int, alpha: float, sigma
                    f"> {n} train examples", m)
     order = canonical_order(dataset.train)
     y = np.asarray(dataset.train.y, dtype=np.int64)[order]
-    parts, attempts, moved = _dirichlet_positions(y, k, a, s, m, rng(seed, TAG_DIRICHLET))
-    train = _to_original(order, parts)
-    sizes = [len(t) for t in train]
+    client, attempts, moved = _dirichlet_positions(y, k, a, s, m, rng(seed, TAG_DIRICHLET))
+    train = _assigned(order, client, k)
+    sizes = train.counts
     return Partition(_names(k), train,
                      info={"attempts": attempts, "topped_up_examples": moved,
-                           "min_size": min(sizes), "max_size": max(sizes)})
+                           "min_size": int(sizes.min()), "max_size": int(sizes.max())})

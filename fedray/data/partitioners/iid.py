@@ -10,10 +10,10 @@ from fedray.core.seeding import rng
 from fedray.data.partition import Partition
 from fedray.data.partitioners.common import (
     TAG_IID,
+    _assigned,
     _names,
     _num_clients,
     _seed,
-    _to_original,
     canonical_order,
 )
 
@@ -32,4 +32,6 @@ def iid(dataset: Dataset, seed: int, num_clients: int) -> Partition:
     k = _num_clients(num_clients, n)
     order = canonical_order(dataset.train)
     perm = rng(seed, TAG_IID).permutation(n)
-    return Partition(_names(k), _to_original(order, np.array_split(perm, k)))
+    client = np.empty(n, dtype=np.int64)  # the parts of np.array_split(perm, k)
+    client[perm] = np.repeat(np.arange(k), np.full(k, n // k) + (np.arange(k) < n % k))
+    return Partition(_names(k), _assigned(order, client, k))

@@ -11,8 +11,8 @@ from typing import TYPE_CHECKING, NamedTuple
 import numpy as np
 
 from fedray.data.examples import Split
-from fedray.data.partition import Partition
-from fedray.data.partitioners.common import _groups, _int, _seed, canonical_order
+from fedray.data.partition import Partition, Ragged
+from fedray.data.partitioners.common import _assigned, _int, _seed, canonical_order
 from fedray.errors import FedrayError
 
 if TYPE_CHECKING:  # types only: a Dataset (fedray.data.dataset) partitions itself here
@@ -20,14 +20,33 @@ if TYPE_CHECKING:  # types only: a Dataset (fedray.data.dataset) partitions itse
     from fedray.data.dataset import Dataset
 
 
-def _by_owner(split: Split, k: int, what: str) -> list[np.ndarray]:
+def owner_names(dataset: Dataset, name: str = "natural") -> list[str]:
+    """The data set's natural ids (``dataset.owners``) as text, checked: present on the
+    train split and unique. ``name``: the partitioner that asks, for the error."""
+    if dataset.owners is None or dataset.train.owner is None:
+        raise FedrayError(f"partitioner {name!r} needs natural client ids (owners), but "
+                          f"{dataset.name!r} has none")
+    owners = [str(o) for o in dataset.owners]
+    if len(set(owners)) != len(owners):
+        raise FedrayError(f"partitioner {name!r}: the owners of {dataset.name!r} are not "
+                          "unique")
+    return owners
+
+
+def owner_ids(split: Split, k: int, what: str, name: str = "natural") -> np.ndarray:
+    """The split's owner of each example ([n] int64), each checked to be one of the k."""
     owner = np.asarray(split.owner, dtype=np.int64)
     if len(owner) and (owner.min() < 0 or owner.max() >= k):
         bad = int(owner[(owner < 0) | (owner >= k)][0])
-        raise FedrayError(f"partitioner 'natural': {what} owner id {bad} is outside the "
+        raise FedrayError(f"partitioner {name!r}: {what} owner id {bad} is outside the "
                           f"{k} owners of the data set")
+    return owner
+
+
+def _by_owner(split: Split, k: int, what: str) -> Ragged:
+    owner = owner_ids(split, k, what)
     order = canonical_order(split)
-    return [order[p] for p in _groups(owner[order], k)]
+    return _assigned(order, owner[order], k)
 
 
 def natural(dataset: Dataset, seed: int, min_examples: int = 0) -> Partition:
@@ -47,24 +66,21 @@ def natural(dataset: Dataset, seed: int, min_examples: int = 0) -> Partition:
     """
     _seed(seed)
     m = _int("min_examples", min_examples, 0)
-    if dataset.owners is None or dataset.train.owner is None:
-        raise FedrayError(f"partitioner 'natural' needs natural client ids (owners), but "
-                          f"{dataset.name!r} has none")
-    owners = [str(o) for o in dataset.owners]
-    if len(set(owners)) != len(owners):
-        raise FedrayError(f"partitioner 'natural': the owners of {dataset.name!r} are not unique")
+    owners = owner_names(dataset)
     k = len(owners)
     train = _by_owner(dataset.train, k, "train")
     test = None
     if dataset.test is not None and dataset.test.owner is not None:
         test = _by_owner(dataset.test, k, "test")
-    keep = [i for i in range(k) if len(train[i]) >= m]
-    dropped = [i for i in range(k) if len(train[i]) < m]
-    info = {"min_examples": m, "dropped_clients": len(dropped),
-            "dropped_train_examples": int(sum(len(train[i]) for i in dropped)),
-            "dropped_test_examples": int(sum(len(test[i]) for i in dropped)) if test else 0}
-    return Partition([owners[i] for i in keep], [train[i].astype(np.int64) for i in keep],
-                     None if test is None else [test[i].astype(np.int64) for i in keep],
+    counts = train.counts
+    keep = counts >= m
+    info = {"min_examples": m, "dropped_clients": int((~keep).sum()),
+            "dropped_train_examples": int(counts[~keep].sum()),
+            "dropped_test_examples": int(test.counts[~keep].sum()) if test is not None else 0}
+    if keep.all():
+        return Partition(owners, train, test, info=info)
+    return Partition([o for o, kept in zip(owners, keep.tolist(), strict=True) if kept],
+                     train.select(keep), None if test is None else test.select(keep),
                      info=info)
 
 

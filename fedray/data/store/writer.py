@@ -22,7 +22,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from fedray.data.examples import Split, first_nonfinite
-from fedray.data.partition import Partition
+from fedray.data.partition import Partition, counts_of, span_of
 from fedray.data.store.client_index import (
     CLIENTS_FILE,
     ClientIndex,
@@ -241,12 +241,10 @@ class StoreWriter:
         if self.coarse:
             cols.append(pa.array(np.asarray(part.coarse).astype(np.int64)))
         batch = pa.record_batch(cols, schema=self.schema)
-        data = _ipc_bytes(batch)
-        with self.fs.open(join_path(self.tmp, name), "wb") as f:
-            f.write(data)
+        size, sha = _write_ipc(self.fs, join_path(self.tmp, name), batch)
         self.shards.append({"file": name, "split": split, "rows": len(y),
-                            "bytes": len(data), "sha256": hashlib.sha256(data).hexdigest()})
-        self.log(f"  wrote {name} ({len(y):,} rows, {len(data) / 2**20:.1f} MB)")
+                            "bytes": size, "sha256": sha})
+        self.log(f"  wrote {name} ({len(y):,} rows, {size / 2**20:.1f} MB)")
 
     def _write_whole(self, part: Split) -> int:
         """A split as it is, in shards (the central test set)."""
@@ -284,11 +282,9 @@ class StoreWriter:
         label_size = int(np.prod(self.label_shape)) if self.label_shape else 1
         index.check({s: [sh for sh in shards if sh["split"] == s] for s in self.splits},
                     label_size)  # by construction; cheap next to writing the shards
-        data = _ipc_bytes(index.batch)
-        with self.fs.open(join_path(self.tmp, CLIENTS_FILE), "wb") as f:
-            f.write(data)
+        size, sha = _write_ipc(self.fs, join_path(self.tmp, CLIENTS_FILE), index.batch)
         self.log(f"  wrote {CLIENTS_FILE} ({self.num_clients:,} clients, "
-                 f"{len(data) / 2**20:.1f} MB)")
+                 f"{size / 2**20:.1f} MB)")
         manifest = {
             "format": FORMAT, "format_version": FORMAT_VERSION, "fedray_version": __version__,
             "recipe": recipe, "source": recipe.get("source"), "seed": recipe.get("seed"),
@@ -297,7 +293,7 @@ class StoreWriter:
             "num_coarse": self.num_coarse, "input_shape": list(self.input_shape),
             "dtype": str(self.dtype), "scale": self.scale, "schema": self.schema.to_string(),
             "client_index": {"file": CLIENTS_FILE, "splits": list(self.splits),
-                             "bytes": len(data), "sha256": hashlib.sha256(data).hexdigest()},
+                             "bytes": size, "sha256": sha},
             "central_test": central, "shards": shards, "info": info,
         }
         if self.label_shape:  # absent: one label per example (every older store)
@@ -424,11 +420,40 @@ def _put_local(src: str, dst: str) -> None:
     os.unlink(src)
 
 
-def _ipc_bytes(batch: pa.RecordBatch) -> bytes:
-    sink = pa.BufferOutputStream()
-    with pa.ipc.new_file(sink, batch.schema) as writer:
-        writer.write_batch(batch)
-    return sink.getvalue().to_pybytes()
+class _Hashing:
+    """A write-only file that hashes what passes through it on its way to ``f``."""
+
+    def __init__(self, f: Any):
+        self.f, self.sha, self.size, self.closed = f, hashlib.sha256(), 0, False
+
+    def write(self, data: Any) -> int:
+        view = memoryview(data)
+        self.sha.update(view)
+        self.f.write(view)
+        self.size += view.nbytes
+        return view.nbytes
+
+    def tell(self) -> int:
+        return self.size
+
+    def flush(self) -> None:
+        self.f.flush()
+
+    def close(self) -> None:
+        self.closed = True
+
+
+def _write_ipc(fs: Any, path: str, batch: pa.RecordBatch) -> tuple[int, str]:
+    """Write the batch as an Arrow IPC file to ``path``, streamed: returns its size and
+    sha256. Why not in memory first: the growing buffer of a 64 MB shard, or of a million
+    clients' index, held up to three times its size while it grew and then once more as
+    ``bytes``; these are the same bytes, hashed as they are written."""
+    with fs.open(path, "wb") as f:
+        sink = _Hashing(f)
+        with pa.ipc.new_file(sink, batch.schema) as writer:
+            writer.write_batch(batch)
+    return sink.size, sink.sha.hexdigest()
+
 
 
 def claim_store(url: str) -> RunClaim:
@@ -500,19 +525,18 @@ def write_store(url: str, dataset: Dataset, partition: Partition, *, recipe: dic
                      scale=dataset.scale, client_test=partition.test is not None,
                      shard_mb=shard_mb, log=log, claim=claim) as writer:
         names = partition.client_names
-        counts = np.asarray([len(a) for a in partition.train], dtype=np.int64)
+        counts = counts_of(partition.train)
+        tcounts_all = None if partition.test is None else counts_of(partition.test)
         for a, b in _blocks(counts, writer.row_bytes, writer.shard_bytes):
-            idx = np.concatenate(partition.train[a:b]).astype(np.int64) if b > a else \
-                np.zeros(0, np.int64)
-            part = train.take(idx)
+            part = train.take(span_of(partition.train, a, b).astype(np.int64, copy=False))
             if partition.train_labels is not None:
-                part = Split(part.x, np.concatenate(partition.train_labels[a:b])
+                part = Split(part.x, span_of(partition.train_labels, a, b)
                              .astype(np.int64).reshape(part.y.shape), part.coarse)
             tpart = tcounts = None
             if partition.test is not None:
-                assert test is not None
-                tcounts = np.asarray([len(t) for t in partition.test[a:b]], dtype=np.int64)
-                tpart = test.take(np.concatenate(partition.test[a:b]).astype(np.int64))
+                assert test is not None and tcounts_all is not None
+                tcounts = tcounts_all[a:b]
+                tpart = test.take(span_of(partition.test, a, b).astype(np.int64, copy=False))
             writer.add(names[a:b], part, counts[a:b], tpart, tcounts)
         if partition.test is None:
             central_test = test
