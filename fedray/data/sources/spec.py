@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 @dataclass
 class SourceSpec:
-    # leaf_femnist | tff_emnist | tff_cifar100 | cifar100 | mnist | leaf_shakespeare |
+    # leaf_femnist | tff_emnist | tff_cifar100 | cifar100 | cifar10 | mnist | leaf_shakespeare |
     # tff_shakespeare | shakespeare_folio | synthetic; your own data: numpy | table | hf_disk
     name: str = ""
     path: str | None = None  # where the raw files are (not used by 'synthetic')
