@@ -29,6 +29,7 @@ from fedray.data.partitioners.common import _RULES, _seed, canonical_order, fing
 from fedray.data.partitioners.dirichlet import dirichlet
 from fedray.data.partitioners.iid import iid
 from fedray.data.partitioners.imbalance import imbalance
+from fedray.data.partitioners.inner_dirichlet import inner_dirichlet
 from fedray.data.partitioners.label_flip import label_flip
 from fedray.data.partitioners.natural import natural
 from fedray.data.partitioners.pachinko import pachinko
@@ -49,6 +50,7 @@ PARTITIONERS: dict[str, Callable[..., Partition]] = {
     "similarity": similarity,
     "imbalance": imbalance,
     "label_flip": label_flip,
+    "inner_dirichlet": inner_dirichlet,
 }
 
 

@@ -18,6 +18,7 @@ TAG_IID = 103
 TAG_SIMILARITY = 104
 TAG_IMBALANCE = 105
 TAG_LABEL_FLIP = 106
+TAG_INNER_DIRICHLET = 110
 
 DIRICHLET_MAX_ATTEMPTS = 10  # draws of the dirichlet split before short clients are topped up
 
