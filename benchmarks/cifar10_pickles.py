@@ -8,7 +8,7 @@ random bytes and labels uniform over the 10 classes, so accuracies on them mean 
 the sizes (10,000 images per batch) are the real ones.
 
     python benchmarks/cifar10_pickles.py /tmp/cifar10_fake
-    fedray partition partitions/cifar10_iid.yaml source.path=/tmp/cifar10_fake out=stores/cifar10_iid
+    fedray partition partitions/cifar10_iid.yaml source.path=/tmp/cifar10_fake out=stores/c10
 """
 
 from __future__ import annotations
