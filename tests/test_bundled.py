@@ -65,7 +65,9 @@ def test_the_cli_lists_shows_and_refuses(tmp_path):
                               capture_output=True, text=True, timeout=120)
 
     listed = cli("recipes")
-    assert listed.returncode == 0 and listed.stdout.splitlines()[0].startswith("dirichlet ")
+    lines = listed.stdout.splitlines()
+    assert listed.returncode == 0 and lines == sorted(lines)  # by name
+    assert any(ln.startswith("dirichlet ") for ln in lines)
     sweep = [ln for ln in bundled.table("jobs").splitlines() if ln.startswith("sweeps/")]
     assert sweep and "[fedray sweep] Participation sweep" in sweep[0]
     shown = cli("jobs", "show", "quickstart")

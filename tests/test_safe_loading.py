@@ -5,7 +5,7 @@ The sweep's own test (tests/cluster/test_sweep.py) resumes from a directory full
 that would create a file if loaded; this one guards the class: a new ``Tuner.restore``, a
 ``torch.load`` without ``weights_only=True``, ``np.load(allow_pickle=True)`` or any other
 loader of pickles anywhere in the package fails here, naming the file and line. The two
-formats that are pickles by definition (FedScale's traces, CIFAR-100's python archive) go
+formats that are pickles by definition (FedScale's traces, the CIFAR-10/100 python archives) go
 through unpicklers whose ``find_class`` resolves nothing or a fixed few numpy names; they
 are the only ``pickle.Unpickler`` subclasses allowed, and each must override ``find_class``.
 """
@@ -33,7 +33,7 @@ FORBIDDEN = [
 ]
 TORCH_LOAD = re.compile(r"\btorch\.load\(")
 UNPICKLERS = {"fedray/timing/fedscale.py": "_PlainUnpickler",
-              "fedray/data/sources/cifar100.py": "_RestrictedUnpickler"}
+              "fedray/data/sources/cifar_pickle.py": "_RestrictedUnpickler"}
 
 
 def _code_lines(path: pathlib.Path) -> list[tuple[int, str]]:

@@ -5,7 +5,8 @@ Architectures follow the papers fedray reproduces: ``emnist_cnn`` (TFF / Reddi e
 (SCAFFOLD's 2-layer fully connected network; its width is fedray's choice), ``logreg``,
 ``resnet18_gn`` (GroupNorm ResNet-18 for CIFAR-100, Hsieh et al. / Reddi et al., with its
 input preprocessing built in), ``shakespeare_lstm`` (seed 002's character LSTM), ``word_lstm``
-and ``tag_logreg`` (Reddi et al.'s Stack Overflow next-word and tag models).
+and ``tag_logreg`` (Reddi et al.'s Stack Overflow next-word and tag models),
+``pfl_cifar10_cnn`` (pfl-research's CIFAR-10 benchmark CNN).
 ``emnist_cnn_bn`` and ``cifar_cnn_bn`` are
 BatchNorm CNNs for FedBN-style personalization (Li et al., ICLR 2021), kept apart from the
 networks above because BatchNorm's running statistics are buffers: such a model trains one
@@ -180,6 +181,27 @@ def mlp(input_shape: tuple[int, ...], num_classes: int) -> nn.Module:
         nn.Flatten(), nn.Linear(math.prod(input_shape), 200), nn.ReLU(),
         nn.Linear(200, num_classes),
     )
+
+
+def pfl_cifar10_cnn(input_shape: tuple[int, ...], num_classes: int) -> nn.Module:
+    """pfl-research's ``simple_cnn`` for CIFAR-10 (apple/pfl-research,
+    benchmarks/model/pytorch/cnn.py): conv3x3-32, ReLU, conv3x3-64, ReLU, maxpool 2x2,
+    dropout 0.25, fc128, ReLU, dropout 0.5, fc10, no padding (32x32 -> 64 x 14 x 14 =
+    12,544 features), every conv and linear weight Glorot/Xavier-uniform (its biases
+    PyTorch's default), as that file does to match its TF2 twin.
+
+    The layers are ``emnist_cnn``'s (the same Keras-style CNN), so it is built from
+    EmnistCNN and only the initialization differs. Preprocessing is not pfl-research's:
+    its benchmarks/dataset/cifar10 standardizes each channel with the train set's mean and
+    std, after reshaping each stored row (R, G, B planes) as 32x32x3 (download_preprocess.py),
+    which interleaves the planes; fedray reads the planes as stored and feeds x / 255 (the
+    store's scale) unstandardized, since a model factory sees no data statistics."""
+    _image_shape("pfl_cifar10_cnn", input_shape, 6)
+    model = EmnistCNN(input_shape, num_classes)
+    for m in model.modules():
+        if isinstance(m, (nn.Conv2d, nn.Linear)):
+            nn.init.xavier_uniform_(m.weight)
+    return model
 
 
 class CifarPreprocess(nn.Module):
@@ -382,6 +404,7 @@ MODELS: dict[str, ModelFactory] = {
     "leaf_logreg": leaf_logreg,
     "logreg": logistic_regression,
     "mlp": mlp,
+    "pfl_cifar10_cnn": pfl_cifar10_cnn,
     "resnet18_gn": resnet18_gn,
     "shakespeare_lstm": shakespeare_lstm,
     "tag_logreg": tag_logreg,

@@ -25,6 +25,7 @@ SHAPES = {
     "leaf_logreg": ((60,), 5),
     "logreg": ((1, 28, 28), 10),
     "mlp": ((1, 28, 28), 10),
+    "pfl_cifar10_cnn": ((3, 32, 32), 10),
     "resnet18_gn": ((3, 32, 32), 100),
     "tag_logreg": ((10_000,), 500),  # Stack Overflow: bag of words -> tags
 }
@@ -472,3 +473,22 @@ def test_a_model_file_that_failed_to_import_is_imported_again_once_fixed(tmp_pat
     with pytest.raises(ConfigError, match=r"^config key 'model\.name': cannot import .*"
                                           r"weights\.bin: not a \.py file"):
         user_model(f"{tmp_path / 'weights.bin'}:Net")
+
+
+def test_pfl_cifar10_cnn_is_pfl_researchs_simple_cnn():
+    """apple/pfl-research benchmarks/model/pytorch/cnn.py simple_cnn((32, 32, 3), 10):
+    unpadded 3x3 convs of 32 and 64, one 2x2 pooling, fc128, fc10 (12,544 flat features),
+    dropout 0.25 and 0.5, Xavier-uniform weights."""
+    torch.manual_seed(0)
+    m = build_model("pfl_cifar10_cnn", (3, 32, 32), 10)
+    shapes = [tuple(p.shape) for p in m.parameters()]
+    assert shapes == [(32, 3, 3, 3), (32,), (64, 32, 3, 3), (64,), (128, 12544), (128,),
+                      (10, 128), (10,)]
+    assert num_params(m) == 896 + 18_496 + 1_605_760 + 1_290
+    assert [mod.p for mod in m.modules() if isinstance(mod, nn.Dropout)] == [0.25, 0.5]
+    for w in [p for p in m.parameters() if p.dim() > 1]:
+        fan_in = w.shape[1] * w[0, 0].numel()
+        fan_out = w.shape[0] * w[0, 0].numel()
+        bound = (6 / (fan_in + fan_out)) ** 0.5  # Glorot uniform
+        assert w.abs().max() <= bound and w.abs().max() > 0.9 * bound
+

@@ -477,7 +477,7 @@ def test_tff_missing_key_and_file(tmp_path):
 
 
 def test_registry_and_load_source(tmp_path):
-    assert set(LOADERS) == {"leaf_femnist", "tff_emnist", "tff_cifar100", "cifar100", "mnist",
+    assert set(LOADERS) == {"leaf_femnist", "tff_emnist", "tff_cifar100", "cifar100", "cifar10", "mnist",
                             "leaf_shakespeare", "tff_shakespeare", "shakespeare_folio",
                             "tff_stackoverflow"}
     with pytest.raises(FedrayError,

@@ -31,6 +31,7 @@ from fedray.data.partitioners.dirichlet import dirichlet
 from fedray.data.partitioners.grouped_natural import grouped_natural
 from fedray.data.partitioners.iid import iid
 from fedray.data.partitioners.imbalance import imbalance
+from fedray.data.partitioners.inner_dirichlet import inner_dirichlet
 from fedray.data.partitioners.label_flip import label_flip
 from fedray.data.partitioners.natural import natural
 from fedray.data.partitioners.pachinko import pachinko
@@ -57,6 +58,7 @@ PARTITIONERS: dict[str, Callable[..., Partition]] = {
     "size": size,
     "continuous": continuous,
     "grouped_natural": grouped_natural,
+    "inner_dirichlet": inner_dirichlet,
 }
 
 # what a partitioner refuses of its parameters together, still without the data

@@ -23,6 +23,7 @@ TAG_SHARD = 107
 TAG_SIZE = 108
 TAG_CONTINUOUS = 109
 TAG_GROUPED_NATURAL = 110
+TAG_INNER_DIRICHLET = 111
 
 DIRICHLET_MAX_ATTEMPTS = 10  # draws of the dirichlet split before short clients are topped up
 

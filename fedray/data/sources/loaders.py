@@ -18,6 +18,7 @@ from collections.abc import Callable
 
 from fedray.data.dataset import Dataset
 from fedray.data.sources.arrays import load_npz
+from fedray.data.sources.cifar10 import load_cifar10
 from fedray.data.sources.cifar100 import load_cifar100
 from fedray.data.sources.columns import SOURCE_KEYS
 from fedray.data.sources.hf_disk import from_hf_disk
@@ -44,6 +45,7 @@ LOADERS: dict[str, Callable[..., Dataset]] = {
     "tff_emnist": load_tff_emnist,
     "tff_cifar100": load_tff_cifar100,
     "cifar100": load_cifar100,
+    "cifar10": load_cifar10,
     "mnist": load_mnist,
     "leaf_shakespeare": load_leaf_shakespeare,
     "tff_shakespeare": load_tff_shakespeare,
