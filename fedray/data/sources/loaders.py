@@ -20,6 +20,9 @@ from fedray.data.sources.cifar100 import load_cifar100
 from fedray.data.sources.columns import SOURCE_KEYS
 from fedray.data.sources.hf_disk import from_hf_disk
 from fedray.data.sources.leaf import load_leaf_femnist
+from fedray.data.sources.leaf_celeba import load_leaf_celeba
+from fedray.data.sources.leaf_reddit import load_leaf_reddit
+from fedray.data.sources.leaf_sent140 import load_leaf_sent140
 from fedray.data.sources.mnist import load_mnist
 from fedray.data.sources.shakespeare import (
     load_leaf_shakespeare,
@@ -44,6 +47,9 @@ LOADERS: dict[str, Callable[..., Dataset]] = {
     "leaf_shakespeare": load_leaf_shakespeare,
     "tff_shakespeare": load_tff_shakespeare,
     "shakespeare_folio": _folio,
+    "leaf_sent140": load_leaf_sent140,
+    "leaf_celeba": load_leaf_celeba,
+    "leaf_reddit": load_leaf_reddit,
 }
 
 # your own data: an .npz of arrays, a CSV / parquet table, a Hugging Face save_to_disk directory
@@ -59,6 +65,9 @@ GENERIC_LOADERS: dict[str, Callable[..., Dataset]] = {
 SOURCE_OPTIONS: dict[str, tuple[str, ...]] = {
     **{name: () for name in LOADERS},
     "shakespeare_folio": ("client_test_fraction",),
+    "leaf_sent140": ("vocab", "vocab_size"),
+    "leaf_celeba": ("images",),
+    "leaf_reddit": ("vocab", "vocab_size"),
     **SOURCE_KEYS,
     "synthetic": ("num_writers", "min_examples", "max_examples", "seed", "dtype"),
 }

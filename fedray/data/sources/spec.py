@@ -11,7 +11,8 @@ from dataclasses import dataclass
 @dataclass
 class SourceSpec:
     # leaf_femnist | tff_emnist | tff_cifar100 | cifar100 | mnist | leaf_shakespeare |
-    # tff_shakespeare | shakespeare_folio | synthetic; your own data: numpy | table | hf_disk
+    # tff_shakespeare | shakespeare_folio | leaf_sent140 | leaf_celeba | leaf_reddit |
+    # synthetic; your own data: numpy | table | hf_disk
     name: str = ""
     path: str | None = None  # where the raw files are (not used by 'synthetic')
     # The keys below are each read by some sources only (fedray.data.sources.loaders.
@@ -41,3 +42,13 @@ class SourceSpec:
     # shakespeare_folio only: the share of each role's speeches (its last ones) held out as
     # that role's test data (fedray.data.sources.shakespeare.load_shakespeare_folio)
     client_test_fraction: float = 0.2
+    # leaf_sent140, leaf_reddit only: a vocabulary file (one word per line, or GloVe's
+    # "word v1 .. vd" lines); null: built from the train split's most frequent words
+    vocab: str | None = None
+    # leaf_sent140, leaf_reddit only, without source.vocab: the number of token ids of the
+    # vocabulary built from the train split, special ids included (Sent140: words + 1
+    # out-of-vocabulary/padding id; Reddit: words + <PAD> + <UNK>, LEAF's 10,000)
+    vocab_size: int = 10000
+    # leaf_celeba only: the folder of CelebA images the JSON names; null: LEAF's place,
+    # raw/img_align_celeba under source.path
+    images: str | None = None
