@@ -22,6 +22,8 @@ SHAPES = {
     "emnist_cnn": ((1, 28, 28), 62),
     "emnist_cnn_bn": ((1, 28, 28), 62),
     "leaf_cnn": ((1, 28, 28), 62),
+    "leaf_celeba_cnn": ((3, 84, 84), 2),
+    "leaf_sent140_lstm": ((25,), 2),  # word ids; rand() inputs read as id 0
     "logreg": ((1, 28, 28), 10),
     "mlp": ((1, 28, 28), 10),
     "resnet18_gn": ((3, 32, 32), 100),
@@ -29,6 +31,7 @@ SHAPES = {
 # one output per position, [batch, positions, classes] (tests/core/test_sequence_model.py)
 SEQUENCE_SHAPES = {
     "shakespeare_lstm": ((80,), 90),
+    "leaf_reddit_lstm": ((10,), 50),
 }
 
 
