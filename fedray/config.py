@@ -942,12 +942,17 @@ def validate(cfg: DictConfig, population: int, *, custom_model: bool = False) ->
     # key should not wait for
     # imported when used, not at the top: it loads torch (start-up time)
     from fedray.core.losses import LOSSES
-    from fedray.core.models import MODELS, user_model
+    from fedray.core.models import MODELS, registered_args, user_model
 
     args = OmegaConf.to_container(cfg.model.args, resolve=True)
-    if custom_model or not is_import_path(cfg.model.name):
+    takes = (registered_args(cfg.model.name) if not custom_model and
+             cfg.model.name in MODELS else ())
+    if custom_model or not is_import_path(cfg.model.name) and not takes:
         r(not args, "model.args", "sets the arguments of a model named by import path "
           f"(module:Class); {cfg.model.name} takes none", args)
+    elif takes:
+        unknown = sorted(set(args) - set(takes))
+        r(not unknown, "model.args", f"{cfg.model.name} takes only {', '.join(takes)}", args)
     if not custom_model and is_import_path(cfg.model.name):
         user_model(cfg.model.name, args)  # importable, a model, and takes model.args
     elif not custom_model:

@@ -396,12 +396,122 @@ def tag_logreg(input_shape: tuple[int, ...], num_classes: int) -> nn.Module:
     return model
 
 
+# --- LEAF's models (TalwalkarLab/leaf, models/<data set>/*.py, TensorFlow 1) ---------------
+
+
+def leaf_celeba_cnn(input_shape: tuple[int, ...], num_classes: int) -> nn.Module:
+    """LEAF's CelebA CNN (models/celeba/cnn.py): four blocks of conv3x3-32 ('same'),
+    batch normalization, maxpool 2x2 stride 2 ('same'), ReLU, in that order; then one dense
+    layer to the classes. 84x84 inputs pool to 42, 21, 11, 6: 32*6*6 = 1152 features.
+
+    LEAF calls ``tf.layers.batch_normalization(..., training=True)`` in training and
+    evaluation alike, so it always normalizes with the batch's own statistics and never uses
+    running averages; ``track_running_stats=False`` does the same here, and the model has no
+    buffers (FedAvg averages only its parameters). TF's epsilon, 1e-3, is kept. TF's 'same'
+    pooling of an odd size keeps the last row: ``ceil_mode=True``."""
+    _image_shape("leaf_celeba_cnn", input_shape, 1)
+    channels, height, width = input_shape
+    layers: list[nn.Module] = []
+    for block in range(4):
+        layers += [nn.Conv2d(channels if block == 0 else 32, 32, 3, padding=1),
+                   nn.BatchNorm2d(32, eps=1e-3, track_running_stats=False),
+                   nn.MaxPool2d(2, 2, ceil_mode=True), nn.ReLU()]
+        height, width = -(-height // 2), -(-width // 2)
+    return nn.Sequential(*layers, nn.Flatten(), nn.Linear(32 * height * width, num_classes))
+
+
+class LeafSent140LSTM(nn.Module):
+    """LEAF's Sent140 classifier (models/sent140/stacked_lstm.py, baseline_constants.py
+    ``sent140.stacked_lstm``: seq_len 25, n_hidden 100): an embedding of ``n_hidden`` = 100
+    per id, two LSTM layers of 100 units, the output at the last position (the 25th, which
+    after LEAF's end padding is usually a padding position), a dense layer of 128 units
+    without activation (``tf.layers.dense``'s default) and a dense layer to the classes.
+
+    The embedding is trained from a random start, as in LEAF: its model creates the
+    ``[vocab_size + 1, n_hidden]`` variable and never loads the GloVe vectors into it (they
+    are 300-dimensional; the embedding is 100). ``vocab_size`` here is the number of ids,
+    LEAF's ``vocab_size + 1`` (fedray.data.sources.leaf_sent140: W words + the OOV/padding
+    id); 10,000 is fedray's built vocabulary's default, 400,001 GloVe 6B's."""
+
+    def __init__(self, vocab_size: int = 10_000, num_classes: int = 2, hidden: int = 100):
+        super().__init__()
+        self.embed = nn.Embedding(vocab_size, hidden)
+        self.lstm = nn.LSTM(hidden, hidden, num_layers=2, batch_first=True)
+        self.fc = nn.Linear(hidden, 128)
+        self.out = nn.Linear(128, num_classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        ids = x.long()
+        _check_ids(ids, self.embed.num_embeddings, "leaf_sent140_lstm")
+        h, _ = self.lstm(self.embed(ids))
+        return self.out(self.fc(h[:, -1]))
+
+
+def _check_ids(ids: torch.Tensor, rows: int, name: str) -> None:
+    # a clear line rather than torch's "index out of range in self" from inside a worker
+    if ids.numel() and (int(ids.max()) >= rows or int(ids.min()) < 0):
+        raise ValueError(f"{name}: token ids must be in 0..{rows - 1} (its vocabulary of "
+                         f"{rows} ids), got {int(ids.min())}..{int(ids.max())}; set "
+                         f"model.args.vocab_size to the data's number of ids")
+
+
+def leaf_sent140_lstm(input_shape: tuple[int, ...], num_classes: int, *,
+                      vocab_size: int = 10_000) -> nn.Module:
+    """LeafSent140LSTM over (25,) word ids; ``vocab_size`` (``model.args.vocab_size``) the
+    number of ids of the data's vocabulary."""
+    if len(input_shape) != 1 or input_shape[0] < 1:
+        raise ValueError(f"leaf_sent140_lstm needs (sequence length,) inputs, got {input_shape}")
+    if isinstance(vocab_size, bool) or not isinstance(vocab_size, int) or vocab_size < 1:
+        raise ValueError(f"leaf_sent140_lstm: vocab_size must be a positive integer, got "
+                         f"{vocab_size!r}")
+    return LeafSent140LSTM(vocab_size=vocab_size, num_classes=num_classes)
+
+
+class LeafRedditLSTM(nn.Module):
+    """LEAF's Reddit next-word model (models/reddit/stacked_lstm.py, baseline_constants.py
+    ``reddit.stacked_lstm``: seq_len 10, n_hidden 256, num_layers 2): an embedding of 256
+    per id, two LSTM layers of 256 units and a dense softmax layer over the vocabulary at
+    every position: [batch, 10] ids -> [batch, 10, vocab] logits (as CharLSTM).
+
+    LEAF initializes every variable of its scope uniformly in [-0.1, 0.1] (``init_scale``);
+    so does this model, LSTM biases included (whether TF's LSTMBlockCell takes the scope's
+    initializer for its bias we did not verify). LEAF's forget-gate bias of 0, its gradient
+    clipping at global norm 5 and its LSTM state carried from batch to batch have no
+    counterpart here (fedray's client has no clipping; each row starts from zero state)."""
+
+    def __init__(self, vocab_size: int, hidden: int = 256, layers: int = 2,
+                 init_scale: float = 0.1):
+        super().__init__()
+        self.embed = nn.Embedding(vocab_size, hidden)
+        self.lstm = nn.LSTM(hidden, hidden, num_layers=layers, batch_first=True)
+        self.out = nn.Linear(hidden, vocab_size)
+        for p in self.parameters():
+            nn.init.uniform_(p, -init_scale, init_scale)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        ids = x.long()
+        _check_ids(ids, self.embed.num_embeddings, "leaf_reddit_lstm")
+        h, _ = self.lstm(self.embed(ids))
+        return self.out(h)
+
+
+def leaf_reddit_lstm(input_shape: tuple[int, ...], num_classes: int) -> nn.Module:
+    """LeafRedditLSTM over (10,) token ids; the vocabulary is the data's ``num_classes``
+    (fedray.data.sources.leaf_reddit: its number of ids, <PAD> and <UNK> included)."""
+    if len(input_shape) != 1 or input_shape[0] < 1:
+        raise ValueError(f"leaf_reddit_lstm needs (sequence length,) inputs, got {input_shape}")
+    return LeafRedditLSTM(vocab_size=num_classes)
+
+
 MODELS: dict[str, ModelFactory] = {
     "cifar_cnn_bn": cifar_cnn_bn,
     "emnist_cnn": emnist_cnn,
     "emnist_cnn_bn": emnist_cnn_bn,
     "leaf_cnn": leaf_cnn,
     "leaf_logreg": leaf_logreg,
+    "leaf_celeba_cnn": leaf_celeba_cnn,
+    "leaf_reddit_lstm": leaf_reddit_lstm,
+    "leaf_sent140_lstm": leaf_sent140_lstm,
     "logreg": logistic_regression,
     "mlp": mlp,
     "pfl_cifar10_cnn": pfl_cifar10_cnn,
@@ -412,8 +522,18 @@ MODELS: dict[str, ModelFactory] = {
 }
 
 
-def build_model(name: str, input_shape: tuple[int, ...], num_classes: int) -> nn.Module:
-    return MODELS[name](tuple(input_shape), num_classes)
+def build_model(name: str, input_shape: tuple[int, ...], num_classes: int,
+                **args: Any) -> nn.Module:
+    """Registered model ``name`` for the data's shape and classes; ``args`` (``model.args``)
+    go to its keyword-only parameters (``registered_args`` checks them first)."""
+    return MODELS[name](tuple(input_shape), num_classes, **args)
+
+
+def registered_args(name: str) -> tuple[str, ...]:
+    """The ``model.args`` keys registered model ``name`` takes: its factory's keyword-only
+    parameters (``leaf_sent140_lstm``'s ``vocab_size``); most take none."""
+    params = inspect.signature(MODELS[name]).parameters.values()
+    return tuple(p.name for p in params if p.kind is inspect.Parameter.KEYWORD_ONLY)
 
 
 # what a user's model is told about the data, when its signature names the argument and
@@ -487,7 +607,8 @@ def model_factory(name: str, args: Mapping[str, Any] | None, input_shape: tuple[
     name's (unchanged: ``build_model``), or a user's model by import path, resolved here
     (``user_model``) so that it is pickled by value with its module."""
     if not is_import_path(name):
-        return functools.partial(build_model, name, tuple(input_shape), num_classes)
+        return functools.partial(build_model, name, tuple(input_shape), num_classes,
+                                 **dict(args or {}))
     args = dict(args or {})
     return functools.partial(build_user_model, user_model(name, args), name, args,
                              tuple(input_shape), num_classes)

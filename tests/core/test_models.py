@@ -23,6 +23,8 @@ SHAPES = {
     "emnist_cnn_bn": ((1, 28, 28), 62),
     "leaf_cnn": ((1, 28, 28), 62),
     "leaf_logreg": ((60,), 5),
+    "leaf_celeba_cnn": ((3, 84, 84), 2),
+    "leaf_sent140_lstm": ((25,), 2),  # word ids; rand() inputs read as id 0
     "logreg": ((1, 28, 28), 10),
     "mlp": ((1, 28, 28), 10),
     "pfl_cifar10_cnn": ((3, 32, 32), 10),
@@ -33,6 +35,7 @@ SHAPES = {
 SEQUENCE_SHAPES = {
     "shakespeare_lstm": ((80,), 90),
     "word_lstm": ((20,), 10_004),  # Stack Overflow: 20 words, 10,000 + 4 tokens
+    "leaf_reddit_lstm": ((10,), 50),
 }
 
 

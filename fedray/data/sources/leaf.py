@@ -46,19 +46,20 @@ def load_leaf_femnist(path: str) -> Dataset:
 
 
 def _read_split(root: Path, split: str, read_user: UserReader | None = None,
-                who: str = "writer") -> list[_Record]:
+                who: str = "writer", pattern: str | None = None) -> list[_Record]:
     """Every user of every LEAF JSON file of ``root/split``, files by name, users by id.
 
     ``read_user`` turns one user's entry into arrays (FEMNIST's pixels by default;
     fedray.data.sources.shakespeare reads characters with it); ``who`` is what messages
-    call a user."""
+    call a user; ``pattern`` the file names (default ``all_data_*_{split}_*.json``, what
+    LEAF's shared split script names them; LEAF's Reddit files are named otherwise)."""
     directory = root / split
     if not directory.is_dir():
         raise FedrayError(f"{directory}: LEAF {split}/ directory not found")
-    files = sorted((p for p in directory.glob(f"all_data_*_{split}_*.json") if p.is_file()),
-                   key=lambda p: p.name)
+    pattern = pattern or f"all_data_*_{split}_*.json"
+    files = sorted((p for p in directory.glob(pattern) if p.is_file()), key=lambda p: p.name)
     if not files:
-        raise FedrayError(f"{directory}: no LEAF files matching all_data_*_{split}_*.json")
+        raise FedrayError(f"{directory}: no LEAF files matching {pattern}")
     records: list[_Record] = []
     for file in files:
         records.extend(_read_file(file, read_user or _read_writer, who))

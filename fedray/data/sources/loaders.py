@@ -24,6 +24,9 @@ from fedray.data.sources.columns import SOURCE_KEYS
 from fedray.data.sources.hf_disk import from_hf_disk
 from fedray.data.sources.leaf import load_leaf_femnist
 from fedray.data.sources.leaf_synthetic import check_options, generate_leaf_synthetic
+from fedray.data.sources.leaf_celeba import load_leaf_celeba
+from fedray.data.sources.leaf_reddit import load_leaf_reddit
+from fedray.data.sources.leaf_sent140 import load_leaf_sent140
 from fedray.data.sources.mnist import load_mnist
 from fedray.data.sources.shakespeare import (
     load_leaf_shakespeare,
@@ -51,6 +54,9 @@ LOADERS: dict[str, Callable[..., Dataset]] = {
     "tff_shakespeare": load_tff_shakespeare,
     "shakespeare_folio": _folio,
     "tff_stackoverflow": load_tff_stackoverflow,
+    "leaf_sent140": load_leaf_sent140,
+    "leaf_celeba": load_leaf_celeba,
+    "leaf_reddit": load_leaf_reddit,
 }
 
 # your own data: an .npz of arrays, a CSV / parquet table, a Hugging Face save_to_disk directory
@@ -76,6 +82,9 @@ SOURCE_OPTIONS: dict[str, tuple[str, ...]] = {
     "shakespeare_folio": ("client_test_fraction",),
     "tff_stackoverflow": ("task", "vocab_size", "num_tags", "sequence_length",
                           "max_client_examples"),
+    "leaf_sent140": ("vocab", "vocab_size"),
+    "leaf_celeba": ("images",),
+    "leaf_reddit": ("vocab", "vocab_size"),
     **SOURCE_KEYS,
     "synthetic": ("num_writers", "min_examples", "max_examples", "seed", "dtype"),
     "leaf_synthetic": ("num_users", "num_classes", "num_dim", "seed", "train_fraction"),

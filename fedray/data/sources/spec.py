@@ -45,11 +45,9 @@ class SourceSpec:
     # that role's test data (fedray.data.sources.shakespeare.load_shakespeare_folio)
     client_test_fraction: float = 0.2
     # tff_stackoverflow only (fedray.data.sources.stackoverflow): the task, next_word or tag
-    # (required), the words of the vocabulary (the most frequent first), the tags predicted
-    # (tag only), the words per example (next_word only), and each train user's first posts
-    # kept (null: all; Reddi et al. keep 1000)
+    # (required), the tags predicted (tag only), the words per example (next_word only), and
+    # each train user's first posts kept (null: all; Reddi et al. keep 1000)
     task: str | None = None
-    vocab_size: int = 10000
     num_tags: int = 500
     sequence_length: int = 20
     max_client_examples: int | None = None
@@ -58,3 +56,14 @@ class SourceSpec:
     num_users: int = 1000
     num_dim: int = 60
     train_fraction: float = 0.9
+    # leaf_sent140, leaf_reddit only: a vocabulary file (one word per line, or GloVe's
+    # "word v1 .. vd" lines); null: built from the train split's most frequent words
+    vocab: str | None = None
+    # tff_stackoverflow, and leaf_sent140 / leaf_reddit without source.vocab: the words the
+    # vocabulary keeps, the most frequent first; each source's special ids come on top
+    # (Stack Overflow: padding, OOV, BOS, EOS; Sent140: one OOV/padding id; Reddit: <PAD>,
+    # <UNK>)
+    vocab_size: int = 10000
+    # leaf_celeba only: the folder of CelebA images the JSON names; null: LEAF's place,
+    # raw/img_align_celeba under source.path
+    images: str | None = None
