@@ -477,9 +477,10 @@ def test_tff_missing_key_and_file(tmp_path):
 
 
 def test_registry_and_load_source(tmp_path):
-    assert set(LOADERS) == {"leaf_femnist", "tff_emnist", "tff_cifar100", "cifar100", "cifar10", "mnist",
-                            "leaf_shakespeare", "tff_shakespeare", "shakespeare_folio",
-                            "tff_stackoverflow"}
+    assert set(LOADERS) == {"leaf_femnist", "tff_emnist", "tff_cifar100", "cifar100",
+                            "cifar10", "mnist", "leaf_shakespeare", "tff_shakespeare",
+                            "shakespeare_folio", "tff_stackoverflow", "leaf_sent140",
+                            "leaf_celeba", "leaf_reddit"}
     with pytest.raises(FedrayError,
                        match=r"recipe key 'source\.name': must be one of: leaf_femnist, "):
         load_source("femnist", str(tmp_path))

@@ -32,7 +32,8 @@ The vocabulary: ``vocab``, a plain-text file of one token per line in id order (
 and ``<UNK>`` lines are skipped: their ids are fixed), or, without one, built from the
 train split as LEAF's build_vocab.py builds it: every input token counted, sorted by count
 (descending) and then token, the first ``vocab_size`` kept (LEAF's ``vocab_size`` counts
-``<PAD>`` and ``<UNK>`` too: its 10,000 ids are ``vocab_size`` 9,998 here). LEAF numbers them from 1,
+``<PAD>`` and ``<UNK>`` too: its 10,000 ids are ``vocab_size`` 9,998 here). LEAF numbers
+them from 1,
 skipping ``<PAD>``, so when ``<PAD>`` is the most frequent token, as padding makes it, its
 words get ids 2, 3, ... exactly as here (where ``<PAD>`` is never counted as a word). LEAF
 stores its vocabulary as a pickle (``reddit_vocab.pck``), which fedray never reads: write

@@ -23,10 +23,10 @@ from fedray.data.sources.cifar100 import load_cifar100
 from fedray.data.sources.columns import SOURCE_KEYS
 from fedray.data.sources.hf_disk import from_hf_disk
 from fedray.data.sources.leaf import load_leaf_femnist
-from fedray.data.sources.leaf_synthetic import check_options, generate_leaf_synthetic
 from fedray.data.sources.leaf_celeba import load_leaf_celeba
 from fedray.data.sources.leaf_reddit import load_leaf_reddit
 from fedray.data.sources.leaf_sent140 import load_leaf_sent140
+from fedray.data.sources.leaf_synthetic import check_options, generate_leaf_synthetic
 from fedray.data.sources.mnist import load_mnist
 from fedray.data.sources.shakespeare import (
     load_leaf_shakespeare,
