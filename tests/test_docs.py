@@ -207,3 +207,41 @@ def test_every_preset_and_part_parameter_is_documented():
         for f in dataclasses.fields(cls.Params):
             key = f"adversary.{cls.section}.{f.name}"
             assert f"`{key}`" in config, (cls.name, key)
+
+
+def test_datasets_doc_covers_every_source_partitioner_recipe_and_model():
+    """docs/datasets.md is where a researcher looks for a data set: every source, every
+    partitioner and every recipe the code has is in it, and every recipe, job and model it
+    names exists (a job named with a trailing ``/*`` is a folder of jobs)."""
+    from fedray import bundled
+    from fedray.core.models import MODELS
+    from fedray.data.partitioners import PARTITIONERS
+    from fedray.data.sources.loaders import SOURCE_OPTIONS
+
+    text = (ROOT / "docs" / "datasets.md").read_text(encoding="utf-8")
+    sources_table, partitioners_table = text.split("## Partitioners")
+    rows = [r for r in sources_table.splitlines() if r.startswith("| ") and "(`" in r]
+    named = {m for r in rows for m in re.findall(r"\(`(\w+)`", r.split(" | ")[0])}
+    assert named == set(SOURCE_OPTIONS)
+    listed = {m.group(1) for m in re.finditer(r"^\| `(\w+)` \|", partitioners_table, re.M)}
+    assert listed == set(PARTITIONERS)
+    recipes = {b.name for b in bundled.listing("partitions")}
+    jobs = {b.name for b in bundled.listing("jobs")}
+    recipe_cells = [r.split(" | ")[6] for r in rows] + \
+        [r.split(" | ")[3] for r in partitioners_table.splitlines() if r.startswith("| `")]
+    cited_recipes = {m for cell in recipe_cells for m in re.findall(r"`([\w/*]+)`", cell)}
+    for name in cited_recipes:
+        pattern = re.compile(name.replace("*", r"\w+") + "$")
+        assert any(pattern.match(r) for r in recipes), f"recipe {name} does not exist"
+    assert recipes <= {r for r in recipes if any(re.match(n.replace("*", r"\w+") + "$", r)
+                                                  for n in cited_recipes)}, \
+        "a bundled recipe is missing from docs/datasets.md"
+    for cell in (r.split(" | ")[7] for r in rows):
+        for name in re.findall(r"`([\w/*]+)`", cell):
+            if name.endswith("/*"):
+                assert any(j.startswith(name[:-1]) for j in jobs), f"no jobs in {name}"
+            else:
+                assert name in jobs, f"job {name} does not exist"
+    for cell in (r.split(" | ")[5] for r in rows):
+        for name in re.findall(r"`(\w+)`", cell):
+            assert name in MODELS or name == "multi_label_bce", f"model {name} does not exist"
