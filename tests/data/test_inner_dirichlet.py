@@ -5,6 +5,7 @@ params). Pure numpy except the store test, which builds the shipped recipe twice
 from __future__ import annotations
 
 import filecmp
+import importlib
 import json
 import pathlib
 import pickle
@@ -107,6 +108,66 @@ def test_deterministic_seeded_and_independent_of_input_order():
     for s, t in zip(a.train, d.train, strict=True):  # same examples, as contents
         assert {ds.train.x[i].tobytes() for i in s} == \
             {shuffled.train.x[i].tobytes() for i in t}
+
+
+_MODULE = importlib.import_module("fedray.data.partitioners.inner_dirichlet")
+
+
+def _runs_out() -> Dataset:
+    """Unequal classes (30 to 300 examples) so that classes run out well before the end."""
+    g = np.random.default_rng(4)
+    y = np.repeat(np.arange(10), np.arange(1, 11) * 30)
+    x = g.integers(0, 256, (len(y), 12), dtype=np.uint8)
+    return Dataset("toy", Split(x, y), None, num_classes=10)
+
+
+@pytest.mark.parametrize("args", [dict(num_clients=160, alpha=0.05, examples_per_client=10),
+                                  dict(num_clients=33, alpha=0.3),
+                                  dict(num_clients=1650, alpha=0.001)])
+def test_the_partition_does_not_depend_on_the_block_size(monkeypatch, args):
+    """The multinomial draws are made _BLOCK clients per numpy call; any _BLOCK gives the
+    same clients, bit for bit (here with several classes running out mid-client)."""
+    ds = _runs_out()  # 1,650 examples
+    runs = []
+    for block in (1, 7, _MODULE._BLOCK):
+        monkeypatch.setattr(_MODULE, "_BLOCK", block)
+        runs.append(partition(ds, "inner_dirichlet", seed=11, **args))
+    for other in runs[1:]:
+        assert len(other.train) == len(runs[0].train)
+        assert all(np.array_equal(s, t) for s, t in zip(runs[0].train, other.train, strict=True))
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_clients_take_only_classes_with_examples_left(seed):
+    """Replayed client by client from the result: sizes exact, no example twice, and every
+    class a client holds still had examples when its turn came (and gave no more than it
+    had left), with classes running out mid-way."""
+    ds = _runs_out()
+    y = np.asarray(ds.train.y)
+    p = partition(ds, "inner_dirichlet", seed=seed, num_clients=160, alpha=0.05,
+                  examples_per_client=10)
+    assert [len(t) for t in p.train] == [10] * 160
+    used = np.concatenate(p.train)
+    assert len(np.unique(used)) == len(used) == 1600 and p.info["unassigned"] == 50
+    left = np.bincount(y, minlength=10)
+    ran_out = 0
+    for t in p.train:
+        took = np.bincount(y[t], minlength=10)
+        assert (took[left == 0] == 0).all()  # nothing from a class already gone
+        assert (took <= left).all()
+        left = left - took
+        ran_out += int(((left == 0) & (took > 0)).sum())
+    assert ran_out >= 5  # the rule was exercised: classes ran out along the way
+    assert left.sum() == 50
+
+
+def test_class_counts_with_a_first_draw_over_a_superset():
+    """A first draw that asks an exhausted class gets nothing there; the shortfall is drawn
+    over the classes left."""
+    g = np.random.default_rng(0)
+    c = _class_counts(10, np.array([0.5, 0.5, 0.0]), np.array([0, 3, 100]), g,
+                      draw=np.array([6, 4, 0]))
+    assert c.tolist() == [0, 3, 7]  # p is 0 on class 2: the uniform rule over {2}
 
 
 @pytest.mark.parametrize("params, pattern", [
