@@ -471,6 +471,7 @@ def test_params_table():
         "size": {"num_clients", "law", "rate", "min_examples"},
         "continuous": {"num_clients", "strictness", "feature"},
         "grouped_natural": {"group_size", "mode", "shuffle"},
+        "inner_dirichlet": {"num_clients", "alpha", "examples_per_client"},
     }
     assert set(PARTITIONERS) == set(PARAMS)
 
