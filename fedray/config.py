@@ -113,7 +113,9 @@ class ModelConfig(Section):
     loss: str = "cross_entropy"  # cross_entropy | mse | bce | sequence_cross_entropy |
     # multi_label_bce
     # keyword arguments of a model named by import path (input_shape and num_classes come
-    # from the data where its signature names them and these do not)
+    # from the data where its signature names them and these do not), or of a registered
+    # model that takes some (its factory's keyword-only parameters: leaf_sent140_lstm's
+    # vocab_size)
     args: dict[str, Any] = field(default_factory=dict)
 
 
