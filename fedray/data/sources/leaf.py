@@ -10,7 +10,7 @@ by writer id, so the same directory always yields the same arrays.
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Sequence, Sized
 from pathlib import Path
 from typing import Any
 
@@ -38,10 +38,9 @@ def load_leaf_femnist(path: str) -> Dataset:
     root = Path(path)
     train = _read_split(root, "train")
     test = _read_split(root, "test")
-    owners = sorted({w for w, _, _ in train} | {w for w, _, _ in test})
-    index = {w: i for i, w in enumerate(owners)}
-    return Dataset(name="leaf_femnist", train=_to_split(train, index),
-                   test=_to_split(test, index), num_classes=NUM_CLASSES, owners=owners,
+    owners, (train_owner, test_owner) = owner_columns([train, test])
+    return Dataset(name="leaf_femnist", train=_to_split(train, train_owner),
+                   test=_to_split(test, test_owner), num_classes=NUM_CLASSES, owners=owners,
                    scale=1.0)
 
 
@@ -103,6 +102,35 @@ def _read_file(file: Path, read_user: UserReader, who: str) -> list[_Record]:
     return [read_user(file, w, expected[w], data.get(w)) for w in sorted(expected)]
 
 
+def user_lists(where: str, entry: Any, n: int | None, lists: str,
+               units: tuple[str, str]) -> tuple[list, list]:
+    """A LEAF ``user_data`` entry's ``x`` and ``y`` lists, with the checks every LEAF data set
+    needs: both present, both lists (``lists`` says of what, for the message), and, unless
+    ``n`` is None (a format whose num_samples counts more than one split), exactly
+    ``num_samples`` of each (``units``: what an x item and a y item are called)."""
+    if not isinstance(entry, dict) or "x" not in entry or "y" not in entry:
+        raise FedrayError(f"{where}: user_data entry with 'x' and 'y' is missing")
+    xs, ys = entry["x"], entry["y"]
+    if not isinstance(xs, list) or not isinstance(ys, list):
+        raise FedrayError(f"{where}: {lists}")
+    if n is not None and (len(xs) != n or len(ys) != n):
+        raise FedrayError(f"{where}: num_samples says {n} but x has {len(xs)} {units[0]} "
+                          f"and y has {len(ys)}{' ' + units[1] if units[1] else ''}")
+    return xs, ys
+
+
+def owner_columns(parts: Sequence[Sequence[tuple[str, Any, Sized]]]
+                  ) -> tuple[list[str], list[np.ndarray]]:
+    """The users of all splits' (user, x, y) records, sorted: a Dataset's ``owners``; and,
+    per split, each example's owner index (a user's index repeated once per label of its
+    record), so a user keeps one id across the train and test splits."""
+    owners = sorted({r[0] for records in parts for r in records})
+    index = {u: i for i, u in enumerate(owners)}
+    columns = [np.repeat(np.array([index[r[0]] for r in records], dtype=np.int64),
+                         [len(r[2]) for r in records]).astype(np.int64) for records in parts]
+    return owners, columns
+
+
 def _read_writer(file: Path, writer: str, n: int, entry: Any) -> _Record:
     where = f"{file}: writer {writer!r}"
     if not isinstance(entry, dict) or "x" not in entry or "y" not in entry:
@@ -131,12 +159,10 @@ def _read_writer(file: Path, writer: str, n: int, entry: Any) -> _Record:
     return writer, x, y.astype(np.int64)
 
 
-def _to_split(records: list[_Record], index: dict[str, int]) -> Split:
+def _to_split(records: list[_Record], owner: np.ndarray) -> Split:
     if not records:
         return Split(np.zeros((0, 1, 28, 28), np.float32), np.zeros(0, np.int64),
-                     owner=np.zeros(0, np.int64))
+                     owner=owner)
     x = np.concatenate([r[1] for r in records]).reshape(-1, 1, 28, 28)
     y = np.concatenate([r[2] for r in records])
-    owner = np.repeat(np.array([index[r[0]] for r in records], dtype=np.int64),
-                      [len(r[2]) for r in records])
     return Split(x, y, owner=owner)

@@ -30,7 +30,7 @@ import numpy as np
 
 from fedray.data.dataset import Dataset
 from fedray.data.examples import Split
-from fedray.data.sources.leaf import _read_split
+from fedray.data.sources.leaf import _read_split, owner_columns, user_lists
 from fedray.errors import FedrayError
 
 IMAGE_SIZE = 84  # LEAF models/celeba/cnn.py IMAGE_SIZE
@@ -49,18 +49,15 @@ def load_leaf_celeba(path: str, images: str | None = None) -> Dataset:
                           f"default is img_align_celeba under raw/ beside train/ and test/)")
     parts = [_read_split(root, split, _user_reader(folder), who="user")
              for split in ("train", "test")]
-    owners = sorted({u for records in parts for u, _, _ in records})
-    number = {u: i for i, u in enumerate(owners)}
+    owners, owner_of = owner_columns(parts)
     splits = []
-    for records in parts:
+    for records, owner in zip(parts, owner_of, strict=True):
         if records:
             x = np.concatenate([r[1] for r in records])
             y = np.concatenate([r[2] for r in records])
         else:
             x = np.zeros((0, 3, IMAGE_SIZE, IMAGE_SIZE), np.uint8)
             y = np.zeros(0, np.int64)
-        owner = np.repeat(np.array([number[u] for u, _, _ in records], dtype=np.int64),
-                          [len(r[2]) for r in records]).astype(np.int64)
         splits.append(Split(x, y, owner=owner))
     return Dataset(name="leaf_celeba", train=splits[0], test=splits[1],
                    num_classes=NUM_CLASSES, owners=owners, scale=1.0 / 255)
@@ -80,15 +77,8 @@ def load_image(file: str | Path) -> np.ndarray:
 def _user_reader(folder: Path):  # noqa: ANN202 -- a fedray.data.sources.leaf.UserReader
     def read(file: Path, user: str, n: int, entry: Any) -> tuple[str, np.ndarray, np.ndarray]:
         where = f"{file}: user {user!r}"
-        if not isinstance(entry, dict) or "x" not in entry or "y" not in entry:
-            raise FedrayError(f"{where}: user_data entry with 'x' and 'y' is missing")
-        xs, ys = entry["x"], entry["y"]
-        if not isinstance(xs, list) or not isinstance(ys, list):
-            raise FedrayError(f"{where}: x must be a list of image file names, y a list "
-                              f"of labels")
-        if len(xs) != n or len(ys) != n:
-            raise FedrayError(f"{where}: num_samples says {n} but x has {len(xs)} images "
-                              f"and y has {len(ys)} labels")
+        xs, ys = user_lists(where, entry, n, "x must be a list of image file names, y a list "
+                            "of labels", ("images", "labels"))
         x = np.zeros((n, 3, IMAGE_SIZE, IMAGE_SIZE), np.uint8)
         y = np.zeros(n, np.int64)
         for i, (name, label) in enumerate(zip(xs, ys, strict=True)):

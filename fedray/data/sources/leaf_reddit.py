@@ -56,7 +56,7 @@ import numpy as np
 
 from fedray.data.dataset import Dataset
 from fedray.data.examples import Split
-from fedray.data.sources.leaf import _read_split
+from fedray.data.sources.leaf import _read_split, owner_columns, user_lists
 from fedray.data.sources.leaf_text import check_vocab_size, most_frequent, read_vocab_file
 from fedray.errors import FedrayError
 
@@ -93,14 +93,11 @@ def load_leaf_reddit(path: str, vocab: str | None = None,
     index = {PAD_TOKEN: PAD, UNK_TOKEN: UNK} | {w: i + 2 for i, w in enumerate(words)}
     num_ids = len(words) + 2
     dtype = np.uint16 if num_ids <= 2**16 else np.int32
-    owners = sorted({u for records in parts for u, _, _ in records})
-    number = {u: i for i, u in enumerate(owners)}
+    owners, owner_of = owner_columns(parts)
     splits = []
-    for records in parts:
+    for records, owner in zip(parts, owner_of, strict=True):
         x = _ids([row for r in records for row in r[1]], index)
         y = _ids([row for r in records for row in r[2]], index)
-        owner = np.repeat(np.array([number[u] for u, _, _ in records], dtype=np.int64),
-                          [len(r[2]) for r in records]).astype(np.int64)
         splits.append(Split(x.astype(dtype), y, owner=owner))
     return Dataset(name="leaf_reddit", train=splits[0], test=splits[1], num_classes=num_ids,
                    owners=owners, scale=1.0)
@@ -127,11 +124,10 @@ def _rows(where: str, what: str, rows: Any) -> list[list[str]]:
 
 def _read_user(file: Path, user: str, n: int, entry: Any) -> _Raw:
     where = f"{file}: user {user!r}"
-    if not isinstance(entry, dict) or "x" not in entry or "y" not in entry:
-        raise FedrayError(f"{where}: user_data entry with 'x' and 'y' is missing")
-    xs, ys = entry["x"], entry["y"]
-    if not isinstance(xs, list) or not isinstance(ys, list):
-        raise FedrayError(f"{where}: x must be a list of comments, y a list of dicts")
+    # num_samples counts the user's comments in every split (LEAF copies it from the
+    # unsplit file): checked below as an upper bound
+    xs, ys = user_lists(where, entry, None, "x must be a list of comments, y a list of dicts",
+                        ("comments", "dicts"))
     if len(xs) != len(ys) or len(xs) > n:
         raise FedrayError(f"{where}: x has {len(xs)} comments and y {len(ys)}; they must "
                           f"be as many, and at most num_samples ({n}, the user's comments "

@@ -42,7 +42,7 @@ import numpy as np
 
 from fedray.data.dataset import Dataset
 from fedray.data.examples import Split
-from fedray.data.sources.leaf import _read_split
+from fedray.data.sources.leaf import _read_split, owner_columns, user_lists
 from fedray.data.sources.leaf_text import (
     check_vocab_size,
     most_frequent,
@@ -78,16 +78,13 @@ def load_leaf_sent140(path: str, vocab: str | None = None,
     index = {w: i for i, w in enumerate(words)}
     oov = len(words)
     dtype = np.uint16 if oov < 2**16 else np.int32
-    owners = sorted({u for records in parts for u, _, _ in records})
-    number = {u: i for i, u in enumerate(owners)}
+    owners, owner_of = owner_columns(parts)
     splits = []
-    for records in parts:
+    for records, owner in zip(parts, owner_of, strict=True):
         rows = [tokenize(text, index, oov) for _, texts, _ in records for text in texts]
         x = np.asarray(rows, dtype=dtype).reshape(-1, MAX_WORDS)
         y = (np.concatenate([r[2] for r in records]) if records
              else np.zeros(0, np.int64))
-        owner = np.repeat(np.array([number[u] for u, _, _ in records], dtype=np.int64),
-                          [len(r[2]) for r in records]).astype(np.int64)
         splits.append(Split(x, y, owner=owner))
     return Dataset(name="leaf_sent140", train=splits[0], test=splits[1],
                    num_classes=NUM_CLASSES, owners=owners, scale=1.0)
@@ -103,14 +100,8 @@ def _read_user(file: Path, user: str, n: int, entry: Any
                ) -> tuple[str, np.ndarray, np.ndarray]:
     """One user's texts (an object array of str) and labels, checked."""
     where = f"{file}: user {user!r}"
-    if not isinstance(entry, dict) or "x" not in entry or "y" not in entry:
-        raise FedrayError(f"{where}: user_data entry with 'x' and 'y' is missing")
-    xs, ys = entry["x"], entry["y"]
-    if not isinstance(xs, list) or not isinstance(ys, list):
-        raise FedrayError(f"{where}: x must be a list of tweet records, y a list of labels")
-    if len(xs) != n or len(ys) != n:
-        raise FedrayError(f"{where}: num_samples says {n} but x has {len(xs)} records "
-                          f"and y has {len(ys)} labels")
+    xs, ys = user_lists(where, entry, n, "x must be a list of tweet records, y a list of "
+                        "labels", ("records", "labels"))
     texts = []
     for i, (record, label) in enumerate(zip(xs, ys, strict=True)):
         if not isinstance(record, list) or len(record) <= TEXT_FIELD:

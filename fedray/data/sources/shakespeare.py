@@ -55,7 +55,7 @@ import numpy as np
 
 from fedray.data.dataset import Dataset
 from fedray.data.examples import Split
-from fedray.data.sources.leaf import _read_split
+from fedray.data.sources.leaf import _read_split, owner_columns, user_lists
 from fedray.errors import FedrayError
 
 # TFF's Shakespeare character vocabulary, in TFF's order (id = position + 1)
@@ -159,17 +159,14 @@ def _dataset(name: str, parts: Sequence[list[tuple[str, np.ndarray, np.ndarray]]
 
     x is kept as uint8 token ids (all < 90: an eighth of a store's int64 bytes; the model
     casts its input to integer ids), y as int64 (the loss indexes with it)."""
-    owners = sorted({o for records in parts for o, _, _ in records})
-    index = {o: i for i, o in enumerate(owners)}
+    owners, owner_of = owner_columns(parts)
     splits = []
-    for records in parts:
+    for records, owner in zip(parts, owner_of, strict=True):
         if records:
             x = np.concatenate([r[1] for r in records])
             y = np.concatenate([r[2] for r in records])
         else:
             x, y = _EMPTY.copy(), _EMPTY.copy()
-        owner = np.repeat(np.array([index[r[0]] for r in records], dtype=np.int64),
-                          [len(r[2]) for r in records]).astype(np.int64)
         splits.append(Split(x.astype(np.uint8), y, owner=owner))
     return Dataset(name=name, train=splits[0], test=splits[1], num_classes=VOCAB_SIZE,
                    owners=owners, scale=1.0)
@@ -195,14 +192,7 @@ def load_leaf_shakespeare(path: str) -> Dataset:
 def _read_leaf_user(file: Path, user: str, n: int, entry: Any
                     ) -> tuple[str, np.ndarray, np.ndarray]:
     where = f"{file}: user {user!r}"
-    if not isinstance(entry, dict) or "x" not in entry or "y" not in entry:
-        raise FedrayError(f"{where}: user_data entry with 'x' and 'y' is missing")
-    xs, ys = entry["x"], entry["y"]
-    if not isinstance(xs, list) or not isinstance(ys, list):
-        raise FedrayError(f"{where}: x and y must be lists of strings")
-    if len(xs) != n or len(ys) != n:
-        raise FedrayError(f"{where}: num_samples says {n} but x has {len(xs)} samples "
-                          f"and y has {len(ys)}")
+    xs, ys = user_lists(where, entry, n, "x and y must be lists of strings", ("samples", ""))
     for i, (window, nxt) in enumerate(zip(xs, ys, strict=True)):
         if not isinstance(window, str) or len(window) != SEQUENCE_LENGTH:
             got = f"{len(window)} characters" if isinstance(window, str) else \
