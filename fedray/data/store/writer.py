@@ -455,7 +455,6 @@ def _write_ipc(fs: Any, path: str, batch: pa.RecordBatch) -> tuple[int, str]:
     return sink.size, sink.sha.hexdigest()
 
 
-
 def claim_store(url: str) -> RunClaim:
     """Claim ``url`` for a new store, before any data is read: the lock ``fedray run`` puts
     on its output directory (fedray.state.storage.RunClaim), created in ``url``. Stores are
