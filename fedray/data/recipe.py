@@ -55,6 +55,9 @@ def load_recipe(source: Any, overrides: list[str] | tuple = ()) -> DictConfig:
     if cfg.source.name not in GENERATED and not cfg.source.path:
         raise ConfigError(f"recipe key 'source.path': where the raw {cfg.source.name} files "
                           f"are, e.g. source.path=PATH/{cfg.source.name}")
+    if cfg.source.name in GENERATED and cfg.source.path:
+        raise key_error("source.path", f"source {cfg.source.name!r} is generated, not read "
+                        "from files: leave source.path out", cfg.source.path, what="recipe")
     pname = cfg.partitioner.get("name", "")
     if pname not in PARAMS:
         raise ConfigError(f"recipe key 'partitioner.name': must be one of: {', '.join(PARAMS)}, "
@@ -87,7 +90,7 @@ def _check_own_data_keys(s: DictConfig, partitioner: str) -> None:
     data is read."""
     # imported when used, not at the top: they load h5py, pyarrow (start-up time)
     from fedray.data.sources.columns import SOURCE_KEYS, check_keys
-    from fedray.data.sources.loaders import SOURCE_OPTIONS, check_generated
+    from fedray.data.sources.loaders import SOURCE_OPTIONS, check_options
 
     reads = SOURCE_OPTIONS.get(s.name, ())
     defaults = SourceSpec()
@@ -96,7 +99,7 @@ def _check_own_data_keys(s: DictConfig, partitioner: str) -> None:
             users = [n for n, keys in SOURCE_OPTIONS.items() if key in keys]
             raise key_error(f"source.{key}", f"is read by source {' / '.join(users)} only, "
                             f"not {s.name!r}", s[key], what="recipe")
-    check_generated(s.name, **{k: s[k] for k in reads})
+    check_options(s.name, **{k: s[k] for k in reads})
     reads = SOURCE_KEYS.get(s.name, ())
     if not reads:
         return

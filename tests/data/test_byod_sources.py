@@ -306,6 +306,16 @@ def test_bad_hf_disk(tmp_path):
      r"only, not 'mnist'"),
     ("leaf_femnist", ["source.client_test_fraction=0.5"], r"'source\.client_test_fraction': "
      r"is read by source shakespeare_folio only"),
+    # a source's own values, before its files are opened or out is claimed
+    ("tff_stackoverflow", ["source.task=bogus"], r"'source\.task': must be one of: "
+     r"next_word, tag, got 'bogus'"),
+    ("tff_stackoverflow", ["source.task=tag", "source.num_tags=1"],
+     r"'source\.num_tags': must be an integer >= 2, got 1"),
+    ("leaf_sent140", ["source.vocab=/nonexistent/vocab.txt"],
+     r"'source\.vocab': /nonexistent/vocab\.txt is not a file"),
+    ("leaf_reddit", ["source.vocab_size=0"], r"'source\.vocab_size': must be an integer >= 1"),
+    ("leaf_synthetic", [], r"'source\.path': source 'leaf_synthetic' is generated"),
+    ("synthetic", [], r"'source\.path': source 'synthetic' is generated"),
     ("table", [], r"'source\.features': name the input columns"),
     ("table", ["source.features=[a]", "source.image=im"], r"'source\.image': the inputs are "
      r"either"),

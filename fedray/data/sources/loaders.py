@@ -26,13 +26,16 @@ from fedray.data.sources.leaf import load_leaf_femnist
 from fedray.data.sources.leaf_celeba import load_leaf_celeba
 from fedray.data.sources.leaf_reddit import load_leaf_reddit
 from fedray.data.sources.leaf_sent140 import load_leaf_sent140
-from fedray.data.sources.leaf_synthetic import check_options, generate_leaf_synthetic
+from fedray.data.sources.leaf_synthetic import check_options as check_synthetic_options
+from fedray.data.sources.leaf_synthetic import generate_leaf_synthetic
+from fedray.data.sources.leaf_text import check_vocab_size
 from fedray.data.sources.mnist import load_mnist
 from fedray.data.sources.shakespeare import (
     load_leaf_shakespeare,
     load_shakespeare_folio,
     load_tff_shakespeare,
 )
+from fedray.data.sources.stackoverflow import check_options as check_stackoverflow_options
 from fedray.data.sources.stackoverflow import load_tff_stackoverflow
 from fedray.data.sources.table import from_table
 from fedray.data.sources.tff import load_tff_cifar100, load_tff_emnist
@@ -69,7 +72,7 @@ GENERIC_LOADERS: dict[str, Callable[..., Dataset]] = {
 # generated, not read: name -> function(**options) -> Dataset, with check(**options) that
 # refuses an impossible value in one line before anything is drawn
 GENERATORS: dict[str, tuple[Callable[..., Dataset], Callable[..., None]]] = {
-    "leaf_synthetic": (generate_leaf_synthetic, check_options),
+    "leaf_synthetic": (generate_leaf_synthetic, check_synthetic_options),
 }
 # the sources that need no source.path ('synthetic' is streamed by the recipe itself)
 GENERATED: tuple[str, ...] = ("synthetic", *GENERATORS)
@@ -91,10 +94,29 @@ SOURCE_OPTIONS: dict[str, tuple[str, ...]] = {
 }
 
 
-def check_generated(name: str, **options: object) -> None:
-    """A generated source's options, checked before anything is drawn (others: nothing)."""
-    if name in GENERATORS:
-        GENERATORS[name][1](**options)
+def _check_vocab(vocab: str | None = None, vocab_size: int = 10000) -> None:
+    """leaf_sent140 / leaf_reddit: a vocabulary file that exists, or a size to build one."""
+    if vocab is not None:
+        if not os.path.isfile(os.path.expanduser(os.fspath(vocab))):
+            raise key_error("source.vocab", f"{vocab} is not a file", what="recipe")
+    else:
+        check_vocab_size(vocab_size, 1)
+
+
+# source name -> a check of its options that needs no data, run by the recipe before ``out``
+# is claimed or any file opened (one line naming ``source.<key>``); the loader checks again
+OPTION_CHECKS: dict[str, Callable[..., None]] = {
+    **{name: check for name, (_, check) in GENERATORS.items()},
+    "tff_stackoverflow": check_stackoverflow_options,
+    "leaf_sent140": _check_vocab,
+    "leaf_reddit": _check_vocab,
+}
+
+
+def check_options(name: str, **options: object) -> None:
+    """Source ``name``'s options (its keys of SOURCE_OPTIONS), checked without its data."""
+    if name in OPTION_CHECKS:
+        OPTION_CHECKS[name](**options)
 
 
 def load_source(name: str, path: str | None, **options: object) -> Dataset:

@@ -77,7 +77,7 @@ import numpy as np
 
 from fedray.data.dataset import Dataset
 from fedray.data.examples import Split
-from fedray.errors import FedrayError
+from fedray.errors import FedrayError, key_error
 
 PAD = 0
 VOCAB_SIZE = 10_000  # Reddi et al. / google-research/federated: the 10,000 most frequent words
@@ -267,9 +267,22 @@ def _read(file: Path, fields: tuple[str, ...]) -> tuple[list[str], list[list[lis
 
 def _positive(key: str, value: object, low: int) -> int:
     if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < low:
-        raise FedrayError(f"recipe key 'source.{key}': must be an integer >= {low}, "
-                          f"got {value!r}")
+        raise key_error(f"source.{key}", f"must be an integer >= {low}", value, what="recipe")
     return int(value)
+
+
+def check_options(task: str | None = None, vocab_size: int = VOCAB_SIZE,
+                  num_tags: int = NUM_TAGS, sequence_length: int = SEQUENCE_LENGTH,
+                  max_client_examples: int | None = None) -> None:
+    """The source's keys, checked before any file is opened (the recipe calls this first)."""
+    if task not in TASKS:
+        raise key_error("source.task", f"must be one of: {', '.join(TASKS)}", task,
+                        what="recipe")
+    _positive("vocab_size", vocab_size, 1)
+    _positive("num_tags", num_tags, 2)  # 2: labels 0/1 are checked against it
+    _positive("sequence_length", sequence_length, 1)
+    if max_client_examples is not None:
+        _positive("max_client_examples", max_client_examples, 1)
 
 
 def load_tff_stackoverflow(path: str, task: str | None = None, vocab_size: int = VOCAB_SIZE,
@@ -285,14 +298,9 @@ def load_tff_stackoverflow(path: str, task: str | None = None, vocab_size: int =
     file's order (TFF's ``dataset.take(max_elements_per_client)``; Reddi et al. use 1000);
     the test split is kept whole, as TFF keeps it. ``num_tags`` is read by ``tag`` only,
     ``sequence_length`` by ``next_word`` only."""
-    if task not in TASKS:
-        raise FedrayError(f"recipe key 'source.task': must be one of: {', '.join(TASKS)}, "
-                          f"got {task!r}")
-    vocab_size = _positive("vocab_size", vocab_size, 1)
-    num_tags = _positive("num_tags", num_tags, 2)  # 2: labels 0/1 are checked against it
-    sequence_length = _positive("sequence_length", sequence_length, 1)
-    cap = None if max_client_examples is None else \
-        _positive("max_client_examples", max_client_examples, 1)
+    check_options(task, vocab_size, num_tags, sequence_length, max_client_examples)
+    vocab_size, num_tags, sequence_length = int(vocab_size), int(num_tags), int(sequence_length)
+    cap = None if max_client_examples is None else int(max_client_examples)
     root = Path(path)
     for name in (TRAIN_FILE, TEST_FILE):
         if not (root / name).is_file():
