@@ -530,6 +530,22 @@ def _interrupt_sweep(tmp_path, trials: int, ready) -> tuple[subprocess.Popen, st
     return proc, proc.communicate(timeout=180)[1]
 
 
+def _without_ray_sigterm_noise(err: str) -> str:
+    """stderr without the lines of a trial process whose Ray worker printed "Exception
+    ignored in ..." from its own SIGTERM handler (ray/_private/worker.py sigterm_handler
+    raising SystemExit inside a weakref callback while the process dies: a race in Ray's
+    shutdown, forwarded as "(_trial pid=N) ..." lines, seen once in a full run). Any other
+    traceback, a trial's included, still fails the test."""
+    lines = err.splitlines()
+    pid = re.compile(r"^\(_trial pid=(\d+)\) ")
+    noisy = {m.group(1) for line in lines if (m := pid.match(line))
+             and "sigterm_handler" in line}
+    noisy &= {m.group(1) for line in lines if (m := pid.match(line))
+              and "Exception ignored in" in line}
+    return "\n".join(line for line in lines
+                     if not ((m := pid.match(line)) and m.group(1) in noisy))
+
+
 @pytest.mark.parametrize("when", ["before any trial started", "with every trial running"])
 def test_ctrl_c_at_any_point_writes_results_and_says_resume(tmp_path, when):
     """Ctrl-C while Ray and Tune are still starting (no trial has started), and while every
@@ -545,7 +561,7 @@ def test_ctrl_c_at_any_point_writes_results_and_says_resume(tmp_path, when):
     proc, err = _interrupt_sweep(tmp_path, 2, started)
     where = str(tmp_path / "sweep")
     assert proc.returncode == 130, err[-3000:]
-    assert "Traceback" not in err, err[-3000:]
+    assert "Traceback" not in _without_ray_sigterm_noise(err), err[-3000:]
     assert err.strip().splitlines()[-1].endswith(f"continue with: fedray sweep --resume {where}")
     rows = list(csv.DictReader(open(tmp_path / "sweep" / "results.csv")))
     expect = "not started" if when.startswith("before") else "interrupted"
