@@ -159,10 +159,16 @@ def _read_writer(file: Path, writer: str, n: int, entry: Any) -> _Record:
     return writer, x, y.astype(np.int64)
 
 
-def _to_split(records: list[_Record], owner: np.ndarray) -> Split:
+def stack_records(records: Sequence[tuple[str, np.ndarray, np.ndarray]],
+                  empty: tuple[np.ndarray, np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+    """The x and y of (user, x, y) records one user after the other (the order
+    ``owner_columns`` numbers them in); ``empty``, arrays of the right shape, when a split
+    has no users."""
     if not records:
-        return Split(np.zeros((0, 1, 28, 28), np.float32), np.zeros(0, np.int64),
-                     owner=owner)
-    x = np.concatenate([r[1] for r in records]).reshape(-1, 1, 28, 28)
-    y = np.concatenate([r[2] for r in records])
-    return Split(x, y, owner=owner)
+        return empty
+    return np.concatenate([r[1] for r in records]), np.concatenate([r[2] for r in records])
+
+
+def _to_split(records: list[_Record], owner: np.ndarray) -> Split:
+    x, y = stack_records(records, (np.zeros((0, PIXELS), np.float32), np.zeros(0, np.int64)))
+    return Split(x.reshape(-1, 1, 28, 28), y, owner=owner)

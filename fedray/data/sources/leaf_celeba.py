@@ -30,7 +30,7 @@ import numpy as np
 
 from fedray.data.dataset import Dataset
 from fedray.data.examples import Split
-from fedray.data.sources.leaf import _read_split, owner_columns, user_lists
+from fedray.data.sources.leaf import _read_split, owner_columns, stack_records, user_lists
 from fedray.errors import FedrayError
 
 IMAGE_SIZE = 84  # LEAF models/celeba/cnn.py IMAGE_SIZE
@@ -52,12 +52,8 @@ def load_leaf_celeba(path: str, images: str | None = None) -> Dataset:
     owners, owner_of = owner_columns(parts)
     splits = []
     for records, owner in zip(parts, owner_of, strict=True):
-        if records:
-            x = np.concatenate([r[1] for r in records])
-            y = np.concatenate([r[2] for r in records])
-        else:
-            x = np.zeros((0, 3, IMAGE_SIZE, IMAGE_SIZE), np.uint8)
-            y = np.zeros(0, np.int64)
+        x, y = stack_records(records, (np.zeros((0, 3, IMAGE_SIZE, IMAGE_SIZE), np.uint8),
+                                       np.zeros(0, np.int64)))
         splits.append(Split(x, y, owner=owner))
     return Dataset(name="leaf_celeba", train=splits[0], test=splits[1],
                    num_classes=NUM_CLASSES, owners=owners, scale=1.0 / 255)

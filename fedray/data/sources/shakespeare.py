@@ -55,7 +55,7 @@ import numpy as np
 
 from fedray.data.dataset import Dataset
 from fedray.data.examples import Split
-from fedray.data.sources.leaf import _read_split, owner_columns, user_lists
+from fedray.data.sources.leaf import _read_split, owner_columns, stack_records, user_lists
 from fedray.errors import FedrayError
 
 # TFF's Shakespeare character vocabulary, in TFF's order (id = position + 1)
@@ -162,11 +162,7 @@ def _dataset(name: str, parts: Sequence[list[tuple[str, np.ndarray, np.ndarray]]
     owners, owner_of = owner_columns(parts)
     splits = []
     for records, owner in zip(parts, owner_of, strict=True):
-        if records:
-            x = np.concatenate([r[1] for r in records])
-            y = np.concatenate([r[2] for r in records])
-        else:
-            x, y = _EMPTY.copy(), _EMPTY.copy()
+        x, y = stack_records(records, (_EMPTY.copy(), _EMPTY.copy()))
         splits.append(Split(x.astype(np.uint8), y, owner=owner))
     return Dataset(name=name, train=splits[0], test=splits[1], num_classes=VOCAB_SIZE,
                    owners=owners, scale=1.0)
