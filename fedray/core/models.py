@@ -32,6 +32,7 @@ import torch
 from torch import nn
 
 from fedray.algorithms.registry import import_object, is_import_path
+from fedray.core.losses import VECTOR_LABEL
 from fedray.errors import key_error, one_line
 from fedray.section import thawed
 
@@ -638,14 +639,12 @@ def fit_problem(module: nn.Module, input_shape: tuple[int, ...], num_classes: in
     dropout mask or batch-norm statistic changes), finds a wrong input width or too few
     outputs before the first round, where otherwise a worker fails mid-round with a raw
     shape or index error that names neither the model nor the data."""
-    sequence = loss == "sequence_cross_entropy"
-    multi = loss == "multi_label_bce"
-    if label_shape and not (sequence or multi):
+    if label_shape and loss not in VECTOR_LABEL:
         return (f"trains with model.loss={loss}, but {data} has a sequence of "
                 f"{' x '.join(map(str, label_shape))} labels per example: use "
                 "model.loss=sequence_cross_entropy (a target per position) or "
                 "multi_label_bce (a 0/1 vector of labels)")
-    if (sequence or multi) and not label_shape:
+    if loss in VECTOR_LABEL and not label_shape:
         return (f"trains with model.loss={loss}, which needs a vector of labels per "
                 f"example; {data} has one")
     was_training = module.training
@@ -674,7 +673,7 @@ def fit_problem(module: nn.Module, input_shape: tuple[int, ...], num_classes: in
         return (f"outputs shape {tuple(out.shape[1:])} per example; "
                 f"model.loss=sequence_cross_entropy needs [positions, classes] logits with "
                 f"at least the {num_classes} classes of {data}")
-    if multi and (out.dim() != 2 or width != math.prod(label_shape)):
+    if loss == "multi_label_bce" and (out.dim() != 2 or width != math.prod(label_shape)):
         return (f"outputs shape {tuple(out.shape[1:])} per example; model.loss="
                 f"multi_label_bce needs one logit per label: {math.prod(label_shape)}")
     if loss == "bce" and width != 1:
