@@ -19,10 +19,15 @@ example) as ``sequential.local_sgd`` takes them. What an
 aggregator measures around the local update (sensitivity, risks) the worker measures per
 client.
 
-Only models whose training step is a pure function of the weights and the batch qualify:
-no dropout (its masks are drawn per call, not per client seed), no buffers (batch-norm
-statistics) and no hooks (a gradient-clipping ``register_hook``, a forward hook: the batched
-step would silently skip them). ``unsupported_reason`` says why a model does not.
+Only models whose training step is a pure function of the weights, the batch and the
+client's seed qualify: dropout only as nn.Dropout, Dropout1d, Dropout2d or Dropout3d, whose
+masks each client draws from a generator of its own, outside ``vmap``, exactly as the
+sequential kernel draws them (fedray/kernels/dropout.py: the same masks bit for bit, in any
+group); no other randomness (AlphaDropout, ``F.dropout`` in a forward: drawn per call from
+the global generator); no buffers (batch-norm statistics) and no hooks (a
+gradient-clipping ``register_hook``, a forward hook: the batched step would silently skip
+them). ``unsupported_reason`` says why a model does not, ``batch_failure`` finds the
+randomness it cannot see.
 
 Workers use it under ``runtime.worker.vectorize`` (``vectorize_plan``): the worker prepares
 a group of clients, trains them here, then folds each into its partial sum as the sequential
