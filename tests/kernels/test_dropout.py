@@ -303,3 +303,27 @@ def test_randomness_not_drawn_per_client_keeps_a_model_sequential():
     for name in MODELS:  # while nn.Dropout(2d) models pass the probe
         model, _, data = _setup(name, [1])
         assert batch_failure(model, tuple(data[0][0].shape[1:]), "cross_entropy") is None
+
+
+def test_the_benchmark_times_the_conv_sides_on_the_same_clients(capsys):
+    """benchmarks/vectorized_step.py's convolutional mode: the plain loop, fedray
+    sequential and torch.func in groups, each a rate and a ratio to the plain loop; and
+    --against-sequential compares the torch.func side (the only one a CNN has)."""
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[2] / "benchmarks" / "vectorized_step.py"
+    spec = importlib.util.spec_from_file_location("vectorized_step", path)
+    step = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(step)
+    clients = step.make_clients(2)
+    row, = step.measure_conv("emnist_cnn", clients, groups=[2], repeat=1)
+    assert set(row["per_s"]) == {"raw loop", "sequential", "vectorized 2"}
+    assert all(r > 0 for r in row["per_s"].values()) and row["vs_raw_loop"]["raw loop"] == 1
+    assert "emnist_cnn 2 clients, 1 thread: raw loop" in capsys.readouterr().out
+    row = step.against_sequential("emnist_cnn", clients, 2)
+    torch.manual_seed(0)  # the benchmark's model, for the size of its weights
+    w0 = FlatModel(build_model("emnist_cnn", step.SHAPE, step.CLASSES)).flat
+    # at most 5 steps of 20 (30-90 examples): the bound of the tests above, of the size of
+    # the weights after training, which one epoch at lr 0.05 keeps within twice the initial
+    assert row["torch_func_max_diff"] <= f32_atol(2 * w0, ulps=ULPS_PER_STEP * (5 + 1))
