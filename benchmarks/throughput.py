@@ -22,8 +22,8 @@ says how it is set up); fedray never depends on Flower.
 Workloads: 1,000 FEMNIST-shaped clients of 30-90 examples, 1 local epoch, batch 20, and
   logreg-100, logreg-1000: logistic regression, 100 or 1,000 clients per round;
   mlp-100, mlp-1000: the 2-layer MLP (200 hidden units), 100 or 1,000 per round;
-  cnn-20, cnn-100: the LEAF FEMNIST CNN (no dropout, so it can be vectorized), 20 or 100;
-  a: the TFF EMNIST CNN (dropout: sequential only), 20 per round (issue 2);
+  cnn-20, cnn-100: the LEAF FEMNIST CNN (no dropout), 20 or 100;
+  a: the TFF EMNIST CNN (with dropout, its masks drawn per client), 20 per round (issue 2);
   b: logistic regression, 100 per round (issue 2; the same job as logreg-100);
 and, on 1,000 Shakespeare-shaped clients of 20-60 token sequences (80 ids of TFF's
 90-token vocabulary, a padded tail on every fourth sequence; the First Folio store has 37
@@ -346,7 +346,7 @@ def measure(name: str, clients, args) -> dict:
                  f"{row['vectorized_updates_per_s'] / row['sequential_updates_per_s']:.2f}x "
                  f"sequential")
     else:
-        line += " | vectorized: n/a (the model has dropout or a recurrent layer)"
+        line += " | vectorized: n/a (the model cannot be vectorized: a recurrent layer)"
     if "flower_runs" in row:
         line += (f" | Flower {row['flower_version']} {rate('flower')} = "
                  f"{row['flower_ratio']:.2f}x raw; fedray's best "

@@ -15,9 +15,18 @@ sides' updates (float rounding only: all are the same local SGD).
     python benchmarks/vectorized_step.py --model logreg --epochs 5
     python benchmarks/vectorized_step.py --model mlp --group 5 9 25 50 --json step.json
     python benchmarks/vectorized_step.py --against-sequential --clients 1000
+    python benchmarks/vectorized_step.py --model leaf_cnn emnist_cnn --clients 20 --group 1 2 5
 
 ``--against-sequential`` times nothing: it compares each side's updates with sequential
 training's, client by client, and counts the clients that differ by more than 1e-5.
+
+The convolutional models (``leaf_cnn``; ``emnist_cnn``, with dropout) have no closed form:
+for them the sides are a plain PyTorch loop (torch.optim.SGD over the same batches, as
+benchmarks/throughput.py's raw loop trains a client), fedray's sequential kernel
+(kernels.sequential.local_sgd) and torch.func's step in groups of each ``--group`` size
+(vmap turns each convolution into a grouped one, and the client's dropout masks are drawn
+outside vmap), all on one thread, as a worker of one CPU trains. The CPU worker's own group
+size for the LEAF CNN (26 MB of weights, over GROUP_BYTES) is 1.
 """
 
 from __future__ import annotations
@@ -37,7 +46,7 @@ import torch  # noqa: E402
 from fedray.core.flat_model import FlatModel  # noqa: E402
 from fedray.core.models import build_model  # noqa: E402
 from fedray.data.sources.synthetic import SyntheticFEMNIST  # noqa: E402
-from fedray.kernels.sequential import local_sgd  # noqa: E402
+from fedray.kernels.sequential import batch_schedule, local_sgd  # noqa: E402
 from fedray.kernels.vectorized import (  # noqa: E402
     group_size,
     group_sizes,
@@ -49,7 +58,8 @@ from fedray.runtime.session import keep_freed_memory  # noqa: E402
 SHAPE, CLASSES = SyntheticFEMNIST.input_shape, SyntheticFEMNIST.num_classes
 # the learning rates of benchmarks/throughput.py: 0.05 is past the stable step size of
 # logistic regression on these inputs, where SGD amplifies rounding differences
-LR, BATCH = {"logreg": 0.01, "mlp": 0.05}, 20
+LR, BATCH = {"logreg": 0.01, "mlp": 0.05, "leaf_cnn": 0.05, "emnist_cnn": 0.05}, 20
+CONV = ("leaf_cnn", "emnist_cnn")
 
 
 def make_clients(count: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
@@ -121,6 +131,62 @@ def measure(name: str, clients, groups: list[int | None], repeat: int,
     return rows
 
 
+def raw_client(module: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, lr: float,
+               seed: int, epochs: int) -> None:
+    """One client as anyone would train it (benchmarks/throughput.py's train_client):
+    torch.optim.SGD over fedray's batch order, dropout from torch.manual_seed(seed)."""
+    module.train()
+    opt = torch.optim.SGD(module.parameters(), lr=lr)
+    torch.manual_seed(seed)
+    for idx in batch_schedule(len(y), BATCH, epochs, None, seed):
+        opt.zero_grad()
+        torch.nn.functional.cross_entropy(module(x[idx]), y[idx]).backward()
+        opt.step()
+
+
+def measure_conv(name: str, clients, groups: list[int | None], repeat: int,
+                 epochs: int = 1) -> list[dict]:
+    """A convolutional model: the plain loop, fedray sequential and torch.func in groups
+    of each size, every side timed once per repeat in turn; one row with the rates (clients
+    per second) and each side's ratio to the plain loop."""
+    torch.manual_seed(0)
+    model = FlatModel(build_model(name, SHAPE, CLASSES))
+    raw = build_model(name, SHAPE, CLASSES)
+    raw.load_state_dict(model.module.state_dict())
+    start = {k: v.clone() for k, v in raw.state_dict().items()}
+    w0, lr = model.flat.clone(), LR[name]
+    groups = [g or group_size(model.num_params) for g in groups]
+
+    def plain():
+        for i, (x, y) in enumerate(clients):
+            raw.load_state_dict(start)
+            raw_client(raw, x, y, lr, i, epochs)
+
+    def sequential():
+        for i, (x, y) in enumerate(clients):
+            local_sgd(model, w0, x, y, lr=lr, batch_size=BATCH, local_epochs=epochs,
+                      local_steps=None, seed=i, delta_out=torch.empty_like(w0))
+
+    sides = {"raw loop": plain, "sequential": sequential}
+    for g in groups:
+        sides[f"vectorized {g}"] = (lambda g=g: train(model, w0, clients, g, epochs, lr))
+    for run in sides.values():  # warm-up
+        run()
+    times: dict[str, list[float]] = {s: [] for s in sides}
+    for _ in range(repeat):
+        for side, run in sides.items():
+            t0 = time.perf_counter()
+            run()
+            times[side].append(time.perf_counter() - t0)
+    rate = {s: len(clients) / statistics.median(t) for s, t in times.items()}
+    row = {"model": name, "clients": len(clients), "epochs": epochs, "lr": lr,
+           "repeat": repeat, "groups": groups, "per_s": rate,
+           "vs_raw_loop": {s: r / rate["raw loop"] for s, r in rate.items()}}
+    print(f"{name:10s} {len(clients)} clients, 1 thread: " + " | ".join(
+        f"{s} {r:6.2f}/s ({r / rate['raw loop']:.2f}x)" for s, r in rate.items()), flush=True)
+    return [row]
+
+
 def against_sequential(name: str, clients, group: int | None, epochs: int = 1,
                        tol: float = 1e-5) -> dict:
     """Every side's updates against sequential training's (kernels.sequential.local_sgd), client
@@ -131,12 +197,13 @@ def against_sequential(name: str, clients, group: int | None, epochs: int = 1,
     model = FlatModel(build_model(name, SHAPE, CLASSES))
     w0, lr = model.flat.clone(), LR[name]
     group = group or group_size(model.num_params)
+    sides = SIDES if linear_chain(model.module, "cross_entropy") else {"torch.func": {}}
     expected = [local_sgd(model, w0, x, y, lr=lr, batch_size=BATCH, local_epochs=epochs,
                           local_steps=None, seed=i, delta_out=torch.empty_like(w0)).delta.clone()
                 for i, (x, y) in enumerate(clients)]
     row: dict = {"model": name, "group": group, "clients": len(clients), "epochs": epochs,
                  "lr": lr, "tol": tol}
-    for side, options in SIDES.items():
+    for side, options in sides.items():
         diffs = [float((got - want).abs().max()) for got, want in zip(
             train(model, w0, clients, group, epochs, lr, **options), expected, strict=True)]
         key = side.replace(".", "_")
@@ -145,14 +212,15 @@ def against_sequential(name: str, clients, group: int | None, epochs: int = 1,
     print(f"{name:7s} against sequential training, {len(clients)} clients, groups of {group}, "
           f"{epochs} epoch{'s' if epochs > 1 else ''}: " + " | ".join(
               f"{side} max {row[f'{k}_max_diff']:.1e}, {row[f'{k}_above_tol']} above {tol:g}"
-              for side, k in ((s, s.replace(".", "_")) for s in SIDES)), flush=True)
+              for side, k in ((s, s.replace(".", "_")) for s in sides)), flush=True)
     return row
 
 
 def main(argv: list[str] | None = None) -> list[dict]:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--model", nargs="+", default=["logreg", "mlp"], choices=["logreg", "mlp"])
+    ap.add_argument("--model", nargs="+", default=["logreg", "mlp"],
+                    choices=["logreg", "mlp", *CONV])
     ap.add_argument("--clients", type=int, default=200, help="clients per side (default 200)")
     ap.add_argument("--group", type=int, nargs="+", default=[None],
                     help="clients per group, one or more sizes (default: the worker's, "
@@ -177,7 +245,8 @@ def main(argv: list[str] | None = None) -> list[dict]:
                 for name in args.model for group in args.group]
     else:
         rows = [row for name in args.model
-                for row in measure(name, clients, args.group, args.repeat, args.epochs)]
+                for row in (measure_conv if name in CONV else measure)(
+                    name, clients, args.group, args.repeat, args.epochs)]
     if args.json:
         with open(args.json, "w") as f:
             json.dump(rows, f, indent=1)

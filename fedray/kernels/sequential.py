@@ -7,7 +7,9 @@ delta y - x with the client's example count. What an algorithm adds to the local
 arrives as ``LocalTerms`` (fedray.algorithms.base: a proximal pull, a linear term), applied to
 every step's gradient; one full-batch step is ``full_batch``. The
 vectorized kernel (fedray/kernels/vectorized.py) consumes the same terms. Batch order and dropout
-come from the client's own seed, so the result is the same on any worker.
+masks come from the client's own seed (masks from a generator of its own:
+fedray/kernels/dropout.py, as the vectorized kernel draws them), so the result is the same
+on any worker.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from fedray.algorithms.local_terms import (
 )
 from fedray.core.flat_model import FlatModel
 from fedray.core.losses import loss_fn
+from fedray.kernels.dropout import ClientDropout, draw_masks
 
 ClientResult = LocalUpdate  # the name before fedray.algorithms.base existed
 
@@ -115,9 +118,13 @@ def local_sgd(model: FlatModel, global_weights: torch.Tensor, x: torch.Tensor, y
     """
     criterion = loss_fn(loss)
     model.load_(global_weights if start is None else start)
-    torch.manual_seed(seed)  # dropout masks
+    torch.manual_seed(seed)  # any randomness of the model's own (AlphaDropout, F.dropout)
     n = len(y)
     device = model.device
+    # nn.Dropout(1d/2d/3d)'s masks, from a generator of the client's own: on the CPU the
+    # masks torch.manual_seed(seed) gave, bit for bit; and the vectorized kernel's
+    drop = ClientDropout(model.module)
+    masks = torch.Generator(device=device).manual_seed(seed) if drop else None
     schedule = batch_schedule(n, batch_size, local_epochs, local_steps, seed, full_batch,
                               device, independent_batches)
     steps = len(schedule)
@@ -138,7 +145,7 @@ def local_sgd(model: FlatModel, global_weights: torch.Tensor, x: torch.Tensor, y
                    and (optimizer is None or optimizer.kind == "sgd"))
     if general:
         step = _PhaseStep(model, criterion, lr, terms, anchors, linears, trainable,
-                          optimizer, opt_state, transform)
+                          optimizer, opt_state, transform, drop, masks)
         with model.own_grads():
             for k, idx in enumerate(schedule):
                 weight = step_weights[k] if sums is not None else 0.0
@@ -151,7 +158,8 @@ def local_sgd(model: FlatModel, global_weights: torch.Tensor, x: torch.Tensor, y
         for k, idx in enumerate(schedule):
             for p in params:
                 p.grad = None
-            batch_loss = criterion(module(x[idx]), y[idx])
+            with drop.drawing(masks):
+                batch_loss = criterion(module(x[idx]), y[idx])
             batch_loss.backward()
             with torch.no_grad():
                 # a parameter the loss does not reach has no gradient: zero
@@ -180,8 +188,11 @@ class _PhaseStep:
                  anchors: list, linears: list, trainable: Sequence[bool] | None,
                  optimizer: ClientOptimizer | None,
                  opt_state: dict[str, torch.Tensor] | None,
-                 transform: GradTransform | None):
+                 transform: GradTransform | None, drop: ClientDropout | None = None,
+                 masks: torch.Generator | None = None):
         self.model, self.criterion, self.lr, self.terms = model, criterion, lr, terms
+        self.drop = ClientDropout(model.module) if drop is None else drop
+        self.masks, self.calls = masks, None  # dropout's generator; its calls (per example)
         self.anchors, self.linears = anchors, linears
         params = model.param_list
         if trainable is None:
@@ -229,27 +240,38 @@ class _PhaseStep:
             flags = self.trainable
             transform_ = transform
 
-            def example_loss(ws, xi, yi):
-                out = functional_call(module, dict(zip(names, ws, strict=True)),
-                                      (xi.unsqueeze(0),))
+            drop = self.drop
+
+            def example_loss(ws, xi, yi, mi):
+                # each example's dropout masks are its rows of the batch's (drawn as a
+                # step without the transform draws them), given to vmap
+                with drop.feeding([m.unsqueeze(0) for m in mi]):
+                    out = functional_call(module, dict(zip(names, ws, strict=True)),
+                                          (xi.unsqueeze(0),))
                 value = criterion(out, yi.unsqueeze(0))
                 return value, value.detach()
 
-            def one(ws, xi, yi):
-                g, value = grad(example_loss, has_aux=True)(ws, xi, yi)
+            def one(ws, xi, yi, mi):
+                g, value = grad(example_loss, has_aux=True)(ws, xi, yi, mi)
                 g = tuple(gi if f else torch.zeros_like(gi)
                           for gi, f in zip(g, flags, strict=True))
                 return transform_(g), value
 
-            self.examples = vmap(one, in_dims=(None, 0, 0), randomness="different")
+            self.examples = vmap(one, in_dims=(None, 0, 0, 0), randomness="different")
 
     def __call__(self, xb: torch.Tensor, yb: torch.Tensor, sums: list | None,
                  weight: float) -> torch.Tensor:
         """One step on the batch (xb, yb); its mean loss (a detached tensor)."""
         model, params = self.model, self.model.param_list
         if self.per_example:
+            masks = ()
+            if self.drop:
+                if self.calls is None:
+                    self.calls = self.drop.calls(xb[0])
+                masks = draw_masks(self.calls, [self.masks], [len(xb)], len(xb), xb.device)
+                masks = tuple(m[0] for m in masks)
             with torch.no_grad():
-                per, losses = self.examples(tuple(p.detach() for p in params), xb, yb)
+                per, losses = self.examples(tuple(p.detach() for p in params), xb, yb, masks)
                 grads = [g.mean(0) for g in per]
                 batch_loss = losses.mean()
         else:  # within model.own_grads (local_sgd)
@@ -258,7 +280,8 @@ class _PhaseStep:
             for p in self.frozen:
                 p.requires_grad_(False)
             try:
-                value = self.criterion(model.module(xb), yb)
+                with self.drop.drawing(self.masks):
+                    value = self.criterion(model.module(xb), yb)
                 if self.live:
                     value.backward()
             finally:

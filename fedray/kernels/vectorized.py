@@ -19,10 +19,15 @@ example) as ``sequential.local_sgd`` takes them. What an
 aggregator measures around the local update (sensitivity, risks) the worker measures per
 client.
 
-Only models whose training step is a pure function of the weights and the batch qualify:
-no dropout (its masks are drawn per call, not per client seed), no buffers (batch-norm
-statistics) and no hooks (a gradient-clipping ``register_hook``, a forward hook: the batched
-step would silently skip them). ``unsupported_reason`` says why a model does not.
+Only models whose training step is a pure function of the weights, the batch and the
+client's seed qualify: dropout only as nn.Dropout, Dropout1d, Dropout2d or Dropout3d, whose
+masks each client draws from a generator of its own, outside ``vmap``, exactly as the
+sequential kernel draws them (fedray/kernels/dropout.py: the same masks bit for bit, in any
+group); no other randomness (AlphaDropout, ``F.dropout`` in a forward: drawn per call from
+the global generator); no buffers (batch-norm statistics) and no hooks (a
+gradient-clipping ``register_hook``, a forward hook: the batched step would silently skip
+them). ``unsupported_reason`` says why a model does not, ``batch_failure`` finds the
+randomness it cannot see.
 
 Workers use it under ``runtime.worker.vectorize`` (``vectorize_plan``): the worker prepares
 a group of clients, trains them here, then folds each into its partial sum as the sequential
@@ -50,11 +55,8 @@ from fedray.algorithms.local_terms import NO_TERMS, ClientOptimizer, GradTransfo
 from fedray.core.flat_model import FlatModel
 from fedray.core.losses import PER_POSITION, float_targets, loss_fn
 from fedray.errors import key_error
+from fedray.kernels.dropout import ClientDropout, draw_masks, foreign_dropout
 from fedray.kernels.sequential import batch_schedule
-
-_RANDOM = (nn.Dropout, nn.Dropout1d, nn.Dropout2d, nn.Dropout3d, nn.AlphaDropout,
-           nn.FeatureAlphaDropout)
-
 
 _MODULE_HOOKS = {"_forward_pre_hooks": "forward pre-hook", "_forward_hooks": "forward hook",
                  "_backward_pre_hooks": "backward pre-hook", "_backward_hooks": "backward hook"}
@@ -87,9 +89,10 @@ def unsupported_reason(module: nn.Module) -> str | None:
     hook = _hook(module)
     if hook is not None:
         return hook
+    foreign = foreign_dropout(module)
+    if foreign is not None:  # nn.Dropout(1d/2d/3d) draw per client (fedray.kernels.dropout)
+        return f"it has dropout whose masks are not drawn per client ({foreign})"
     for name, m in module.named_modules():
-        if isinstance(m, _RANDOM):
-            return f"it has dropout ({name or 'the model'}: {type(m).__name__})"
         if isinstance(m, nn.modules.batchnorm._BatchNorm):
             return f"it has batch-norm statistics ({name}: {type(m).__name__})"
         if isinstance(m, nn.RNNBase):  # torch.func has no batching rule for the fused
@@ -121,7 +124,9 @@ def vectorize_plan(module: nn.Module, mode: str, gpu: bool,
     model that cannot be vectorized is an error. On the CPU, auto keeps convolutional models
     sequential: vmap turns their convolutions into grouped ones, which measured slower than
     one client after another, while logistic regression and the MLP measured faster than
-    sequential training (docs/performance.md, "Vectorized clients"). Recurrent models
+    sequential training (docs/performance.md, "Vectorized clients"; measured again for the
+    LEAF and the TFF EMNIST CNN once dropout trained vectorized, in groups of 1 to 5: 0.5-0.8x
+    sequential training, "Dropout drawn per client"). Recurrent models
     (``unsupported_reason``) and losses averaged over positions rather than examples
     (``model.loss: sequence_cross_entropy``: the batched step's per-example mean would
     weigh a client's sequences, not its characters) always train one client after another.
@@ -499,32 +504,41 @@ def _frozen_chain_backward(chain: LinearChain, ws: list[torch.Tensor],
 
 
 def _materialized_step(module: nn.Module, names: list[str], criterion: Callable,
-                       trainable: list[bool] | None, transform: GradTransform | None):
+                       trainable: list[bool] | None, transform: GradTransform | None,
+                       drop: ClientDropout | None = None):
     """The group's gradients as tensors (and each client's mean batch loss): ``vmap`` over
     the clients of their masked mean batch loss's gradient; with a ``per_example``
     transform, of the mean of each example's transformed gradient (a second ``vmap``, over
     the batch), the padding weighted 0 and a frozen parameter's gradient zero before the
-    transform (it sees what trains, as a clipping norm over the trained parameters would)."""
+    transform (it sees what trains, as a clipping norm over the trained parameters would).
+    ``drop``: the model's dropout, fed each client's masks (the steps' last argument; each
+    example's rows of them under the per-example ``vmap``)."""
+    drop = ClientDropout(module) if drop is None else drop
+
     def client_loss(ws: tuple[torch.Tensor, ...], xb: torch.Tensor, yb: torch.Tensor,
-                    m: torch.Tensor):
-        out = functional_call(module, dict(zip(names, ws, strict=True)), (xb,))
+                    m: torch.Tensor, masks: tuple[torch.Tensor, ...] = ()):
+        with drop.feeding(masks):
+            out = functional_call(module, dict(zip(names, ws, strict=True)), (xb,))
         mean = (criterion(out, yb, reduction="none") * m).sum() / m.sum()
         return mean, mean.detach()
 
     if transform is None or not transform.per_example:
         return vmap(grad(client_loss, has_aux=True))
 
-    def example_loss(ws: tuple[torch.Tensor, ...], x: torch.Tensor, y: torch.Tensor):
-        out = functional_call(module, dict(zip(names, ws, strict=True)), (x.unsqueeze(0),))
+    def example_loss(ws: tuple[torch.Tensor, ...], x: torch.Tensor, y: torch.Tensor,
+                     masks: tuple[torch.Tensor, ...]):
+        with drop.feeding([mk.unsqueeze(0) for mk in masks]):
+            out = functional_call(module, dict(zip(names, ws, strict=True)),
+                                  (x.unsqueeze(0),))
         value = criterion(out, y.unsqueeze(0), reduction="none").sum()
         return value, value.detach()
 
-    per_example = vmap(grad(example_loss, has_aux=True), in_dims=(None, 0, 0))
+    per_example = vmap(grad(example_loss, has_aux=True), in_dims=(None, 0, 0, 0))
     each = vmap(transform)
 
     def client_step(ws: tuple[torch.Tensor, ...], xb: torch.Tensor, yb: torch.Tensor,
-                    m: torch.Tensor):
-        grads, losses = per_example(ws, xb, yb)
+                    m: torch.Tensor, masks: tuple[torch.Tensor, ...] = ()):
+        grads, losses = per_example(ws, xb, yb, masks)
         if trainable is not None:
             grads = tuple(gr if on else torch.zeros_like(gr)
                           for gr, on in zip(grads, trainable, strict=True))
@@ -537,10 +551,13 @@ def _materialized_step(module: nn.Module, names: list[str], criterion: Callable,
 
 
 def _in_chunks(step_fn: Callable, chunk: int, ws: list[torch.Tensor], xb: torch.Tensor,
-               yb: torch.Tensor, m: torch.Tensor) -> tuple[list[torch.Tensor], torch.Tensor]:
-    """``step_fn`` over the clients ``chunk`` at a time (each client's result is its own)."""
+               yb: torch.Tensor, m: torch.Tensor,
+               *masks: tuple[torch.Tensor, ...]) -> tuple[list[torch.Tensor], torch.Tensor]:
+    """``step_fn`` over the clients ``chunk`` at a time (each client's result is its own);
+    ``masks``: none, or the step's dropout masks, [clients, ...] each."""
     parts = [step_fn(tuple(w[i:i + chunk] for w in ws), xb[i:i + chunk], yb[i:i + chunk],
-                     m[i:i + chunk]) for i in range(0, len(m), chunk)]
+                     m[i:i + chunk], *(tuple(k[i:i + chunk] for k in mk) for mk in masks))
+             for i in range(0, len(m), chunk)]
     grads = [torch.cat([part[0][k] for part in parts]) for k in range(len(ws))]
     return grads, torch.cat([part[1] for part in parts])
 
@@ -628,9 +645,9 @@ def vmap_local_sgd(model: FlatModel, global_weights: torch.Tensor,
     """Local SGD of every client in ``data`` from ``global_weights``, batched.
 
     Per client i: its (x, y), lr ``lrs[i]``, batch size (one for all, or one each), batch
-    order from ``seeds[i]``. ``terms`` (fedray.algorithms.base.LocalTerms) are the group's
-    extra local-objective terms: one proximal weight for all, and a linear term stacked
-    [G, P], row i client i's. ``model``
+    order and dropout masks from ``seeds[i]``. ``terms``
+    (fedray.algorithms.base.LocalTerms) are the group's extra local-objective terms: one
+    proximal weight for all, and a linear term stacked [G, P], row i client i's. ``model``
     supplies the architecture (its module is called functionally; its weights are not
     touched).
 
@@ -776,16 +793,31 @@ def vmap_local_sgd(model: FlatModel, global_weights: torch.Tensor,
         return terms.gradient(w, anchors[k], corr[k][: len(w)] if c is not None else None)
 
     def client_loss(ws: tuple[torch.Tensor, ...], xb: torch.Tensor, yb: torch.Tensor,
-                    m: torch.Tensor):
-        out = functional_call(module, dict(zip(names, ws, strict=True)), (xb,))
+                    m: torch.Tensor, masks: tuple[torch.Tensor, ...] = ()):
+        with drop.feeding(masks):
+            out = functional_call(module, dict(zip(names, ws, strict=True)), (xb,))
         mean = (criterion(out, yb, reduction="none") * m).sum() / m.sum()
         return mean, mean.detach()
+
+    # dropout: each client's masks drawn from its own generator outside vmap, exactly as
+    # sequential training draws them (fedray.kernels.dropout), and handed in stacked
+    drop = ClientDropout(module)
+    calls = drop.calls(xs[0]) if drop and len(xs) else []
+    gens = [torch.Generator(device=device).manual_seed(seeds[i]) for i in order] if calls else []
+
+    def step_masks(a: int, t: int) -> tuple:
+        """Step t's dropout masks of the first ``a`` clients, as step_fn's last argument
+        (none without dropout)."""
+        if not calls:
+            return ()
+        return (draw_masks(calls, gens[:a], counts[:a, t].astype(np.int64).tolist(), width,
+                           device),)
 
     step_losses = torch.zeros((g, max(1, horizon)), dtype=torch.float32, device=device)
     if materialize:
         state = _OptimizerState(kind, optimizer, opt_state, order, params, device)
         step_fn = (None if chain is not None else
-                   _materialized_step(module, names, criterion, trainable, transform))
+                   _materialized_step(module, names, criterion, trainable, transform, drop))
         buffers = [torch.empty_like(p) for p in params] if chain is not None else []
         # per-example gradients are [clients, width, P]: as many clients at once as keep
         # them within a group's budget (the whole group's, 125 MB for 32 logistic
@@ -803,10 +835,11 @@ def vmap_local_sgd(model: FlatModel, global_weights: torch.Tensor,
                                                     grads_out=grads)
             elif per_example and a > chunk:
                 grads, step_losses[:a, t] = _in_chunks(step_fn, chunk, ws, xs[index],
-                                                       ys[index], mask[:a, t])
+                                                       ys[index], mask[:a, t],
+                                                       *step_masks(a, t))
             else:
                 grads, step_losses[:a, t] = step_fn(tuple(ws), xs[index], ys[index],
-                                                    mask[:a, t])
+                                                    mask[:a, t], *step_masks(a, t))
             with torch.no_grad():
                 grads = list(grads)
                 if transform is not None and not transform.per_example:
@@ -838,7 +871,8 @@ def vmap_local_sgd(model: FlatModel, global_weights: torch.Tensor,
                                                 trainable)
             continue
         ws = [p[:a] for p in params]
-        grads, step_losses[:a, t] = step_fn(tuple(ws), xs[index], ys[index], mask[:a, t])
+        grads, step_losses[:a, t] = step_fn(tuple(ws), xs[index], ys[index], mask[:a, t],
+                                            *step_masks(a, t))
         with torch.no_grad():
             for k, (w, gr) in enumerate(zip(ws, grads, strict=True)):
                 if trainable is not None and not trainable[k]:

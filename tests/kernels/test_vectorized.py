@@ -200,18 +200,22 @@ def test_closed_form_steps_do_not_import_torch_dynamo():
 def test_models_that_cannot_be_vectorized_say_why():
     assert unsupported_reason(build_model("logreg", (1, 28, 28), 62)) is None
     assert unsupported_reason(build_model("leaf_cnn", (1, 28, 28), 62)) is None
-    assert "dropout" in unsupported_reason(build_model("emnist_cnn", (1, 28, 28), 62))
+    # nn.Dropout's masks are drawn per client (test_dropout.py); AlphaDropout's are not
+    assert unsupported_reason(build_model("emnist_cnn", (1, 28, 28), 62)) is None
+    alpha = nn.Sequential(nn.Flatten(), nn.Linear(4, 3), nn.AlphaDropout(0.2))
+    assert "dropout whose masks are not drawn per client (2: AlphaDropout)" in (
+        unsupported_reason(alpha))
     bn = nn.Sequential(nn.Linear(3, 4), nn.BatchNorm1d(4))
     assert "batch-norm" in unsupported_reason(bn)
     with pytest.raises(ValueError, match="cannot train this model vectorized: it has dropout"):
-        m = FlatModel(build_model("emnist_cnn", (1, 28, 28), 62))
-        vmap_local_sgd(m, m.flat, _clients((1, 28, 28), 62, [2]), lrs=[0.1], seeds=[0],
+        m = FlatModel(alpha)
+        vmap_local_sgd(m, m.flat, _clients((4,), 3, [2]), lrs=[0.1], seeds=[0],
                        batch_size=2, local_epochs=1, local_steps=None)
 
 
 def test_vectorize_plan_follows_the_mode_and_says_why_not():
     logreg, cnn = build_model("logreg", (1, 28, 28), 62), build_model("leaf_cnn", (1, 28, 28), 62)
-    dropout = build_model("emnist_cnn", (1, 28, 28), 62)
+    dropout = nn.Sequential(nn.Linear(4, 3), nn.FeatureAlphaDropout(0.2))
     assert vectorize_plan(logreg, "auto", gpu=False) == (True, None)
     assert vectorize_plan(logreg, "off", gpu=False) == (False, None)
     assert vectorize_plan(cnn, "on", gpu=False) == (True, None)
