@@ -348,7 +348,7 @@ def measure(name: str, clients, args) -> dict:
                  f"{row['vectorized_updates_per_s'] / row['sequential_updates_per_s']:.2f}x "
                  f"sequential")
     else:
-        line += " | vectorized: n/a (the model has dropout or a recurrent layer)"
+        line += " | vectorized: n/a (dropout, buffers, or an RNN but a plain nn.LSTM)"
     if "flower_runs" in row:
         line += (f" | Flower {row['flower_version']} {rate('flower')} = "
                  f"{row['flower_ratio']:.2f}x raw; fedray's best "
