@@ -12,6 +12,7 @@ training's (float rounding only: the same local SGD).
 
     python benchmarks/recurrent_step.py                       # groups of 5, 10 and 20
     python benchmarks/recurrent_step.py --group 1 2 5 --clients 10 --repeat 3
+    python benchmarks/recurrent_step.py --steps 4     # 4 local steps per client: quicker
 """
 
 from __future__ import annotations
@@ -38,20 +39,22 @@ from fedray.kernels.vectorized import group_sizes, vmap_local_sgd  # noqa: E402
 LOSS, BATCH, LR = "sequence_cross_entropy", 4, 1.0  # lstm-10's
 
 
-def sequential(model: FlatModel, w0: torch.Tensor, clients) -> list[torch.Tensor]:
+def sequential(model: FlatModel, w0: torch.Tensor, clients,
+               steps: int | None) -> list[torch.Tensor]:
     return [local_sgd(model, w0, x, y, lr=LR, seed=i, delta_out=torch.empty_like(w0),
-                      batch_size=BATCH, local_epochs=1, local_steps=None, loss=LOSS
+                      batch_size=BATCH, local_epochs=1, local_steps=steps, loss=LOSS
                       ).delta.clone() for i, (x, y) in enumerate(clients)]
 
 
-def grouped(model: FlatModel, w0: torch.Tensor, clients, group: int) -> list[torch.Tensor]:
+def grouped(model: FlatModel, w0: torch.Tensor, clients, group: int,
+            steps: int | None) -> list[torch.Tensor]:
     """Every client's delta, in consecutive groups of about ``group``, cut as a worker cuts
     its clients (fedray.kernels.vectorized.group_sizes)."""
     deltas, s = [], 0
     for size in group_sizes(len(clients), group):
         part = clients[s:s + size]
         res = vmap_local_sgd(model, w0, part, lrs=[LR] * size, batch_size=BATCH,
-                             local_epochs=1, local_steps=None, seeds=list(range(s, s + size)),
+                             local_epochs=1, local_steps=steps, seeds=list(range(s, s + size)),
                              loss=LOSS)
         deltas.extend(res.delta(i).clone() for i in range(size))
         s += size
@@ -63,6 +66,8 @@ def main(argv: list[str] | None = None) -> list[dict]:
     ap.add_argument("--group", type=int, nargs="+", default=[5, 10, 20])
     ap.add_argument("--clients", type=int, default=20, help="clients per side (default 20)")
     ap.add_argument("--repeat", type=int, default=2, help="timed runs per side (default 2)")
+    ap.add_argument("--steps", type=int, default=None,
+                    help="local steps per client (default: its epoch, 5-15 batches)")
     ap.add_argument("--json", metavar="FILE", help="also write the results as JSON")
     args = ap.parse_args(argv)
     torch.set_num_threads(1)
@@ -75,14 +80,18 @@ def main(argv: list[str] | None = None) -> list[dict]:
           f"1 thread; load average {os.getloadavg()[0]:.2f}; {args.clients} clients, "
           f"{sum(len(y) for _, y in clients)} sequences", flush=True)
     sides = ["sequential", *args.group]
-    run = {"sequential": lambda: sequential(model, w0, clients)}
-    run.update({g: (lambda g=g: grouped(model, w0, clients, g)) for g in args.group})
-    deltas = {s: run[s]() for s in sides}  # and warm-up
+    run = {"sequential": lambda: sequential(model, w0, clients, args.steps)}
+    run.update({g: (lambda g=g: grouped(model, w0, clients, g, args.steps))
+                for g in args.group})
+    # warm-up: one step of each kind (torch.func's first call imports and traces)
+    sequential(model, w0, clients[:1], 1)
+    grouped(model, w0, clients[:2], 2, 1)
     times: dict = {s: [] for s in sides}
+    deltas = {}
     for _ in range(args.repeat):
         for s in sides:
             t0 = time.perf_counter()
-            run[s]()
+            deltas[s] = run[s]()
             times[s].append(time.perf_counter() - t0)
     seq_rate = args.clients / statistics.median(times["sequential"])
     print(f"sequential (fused nn.LSTM): {seq_rate:.2f} clients/s "
