@@ -28,8 +28,10 @@ Workloads: 1,000 FEMNIST-shaped clients of 30-90 examples, 1 local epoch, batch 
 and, on 1,000 Shakespeare-shaped clients of 20-60 token sequences (80 ids of TFF's
 90-token vocabulary, a padded tail on every fourth sequence; the First Folio store has 37
 sequences per role on average), 1 local epoch, batch 4 (seed 002's Shakespeare batch):
-  lstm-10: seed 002's character LSTM (sequential only), 10 per round, with the masked
-  sequence cross-entropy (fedray's model.loss: sequence_cross_entropy).
+  lstm-10: seed 002's character LSTM, 10 per round, with the masked sequence cross-entropy
+  (fedray's model.loss: sequence_cross_entropy); its vectorized side (vectorize: on, as
+  every workload's) trains the LSTM unrolled (fedray/kernels/recurrent.py), which auto
+  does not (benchmarks/recurrent_step.py times it in-process, group size by group size).
 
 Algorithm API v2's examples (issue 40), against built-in FedAvg in the same invocation:
   examples-logreg, examples-mlp: logistic regression or the MLP, 100 clients per round, the
@@ -346,7 +348,8 @@ def measure(name: str, clients, args) -> dict:
                  f"{row['vectorized_updates_per_s'] / row['sequential_updates_per_s']:.2f}x "
                  f"sequential")
     else:
-        line += " | vectorized: n/a (the model cannot be vectorized: a recurrent layer)"
+        line += (" | vectorized: n/a (the model cannot be vectorized: AlphaDropout, buffers, "
+                 "or a recurrent layer other than a plain nn.LSTM)")
     if "flower_runs" in row:
         line += (f" | Flower {row['flower_version']} {rate('flower')} = "
                  f"{row['flower_ratio']:.2f}x raw; fedray's best "

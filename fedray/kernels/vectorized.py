@@ -53,9 +53,10 @@ from torch.func import functional_call, grad, vmap
 
 from fedray.algorithms.local_terms import NO_TERMS, ClientOptimizer, GradTransform, LocalTerms
 from fedray.core.flat_model import FlatModel
-from fedray.core.losses import PER_POSITION, float_targets, loss_fn
+from fedray.core.losses import PER_POSITION, SEQUENCE_PAD, float_targets, loss_fn
 from fedray.errors import key_error
 from fedray.kernels.dropout import ClientDropout, draw_masks, foreign_dropout
+from fedray.kernels.recurrent import lstm_refusal, unrolled
 from fedray.kernels.sequential import batch_schedule
 
 _MODULE_HOOKS = {"_forward_pre_hooks": "forward pre-hook", "_forward_hooks": "forward hook",
@@ -85,7 +86,11 @@ def _hook(module: nn.Module) -> str | None:
 def unsupported_reason(module: nn.Module) -> str | None:
     """Why ``module`` cannot be trained vectorized, or None when it can: randomness drawn
     per call, buffers, or hooks (``_hook``) would make the batched step compute something
-    other than what the module computes when trained one client after another."""
+    other than what the module computes when trained one client after another. A recurrent
+    layer qualifies only as an nn.LSTM that ``fedray.kernels.recurrent`` can unroll (vmap
+    has no batching rule for the fused RNN kernels; ``lstm_refusal`` says why others
+    cannot), and the batched step then computes it unrolled; whether that pays is
+    ``vectorize_plan``'s question."""
     hook = _hook(module)
     if hook is not None:
         return hook
@@ -95,10 +100,11 @@ def unsupported_reason(module: nn.Module) -> str | None:
     for name, m in module.named_modules():
         if isinstance(m, nn.modules.batchnorm._BatchNorm):
             return f"it has batch-norm statistics ({name}: {type(m).__name__})"
-        if isinstance(m, nn.RNNBase):  # torch.func has no batching rule for the fused
-            # RNN kernels: vmap would run them one client at a time, slower than sequential
-            return (f"it has a recurrent layer ({name}: {type(m).__name__}), which vmap "
-                    "cannot batch")
+        if isinstance(m, nn.RNNBase):  # vmap cannot batch the fused RNN kernels: the
+            # batched step computes an nn.LSTM unrolled (fedray.kernels.recurrent), others not
+            reason = lstm_refusal(name, m)
+            if reason is not None:
+                return reason
     buffers = [n for n, _ in module.named_buffers()]
     if buffers:
         return f"it has buffers ({', '.join(buffers[:3])})"
@@ -126,10 +132,18 @@ def vectorize_plan(module: nn.Module, mode: str, gpu: bool,
     one client after another, while logistic regression and the MLP measured faster than
     sequential training (docs/performance.md, "Vectorized clients"; measured again for the
     LEAF and the TFF EMNIST CNN once dropout trained vectorized, in groups of 1 to 5: 0.5-0.8x
-    sequential training, "Dropout drawn per client"). Recurrent models
-    (``unsupported_reason``) and losses averaged over positions rather than examples
-    (``model.loss: sequence_cross_entropy``: the batched step's per-example mean would
-    weigh a client's sequences, not its characters) always train one client after another.
+    sequential training, "Dropout drawn per client"). Auto keeps models with
+    an nn.LSTM sequential on the CPU and the GPU: the batched step computes the LSTM
+    unrolled (fedray.kernels.recurrent), time step by time step against every client's own
+    recurrent weights, and on this project's 2-core CPU groups of seed 002's character LSTM
+    trained slower per client than the fused nn.LSTM one client after another, the slower
+    the larger the group (each time step streams every client's recurrent matrices through
+    the cache, where one client's stay there; docs/performance.md, "Recurrent models,
+    vectorized (issue 47)"). A GPU, where one batched kernel replaces G small launches,
+    would favour batching more, but it was not measured; ``on`` trains them batched
+    anywhere. Losses averaged over positions (``model.loss: sequence_cross_entropy``) are
+    averaged per client over its batch's non-padding positions, as the sequential step's
+    are (``_units``).
 
     ``probe`` (``batch_failure`` bound to the model and its inputs) is asked last, only where
     the model would be vectorized: a forward pass that branches on tensor values, calls
@@ -139,14 +153,16 @@ def vectorize_plan(module: nn.Module, mode: str, gpu: bool,
     if mode == "off":
         return False, None
     reason = unsupported_reason(module)
-    if reason is None and loss in PER_POSITION:
-        reason = (f"model.loss={loss} averages over positions, which the batched step's "
-                  "per-example mean cannot")
     if reason is None:
         if mode == "auto" and not gpu and any(isinstance(m, _CONV) for m in module.modules()):
             return False, ("runtime.worker.vectorize=auto: clients train one after another: "
                            "on the CPU, batched training measured slower for models with "
                            "convolutions; set it to on to force it")
+        if mode == "auto" and any(isinstance(m, nn.LSTM) for m in module.modules()):
+            return False, ("runtime.worker.vectorize=auto: clients train one after another: "
+                           "an LSTM, unrolled for batched training, measured slower than the "
+                           "fused nn.LSTM one client after another (on the CPU; a GPU was not "
+                           "measured); set it to on to force it")
         failure = probe() if probe is not None else None
         if failure is not None:
             reason = f"one batched step fails: {failure}"
@@ -228,12 +244,29 @@ class GroupResult:
 def _batched_loss(name: str):
     """The per-example training loss, in a form whose vmap batching rule is fast: cross
     entropy as log_softmax + gather (F.cross_entropy's reduction="none" falls back to a slow
-    path under vmap); the others as ``fedray.core.losses`` defines them."""
+    path under vmap), the sequence cross-entropy so too, one sum over each sequence's
+    non-padding positions (``_units`` counts them); the others as ``fedray.core.losses``
+    defines them."""
     if name == "cross_entropy":
         def ce(out: torch.Tensor, y: torch.Tensor, reduction: str = "none") -> torch.Tensor:
             return -torch.log_softmax(out, -1).gather(-1, y.unsqueeze(-1)).squeeze(-1)
         return ce
+    if name == "sequence_cross_entropy":
+        def seq_ce(out: torch.Tensor, y: torch.Tensor, reduction: str = "none") -> torch.Tensor:
+            per = -torch.log_softmax(out, -1).gather(-1, y.unsqueeze(-1)).squeeze(-1)
+            return (per * (y != SEQUENCE_PAD)).reshape(len(y), -1).sum(1)
+        return seq_ce
     return loss_fn(name)
+
+
+def _units(loss: str, y: torch.Tensor) -> torch.Tensor | None:
+    """What each example of the batch ``y`` weighs in its client's mean loss where that is
+    not 1: for a loss in PER_POSITION, its non-padding positions (the sequential step's
+    ``sequence_cross_entropy`` is the mean over the batch's non-padding positions, 0 when
+    there are none, which the callers' ``clamp_min(1)`` keeps); None for the others."""
+    if loss not in PER_POSITION:
+        return None
+    return (y != SEQUENCE_PAD).reshape(len(y), -1).sum(1).to(torch.float32)
 
 
 def _sgd_(w: torch.Tensor, lr: torch.Tensor, g: torch.Tensor) -> None:
@@ -505,7 +538,8 @@ def _frozen_chain_backward(chain: LinearChain, ws: list[torch.Tensor],
 
 def _materialized_step(module: nn.Module, names: list[str], criterion: Callable,
                        trainable: list[bool] | None, transform: GradTransform | None,
-                       drop: ClientDropout | None = None):
+                       drop: ClientDropout | None = None,
+                       loss: str = "cross_entropy"):
     """The group's gradients as tensors (and each client's mean batch loss): ``vmap`` over
     the clients of their masked mean batch loss's gradient; with a ``per_example``
     transform, of the mean of each example's transformed gradient (a second ``vmap``, over
@@ -519,7 +553,9 @@ def _materialized_step(module: nn.Module, names: list[str], criterion: Callable,
                     m: torch.Tensor, masks: tuple[torch.Tensor, ...] = ()):
         with drop.feeding(masks):
             out = functional_call(module, dict(zip(names, ws, strict=True)), (xb,))
-        mean = (criterion(out, yb, reduction="none") * m).sum() / m.sum()
+        units = _units(loss, yb)
+        mean = (criterion(out, yb, reduction="none") * m).sum() / (
+            m.sum() if units is None else (units * m).sum().clamp_min(1))
         return mean, mean.detach()
 
     if transform is None or not transform.per_example:
@@ -531,6 +567,9 @@ def _materialized_step(module: nn.Module, names: list[str], criterion: Callable,
             out = functional_call(module, dict(zip(names, ws, strict=True)),
                                   (x.unsqueeze(0),))
         value = criterion(out, y.unsqueeze(0), reduction="none").sum()
+        units = _units(loss, y.unsqueeze(0))
+        if units is not None:  # the example's own mean, as sequential per-example steps take
+            value = value / units.sum().clamp_min(1)
         return value, value.detach()
 
     per_example = vmap(grad(example_loss, has_aux=True), in_dims=(None, 0, 0, 0))
@@ -792,16 +831,20 @@ def vmap_local_sgd(model: FlatModel, global_weights: torch.Tensor,
         len(w) clients, or None."""
         return terms.gradient(w, anchors[k], corr[k][: len(w)] if c is not None else None)
 
+    call = unrolled(module)  # a copy whose nn.LSTMs vmap can batch; else module itself
+
     def client_loss(ws: tuple[torch.Tensor, ...], xb: torch.Tensor, yb: torch.Tensor,
                     m: torch.Tensor, masks: tuple[torch.Tensor, ...] = ()):
         with drop.feeding(masks):
-            out = functional_call(module, dict(zip(names, ws, strict=True)), (xb,))
-        mean = (criterion(out, yb, reduction="none") * m).sum() / m.sum()
+            out = functional_call(call, dict(zip(names, ws, strict=True)), (xb,))
+        units = _units(loss, yb)
+        mean = (criterion(out, yb, reduction="none") * m).sum() / (
+            m.sum() if units is None else (units * m).sum().clamp_min(1))
         return mean, mean.detach()
 
     # dropout: each client's masks drawn from its own generator outside vmap, exactly as
     # sequential training draws them (fedray.kernels.dropout), and handed in stacked
-    drop = ClientDropout(module)
+    drop = ClientDropout(call)
     calls = drop.calls(xs[0]) if drop and len(xs) else []
     gens = [torch.Generator(device=device).manual_seed(seeds[i]) for i in order] if calls else []
 
@@ -817,7 +860,8 @@ def vmap_local_sgd(model: FlatModel, global_weights: torch.Tensor,
     if materialize:
         state = _OptimizerState(kind, optimizer, opt_state, order, params, device)
         step_fn = (None if chain is not None else
-                   _materialized_step(module, names, criterion, trainable, transform, drop))
+                   _materialized_step(call, names, criterion, trainable, transform, drop,
+                                      loss))
         buffers = [torch.empty_like(p) for p in params] if chain is not None else []
         # per-example gradients are [clients, width, P]: as many clients at once as keep
         # them within a group's budget (the whole group's, 125 MB for 32 logistic
