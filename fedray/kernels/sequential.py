@@ -26,6 +26,7 @@ from fedray.algorithms.local_terms import (
 )
 from fedray.core.flat_model import FlatModel
 from fedray.core.losses import loss_fn
+from fedray.kernels.precision import forward
 
 ClientResult = LocalUpdate  # the name before fedray.algorithms.base existed
 
@@ -86,7 +87,8 @@ def local_sgd(model: FlatModel, global_weights: torch.Tensor, x: torch.Tensor, y
               trainable: Sequence[bool] | None = None,
               optimizer: ClientOptimizer | None = None,
               opt_state: dict[str, torch.Tensor] | None = None,
-              transform: GradTransform | None = None) -> LocalUpdate:
+              transform: GradTransform | None = None,
+              precision: str = "fp32") -> LocalUpdate:
     """Local SGD from ``global_weights``; the delta lands in ``delta_out``.
 
     ``terms``, the client part's extra local-objective terms (a proximal pull toward x, a
@@ -112,6 +114,9 @@ def local_sgd(model: FlatModel, global_weights: torch.Tensor, x: torch.Tensor, y
     (ClientOptimizer) momentum or adam, from ``opt_state`` ("m", "v": flat per parameter;
     "t": [1] step count; zeros when absent); the new tensors return in
     ``LocalUpdate.opt_state``.
+
+    ``precision`` (``runtime.precision``, fedray.kernels.precision): ``bf16`` runs each
+    step's forward pass under bfloat16 autocast; weights, gradients and loss stay float32.
     """
     criterion = loss_fn(loss)
     model.load_(global_weights if start is None else start)
@@ -138,7 +143,7 @@ def local_sgd(model: FlatModel, global_weights: torch.Tensor, x: torch.Tensor, y
                    and (optimizer is None or optimizer.kind == "sgd"))
     if general:
         step = _PhaseStep(model, criterion, lr, terms, anchors, linears, trainable,
-                          optimizer, opt_state, transform)
+                          optimizer, opt_state, transform, precision)
         with model.own_grads():
             for k, idx in enumerate(schedule):
                 weight = step_weights[k] if sums is not None else 0.0
@@ -151,7 +156,7 @@ def local_sgd(model: FlatModel, global_weights: torch.Tensor, x: torch.Tensor, y
         for k, idx in enumerate(schedule):
             for p in params:
                 p.grad = None
-            batch_loss = criterion(module(x[idx]), y[idx])
+            batch_loss = criterion(forward(precision, device, module, x[idx]), y[idx])
             batch_loss.backward()
             with torch.no_grad():
                 # a parameter the loss does not reach has no gradient: zero
@@ -180,7 +185,8 @@ class _PhaseStep:
                  anchors: list, linears: list, trainable: Sequence[bool] | None,
                  optimizer: ClientOptimizer | None,
                  opt_state: dict[str, torch.Tensor] | None,
-                 transform: GradTransform | None):
+                 transform: GradTransform | None, precision: str = "fp32"):
+        self.precision = precision
         self.model, self.criterion, self.lr, self.terms = model, criterion, lr, terms
         self.anchors, self.linears = anchors, linears
         params = model.param_list
@@ -230,8 +236,8 @@ class _PhaseStep:
             transform_ = transform
 
             def example_loss(ws, xi, yi):
-                out = functional_call(module, dict(zip(names, ws, strict=True)),
-                                      (xi.unsqueeze(0),))
+                out = forward(precision, model.device, functional_call, module,
+                              dict(zip(names, ws, strict=True)), (xi.unsqueeze(0),))
                 value = criterion(out, yi.unsqueeze(0))
                 return value, value.detach()
 
@@ -258,7 +264,8 @@ class _PhaseStep:
             for p in self.frozen:
                 p.requires_grad_(False)
             try:
-                value = self.criterion(model.module(xb), yb)
+                value = self.criterion(forward(self.precision, model.device,
+                                               model.module, xb), yb)
                 if self.live:
                     value.backward()
             finally:

@@ -50,6 +50,7 @@ from fedray.algorithms.local_terms import NO_TERMS, ClientOptimizer, GradTransfo
 from fedray.core.flat_model import FlatModel
 from fedray.core.losses import PER_POSITION, float_targets, loss_fn
 from fedray.errors import key_error
+from fedray.kernels.precision import forward
 from fedray.kernels.sequential import batch_schedule
 
 _RANDOM = (nn.Dropout, nn.Dropout1d, nn.Dropout2d, nn.Dropout3d, nn.AlphaDropout,
@@ -499,7 +500,8 @@ def _frozen_chain_backward(chain: LinearChain, ws: list[torch.Tensor],
 
 
 def _materialized_step(module: nn.Module, names: list[str], criterion: Callable,
-                       trainable: list[bool] | None, transform: GradTransform | None):
+                       trainable: list[bool] | None, transform: GradTransform | None,
+                       precision: str = "fp32", device: torch.device | str = "cpu"):
     """The group's gradients as tensors (and each client's mean batch loss): ``vmap`` over
     the clients of their masked mean batch loss's gradient; with a ``per_example``
     transform, of the mean of each example's transformed gradient (a second ``vmap``, over
@@ -507,7 +509,8 @@ def _materialized_step(module: nn.Module, names: list[str], criterion: Callable,
     transform (it sees what trains, as a clipping norm over the trained parameters would)."""
     def client_loss(ws: tuple[torch.Tensor, ...], xb: torch.Tensor, yb: torch.Tensor,
                     m: torch.Tensor):
-        out = functional_call(module, dict(zip(names, ws, strict=True)), (xb,))
+        out = forward(precision, device, functional_call, module,
+                      dict(zip(names, ws, strict=True)), (xb,))
         mean = (criterion(out, yb, reduction="none") * m).sum() / m.sum()
         return mean, mean.detach()
 
@@ -515,7 +518,8 @@ def _materialized_step(module: nn.Module, names: list[str], criterion: Callable,
         return vmap(grad(client_loss, has_aux=True))
 
     def example_loss(ws: tuple[torch.Tensor, ...], x: torch.Tensor, y: torch.Tensor):
-        out = functional_call(module, dict(zip(names, ws, strict=True)), (x.unsqueeze(0),))
+        out = forward(precision, device, functional_call, module,
+                      dict(zip(names, ws, strict=True)), (x.unsqueeze(0),))
         value = criterion(out, y.unsqueeze(0), reduction="none").sum()
         return value, value.detach()
 
@@ -624,7 +628,8 @@ def vmap_local_sgd(model: FlatModel, global_weights: torch.Tensor,
                    starts: torch.Tensor | None = None, trainable: list[bool] | None = None,
                    optimizer: ClientOptimizer | None = None,
                    opt_state: dict[str, torch.Tensor] | None = None,
-                   transform: GradTransform | None = None) -> GroupResult:
+                   transform: GradTransform | None = None,
+                   precision: str = "fp32") -> GroupResult:
     """Local SGD of every client in ``data`` from ``global_weights``, batched.
 
     Per client i: its (x, y), lr ``lrs[i]``, batch size (one for all, or one each), batch
@@ -665,7 +670,12 @@ def vmap_local_sgd(model: FlatModel, global_weights: torch.Tensor,
     any weight moves, so the chain step then writes the gradients out (``grads_out``)
     instead of into the weights; a per-example transform needs each example's gradient,
     which only torch.func's nested ``vmap`` gives. Unused, every hook leaves the code path
-    as it was."""
+    as it was.
+
+    ``precision`` (``runtime.precision``, fedray.kernels.precision): ``bf16`` runs the
+    torch.func step's forward pass under bfloat16 autocast. ``chain_sgd_step`` stays float32:
+    its products are written out by hand, updating the weights in place, and bfloat16 copies
+    of them measured slower on the CPU (docs/performance.md, "Reduced precision")."""
     reason = unsupported_reason(model.module)
     if reason is not None:
         raise ValueError(f"cannot train this model vectorized: {reason}")
@@ -777,7 +787,8 @@ def vmap_local_sgd(model: FlatModel, global_weights: torch.Tensor,
 
     def client_loss(ws: tuple[torch.Tensor, ...], xb: torch.Tensor, yb: torch.Tensor,
                     m: torch.Tensor):
-        out = functional_call(module, dict(zip(names, ws, strict=True)), (xb,))
+        out = forward(precision, device, functional_call, module,
+                      dict(zip(names, ws, strict=True)), (xb,))
         mean = (criterion(out, yb, reduction="none") * m).sum() / m.sum()
         return mean, mean.detach()
 
@@ -785,7 +796,8 @@ def vmap_local_sgd(model: FlatModel, global_weights: torch.Tensor,
     if materialize:
         state = _OptimizerState(kind, optimizer, opt_state, order, params, device)
         step_fn = (None if chain is not None else
-                   _materialized_step(module, names, criterion, trainable, transform))
+                   _materialized_step(module, names, criterion, trainable, transform,
+                                      precision, device))
         buffers = [torch.empty_like(p) for p in params] if chain is not None else []
         # per-example gradients are [clients, width, P]: as many clients at once as keep
         # them within a group's budget (the whole group's, 125 MB for 32 logistic
