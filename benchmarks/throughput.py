@@ -50,6 +50,12 @@ Algorithm API v2's examples (issue 40), against built-in FedAvg in the same invo
 
     python benchmarks/throughput.py --workload examples-logreg examples-mlp --repeat 3
     python benchmarks/throughput.py --workload pers-logreg pers-mlp --repeat 3
+
+Reduced precision (runtime.precision, fedray/kernels/precision.py): ``--precision bf16`` also
+runs fedray's sides with runtime.precision=bf16 (rows sequential_bf16, vectorized_bf16),
+interleaved with the fp32 sides and against the same float32 raw loop:
+
+    python benchmarks/throughput.py --workload cnn-20 a logreg-100 mlp-100 --precision bf16
 """
 
 from __future__ import annotations
@@ -216,7 +222,8 @@ def _raw_loop(clients, model_name: str, k: int, lr: float, rounds: int) -> tuple
 
 def fedray_run(clients, model_name: str, k: int, lr: float, rounds: int, workers: int | None,
                out_dir: str, vectorize: str, worker_cpus: float = 1.0,
-               algorithm: dict | None = None) -> tuple[list, dict, dict]:
+               algorithm: dict | None = None,
+               precision: str = "fp32") -> tuple[list, dict, dict]:
     import fedray
 
     _, _, batch, loss = DATA[data_kind(model_name)]
@@ -224,7 +231,7 @@ def fedray_run(clients, model_name: str, k: int, lr: float, rounds: int, workers
            "model": {"loss": loss}, "algorithm": algorithm or {"name": "fedavg"},
            "client": {"lr": lr, "batch_size": batch, "local_epochs": 1},
            "sampling": {"clients_per_round": k},
-           "runtime": {"num_workers": workers,
+           "runtime": {"num_workers": workers, "precision": precision,
                        "worker": {"vectorize": vectorize, "num_cpus": worker_cpus}},
            "eval": {"every": 0, "central": False},
            "output": {"dir": out_dir, "save_weights": False}}
@@ -294,6 +301,7 @@ def measure(name: str, clients, args) -> dict:
     if unsupported_reason(build(w["model"], shape, classes)) is None:
         sides.append("on")
     labels = {"off": "sequential", "on": "vectorized"}
+    precisions = ["fp32", *(q for q in getattr(args, "precision", ()) if q != "fp32")]
     rates: dict[str, list[float]] = {}
     weights: dict[str, dict] = {}
     for _ in range(repeat):
@@ -302,12 +310,15 @@ def measure(name: str, clients, args) -> dict:
                                                         threads)
             rates.setdefault(f"raw_{threads}", []).append(steady_rate(times, k, warmup))
         for vectorize in sides:
-            with tempfile.TemporaryDirectory() as tmp:
-                times, weights[labels[vectorize]], summary = fedray_run(
-                    clients, w["model"], k, lr, rounds, args.workers, f"{tmp}/run", vectorize,
-                    args.vectorized_worker_cpus if vectorize == "on" else 1.0)
-            rates.setdefault(labels[vectorize], []).append(steady_rate(times, k, warmup))
-            row[f"{labels[vectorize]}_workers"] = summary["num_workers"]
+            for precision in precisions:  # fp32: the rows as before; bf16: label_bf16
+                label = labels[vectorize] + ("" if precision == "fp32" else f"_{precision}")
+                with tempfile.TemporaryDirectory() as tmp:
+                    times, weights[label], summary = fedray_run(
+                        clients, w["model"], k, lr, rounds, args.workers, f"{tmp}/run",
+                        vectorize, args.vectorized_worker_cpus if vectorize == "on" else 1.0,
+                        **({} if precision == "fp32" else {"precision": precision}))
+                rates.setdefault(label, []).append(steady_rate(times, k, warmup))
+                row[f"{label}_workers"] = summary["num_workers"]
         if args.flower_python:
             flower = flower_run(args.flower_python, name, args.flower_data, rounds)
             if set(flower["updates"]) != {k}:
@@ -324,6 +335,15 @@ def measure(name: str, clients, args) -> dict:
         row[f"{label}_updates_per_s"] = float(np.median(rates[label]))
         row[f"{label}_runs"] = rates[label]
         row[f"{label}_ratio"] = row[f"{label}_updates_per_s"] / row["raw_updates_per_s"]
+        row[f"{label}_max_weight_diff_vs_raw"] = max_diff(weights[label], weights[f"raw_{best}"])
+
+    reduced = [f"{labels[v]}_{q}" for v in sides for q in precisions[1:]]
+    for label in reduced:
+        fp32 = label.rsplit("_", 1)[0]
+        row[f"{label}_updates_per_s"] = float(np.median(rates[label]))
+        row[f"{label}_runs"] = rates[label]
+        row[f"{label}_ratio"] = row[f"{label}_updates_per_s"] / row["raw_updates_per_s"]
+        row[f"{label}_vs_fp32"] = row[f"{label}_updates_per_s"] / row[f"{fp32}_updates_per_s"]
         row[f"{label}_max_weight_diff_vs_raw"] = max_diff(weights[label], weights[f"raw_{best}"])
 
     if "flower" in rates:
@@ -359,6 +379,10 @@ def measure(name: str, clients, args) -> dict:
     workers = ", ".join(f"{label} {row[f'{label}_workers']}"
                         for label in ("sequential", "vectorized") if f"{label}_ratio" in row)
     print(line + f" | workers: {workers} | max |w - w_raw|: {diffs}", flush=True)
+    for label in reduced:
+        print(f"{'':12s} {label}: {rate(label)} = {row[f'{label}_ratio']:.2f}x raw (fp32), "
+              f"{row[f'{label}_vs_fp32']:.2f}x fedray fp32 | max |w - w_raw|: "
+              f"{row[f'{label}_max_weight_diff_vs_raw']:.1e}", flush=True)
     return row
 
 
@@ -432,6 +456,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--flower-python", metavar="PYTHON",
                    help="also time Flower's simulation (flower_side.py) under this Python, "
                         "of an environment with flwr[simulation] and torch")
+    p.add_argument("--precision", nargs="+", choices=["fp32", "bf16"], default=["fp32"],
+                   help="runtime.precision of fedray's sides: bf16 adds rows in bfloat16 "
+                        "autocast next to the fp32 ones, against the same float32 raw loop "
+                        "(default: fp32 only)")
     p.add_argument("--json", metavar="FILE", help="also write the results as JSON")
     args = p.parse_args(argv)
     if args.rounds is not None and args.rounds <= args.warmup:

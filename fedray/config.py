@@ -264,6 +264,10 @@ class RuntimeConfig(Section):
     # ray: the driver and workers are Ray actors; inline: objects of the calling process,
     # without Ray, one task after another (debugging an algorithm with pdb, fast tests)
     backend: str = "ray"
+    # local training's arithmetic (fedray/kernels/precision.py): fp32, or bf16 (each step's
+    # forward pass under bfloat16 autocast; weights, gradients, losses and sums stay float32
+    # or float64; evaluation stays float32)
+    precision: str = "fp32"
     worker: WorkerConfig = field(default_factory=WorkerConfig)
     reduce: ReduceConfig = field(default_factory=ReduceConfig)
 
@@ -893,6 +897,8 @@ def validate(cfg: DictConfig, population: int, *, custom_model: bool = False) ->
     r(rt.worker_timeout_s is None or rt.worker_timeout_s > 0, "runtime.worker_timeout_s",
       "must be > 0 or null (no limit)", rt.worker_timeout_s)
     r(rt.backend in ("ray", "inline"), "runtime.backend", "must be ray or inline", rt.backend)
+    r(rt.precision in ("fp32", "bf16"), "runtime.precision", "must be fp32 or bf16",
+      rt.precision)
     r(rt.individual_updates_mb > 0, "runtime.individual_updates_mb", "must be > 0",
       rt.individual_updates_mb)
     w = rt.worker

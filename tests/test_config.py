@@ -61,6 +61,7 @@ def test_clients_per_round_above_population():
     ("eval.federated_clients=100000", "eval.federated_clients"),
     ("guard.max_update_norm=0", "guard.max_update_norm"),
     ("runtime.worker.vectorize=sometimes", "runtime.worker.vectorize"),
+    ("runtime.precision=fp16", "runtime.precision"),
 ])
 def test_impossible_values(override, key):
     with pytest.raises(FedrayError, match=re.escape(key)):

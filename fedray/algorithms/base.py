@@ -236,7 +236,8 @@ class WorkerEnv:
                            local_epochs=epochs, local_steps=steps,
                            seed=ctx.seed if seed is None else seed,
                            delta_out=torch.empty_like(self.model.flat), terms=ph.terms,
-                           full_batch=full_batch, loss=t.loss, **extra)
+                           full_batch=full_batch, loss=t.loss, precision=t.precision,
+                           **extra)
         update.in_replica, update.replica_mark = True, self.model.loads
         return update
 

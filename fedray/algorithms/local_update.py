@@ -141,7 +141,8 @@ class LocalUpdateClient(ClientWork):
                            batch_size=ctx.batch_size, local_epochs=1, local_steps=k,
                            seed=ctx.seed, delta_out=self._delta, terms=ctx.terms,
                            loss=env.loss, step_weights=theta_weights(self.params.theta, k),
-                           gradient_sum=self._message, independent_batches=True)
+                           gradient_sum=self._message, independent_batches=True,
+                           precision=env.training.precision)
         # the message where the delta goes, negated (float buffers keep their delta)
         torch.neg(self._message, out=self._delta[: env.num_params])
         update.in_replica = False  # the replica holds the trained model, not x + "delta"

@@ -29,6 +29,7 @@ from fedray.algorithms.local_terms import (
 from fedray.core.flat_model import FlatModel
 from fedray.core.losses import loss_fn
 from fedray.kernels.dropout import ClientDropout, draw_masks
+from fedray.kernels.precision import forward
 
 ClientResult = LocalUpdate  # the name before fedray.algorithms.base existed
 
@@ -89,7 +90,8 @@ def local_sgd(model: FlatModel, global_weights: torch.Tensor, x: torch.Tensor, y
               trainable: Sequence[bool] | None = None,
               optimizer: ClientOptimizer | None = None,
               opt_state: dict[str, torch.Tensor] | None = None,
-              transform: GradTransform | None = None) -> LocalUpdate:
+              transform: GradTransform | None = None,
+              precision: str = "fp32") -> LocalUpdate:
     """Local SGD from ``global_weights``; the delta lands in ``delta_out``.
 
     ``terms``, the client part's extra local-objective terms (a proximal pull toward x, a
@@ -115,6 +117,9 @@ def local_sgd(model: FlatModel, global_weights: torch.Tensor, x: torch.Tensor, y
     (ClientOptimizer) momentum or adam, from ``opt_state`` ("m", "v": flat per parameter;
     "t": [1] step count; zeros when absent); the new tensors return in
     ``LocalUpdate.opt_state``.
+
+    ``precision`` (``runtime.precision``, fedray.kernels.precision): ``bf16`` runs each
+    step's forward pass under bfloat16 autocast; weights, gradients and loss stay float32.
     """
     criterion = loss_fn(loss)
     model.load_(global_weights if start is None else start)
@@ -145,7 +150,7 @@ def local_sgd(model: FlatModel, global_weights: torch.Tensor, x: torch.Tensor, y
                    and (optimizer is None or optimizer.kind == "sgd"))
     if general:
         step = _PhaseStep(model, criterion, lr, terms, anchors, linears, trainable,
-                          optimizer, opt_state, transform, drop, masks)
+                          optimizer, opt_state, transform, drop, masks, precision)
         with model.own_grads():
             for k, idx in enumerate(schedule):
                 weight = step_weights[k] if sums is not None else 0.0
@@ -159,7 +164,8 @@ def local_sgd(model: FlatModel, global_weights: torch.Tensor, x: torch.Tensor, y
             for p in params:
                 p.grad = None
             with drop.drawing(masks):
-                batch_loss = criterion(module(x[idx]), y[idx])
+                batch_loss = criterion(forward(precision, device, module, x[idx]),
+                                       y[idx])
             batch_loss.backward()
             with torch.no_grad():
                 # a parameter the loss does not reach has no gradient: zero
@@ -189,7 +195,8 @@ class _PhaseStep:
                  optimizer: ClientOptimizer | None,
                  opt_state: dict[str, torch.Tensor] | None,
                  transform: GradTransform | None, drop: ClientDropout | None = None,
-                 masks: torch.Generator | None = None):
+                 masks: torch.Generator | None = None, precision: str = "fp32"):
+        self.precision = precision
         self.model, self.criterion, self.lr, self.terms = model, criterion, lr, terms
         self.drop = ClientDropout(model.module) if drop is None else drop
         self.masks, self.calls = masks, None  # dropout's generator; its calls (per example)
@@ -246,8 +253,8 @@ class _PhaseStep:
                 # each example's dropout masks are its rows of the batch's (drawn as a
                 # step without the transform draws them), given to vmap
                 with drop.feeding([m.unsqueeze(0) for m in mi]):
-                    out = functional_call(module, dict(zip(names, ws, strict=True)),
-                                          (xi.unsqueeze(0),))
+                    out = forward(precision, model.device, functional_call, module,
+                                  dict(zip(names, ws, strict=True)), (xi.unsqueeze(0),))
                 value = criterion(out, yi.unsqueeze(0))
                 return value, value.detach()
 
@@ -281,7 +288,8 @@ class _PhaseStep:
                 p.requires_grad_(False)
             try:
                 with self.drop.drawing(self.masks):
-                    value = self.criterion(model.module(xb), yb)
+                    value = self.criterion(forward(self.precision, model.device,
+                                                   model.module, xb), yb)
                 if self.live:
                     value.backward()
             finally:

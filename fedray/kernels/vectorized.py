@@ -56,6 +56,7 @@ from fedray.core.flat_model import FlatModel
 from fedray.core.losses import PER_POSITION, SEQUENCE_PAD, float_targets, loss_fn
 from fedray.errors import key_error
 from fedray.kernels.dropout import ClientDropout, draw_masks, foreign_dropout
+from fedray.kernels.precision import forward
 from fedray.kernels.recurrent import lstm_refusal, unrolled
 from fedray.kernels.sequential import batch_schedule
 
@@ -539,7 +540,8 @@ def _frozen_chain_backward(chain: LinearChain, ws: list[torch.Tensor],
 def _materialized_step(module: nn.Module, names: list[str], criterion: Callable,
                        trainable: list[bool] | None, transform: GradTransform | None,
                        drop: ClientDropout | None = None,
-                       loss: str = "cross_entropy"):
+                       loss: str = "cross_entropy", precision: str = "fp32",
+                       device: torch.device | str = "cpu"):
     """The group's gradients as tensors (and each client's mean batch loss): ``vmap`` over
     the clients of their masked mean batch loss's gradient; with a ``per_example``
     transform, of the mean of each example's transformed gradient (a second ``vmap``, over
@@ -552,7 +554,8 @@ def _materialized_step(module: nn.Module, names: list[str], criterion: Callable,
     def client_loss(ws: tuple[torch.Tensor, ...], xb: torch.Tensor, yb: torch.Tensor,
                     m: torch.Tensor, masks: tuple[torch.Tensor, ...] = ()):
         with drop.feeding(masks):
-            out = functional_call(module, dict(zip(names, ws, strict=True)), (xb,))
+            out = forward(precision, device, functional_call, module,
+                          dict(zip(names, ws, strict=True)), (xb,))
         units = _units(loss, yb)
         mean = (criterion(out, yb, reduction="none") * m).sum() / (
             m.sum() if units is None else (units * m).sum().clamp_min(1))
@@ -564,8 +567,8 @@ def _materialized_step(module: nn.Module, names: list[str], criterion: Callable,
     def example_loss(ws: tuple[torch.Tensor, ...], x: torch.Tensor, y: torch.Tensor,
                      masks: tuple[torch.Tensor, ...]):
         with drop.feeding([mk.unsqueeze(0) for mk in masks]):
-            out = functional_call(module, dict(zip(names, ws, strict=True)),
-                                  (x.unsqueeze(0),))
+            out = forward(precision, device, functional_call, module,
+                          dict(zip(names, ws, strict=True)), (x.unsqueeze(0),))
         value = criterion(out, y.unsqueeze(0), reduction="none").sum()
         units = _units(loss, y.unsqueeze(0))
         if units is not None:  # the example's own mean, as sequential per-example steps take
@@ -680,7 +683,8 @@ def vmap_local_sgd(model: FlatModel, global_weights: torch.Tensor,
                    starts: torch.Tensor | None = None, trainable: list[bool] | None = None,
                    optimizer: ClientOptimizer | None = None,
                    opt_state: dict[str, torch.Tensor] | None = None,
-                   transform: GradTransform | None = None) -> GroupResult:
+                   transform: GradTransform | None = None,
+                   precision: str = "fp32") -> GroupResult:
     """Local SGD of every client in ``data`` from ``global_weights``, batched.
 
     Per client i: its (x, y), lr ``lrs[i]``, batch size (one for all, or one each), batch
@@ -721,7 +725,12 @@ def vmap_local_sgd(model: FlatModel, global_weights: torch.Tensor,
     any weight moves, so the chain step then writes the gradients out (``grads_out``)
     instead of into the weights; a per-example transform needs each example's gradient,
     which only torch.func's nested ``vmap`` gives. Unused, every hook leaves the code path
-    as it was."""
+    as it was.
+
+    ``precision`` (``runtime.precision``, fedray.kernels.precision): ``bf16`` runs the
+    torch.func step's forward pass under bfloat16 autocast. ``chain_sgd_step`` stays float32:
+    its products are written out by hand, updating the weights in place, and bfloat16 copies
+    of them measured slower on the CPU (docs/performance.md, "Reduced precision")."""
     reason = unsupported_reason(model.module)
     if reason is not None:
         raise ValueError(f"cannot train this model vectorized: {reason}")
@@ -836,7 +845,8 @@ def vmap_local_sgd(model: FlatModel, global_weights: torch.Tensor,
     def client_loss(ws: tuple[torch.Tensor, ...], xb: torch.Tensor, yb: torch.Tensor,
                     m: torch.Tensor, masks: tuple[torch.Tensor, ...] = ()):
         with drop.feeding(masks):
-            out = functional_call(call, dict(zip(names, ws, strict=True)), (xb,))
+            out = forward(precision, device, functional_call, call,
+                          dict(zip(names, ws, strict=True)), (xb,))
         units = _units(loss, yb)
         mean = (criterion(out, yb, reduction="none") * m).sum() / (
             m.sum() if units is None else (units * m).sum().clamp_min(1))
@@ -861,7 +871,7 @@ def vmap_local_sgd(model: FlatModel, global_weights: torch.Tensor,
         state = _OptimizerState(kind, optimizer, opt_state, order, params, device)
         step_fn = (None if chain is not None else
                    _materialized_step(call, names, criterion, trainable, transform, drop,
-                                      loss))
+                                      loss, precision, device))
         buffers = [torch.empty_like(p) for p in params] if chain is not None else []
         # per-example gradients are [clients, width, P]: as many clients at once as keep
         # them within a group's budget (the whole group's, 125 MB for 32 logistic

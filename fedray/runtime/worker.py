@@ -78,6 +78,7 @@ class LocalTraining:
     loss: str = "cross_entropy"  # see fedray.core.losses.LOSSES
     steps_per_epoch: int | None = None  # client.steps_per_epoch: batch = n / steps_per_epoch
     max_update_norm: float | None = None  # guard: drop larger updates (NaN/Inf: always)
+    precision: str = "fp32"  # runtime.precision: fp32, or bf16 autocast (kernels/precision.py)
 
     def batch_size_for(self, n: int) -> int:
         return client_batch_size(n, self.batch_size, self.steps_per_epoch)
@@ -543,7 +544,8 @@ class ClientWorker:
                                batch_size=ctx.batch_size, local_epochs=t.local_epochs,
                                local_steps=t.local_steps, seed=ctx.seed,
                                delta_out=self._delta, terms=ctx.terms,
-                               full_batch=self.client.full_batch, loss=t.loss)
+                               full_batch=self.client.full_batch, loss=t.loss,
+                               precision=t.precision)
             update.in_replica = True  # the kernel trains in the replica
         if update.in_replica:
             update.replica_mark = self.model.loads
@@ -661,7 +663,8 @@ class ClientWorker:
                                seed=self._phase_seed(ctx, i), delta_out=out, terms=ph.terms,
                                full_batch=self.client.full_batch, loss=t.loss, start=start,
                                trainable=self._flags(ph.trainable), optimizer=ph.optimizer,
-                               opt_state=self._opt_in(ph, ctx, kept), transform=ph.transform)
+                               opt_state=self._opt_in(ph, ctx, kept), transform=ph.transform,
+                               precision=t.precision)
             if ph.keep is not None:
                 kept[ph.keep] = self.model.flat.clone()
             if update.opt_state is not None and ph.optimizer is not None:
@@ -708,7 +711,8 @@ class ClientWorker:
                                local_epochs=t.local_epochs, local_steps=t.local_steps,
                                seeds=[c.seed for c in ctxs],
                                terms=LocalTerms(proximal=terms[0].proximal, linear=linear),
-                               full_batch=self.client.full_batch, loss=t.loss)
+                               full_batch=self.client.full_batch, loss=t.loss,
+                               precision=t.precision)
         out = []
         for k, ctx in enumerate(ctxs):
             update = LocalUpdate(group.delta(k), group.num_examples[k], group.loss_sums[k],
@@ -761,7 +765,7 @@ class ClientWorker:
                                    full_batch=self.client.full_batch, loss=t.loss,
                                    starts=starts, trainable=self._flags(ph.trainable),
                                    optimizer=ph.optimizer, opt_state=opt_state,
-                                   transform=ph.transform)
+                                   transform=ph.transform, precision=t.precision)
             last = group
             for k in range(n):
                 if ph.keep is not None:  # the trained weights, rebuilt as x + delta
@@ -932,7 +936,7 @@ class ClientWorker:
                               local_epochs=personalize.epochs,
                               local_steps=personalize.steps or None,
                               seed=personalize_seed(self.spec.seed, round_idx, cid),
-                              delta_out=self._delta, loss=t.loss)
+                              delta_out=self._delta, loss=t.loss, precision=t.precision)
                 row.personalized = evaluate(self.model.module, x, y, t.eval_batch_size,
                                             self.device, t.loss)
             rows.append(row)
