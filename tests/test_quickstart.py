@@ -161,7 +161,8 @@ def test_gpu_profile_cases_on_a_declared_gpu(ray_cluster, tmp_path):
 
 def test_startup_benchmark_times_each_run(ray_cluster, tmp_path, capsys):
     startup = _benchmark("startup")  # reuses the session's Ray
-    assert startup.main(["--runs", "1", "--json", str(tmp_path / "startup.json")]) == 0
+    assert startup.main(["--in-session", "--runs", "1", "--json",
+                         str(tmp_path / "startup.json")]) == 0
     r = json.loads((tmp_path / "startup.json").read_text())
     (run,) = r["runs"]
     assert run["workers"] == 2 and 0 < run["pool_start_s"] < run["wall_s"]
