@@ -222,16 +222,22 @@ def process_mode(args: argparse.Namespace) -> dict:
         for name, tree in trees.items():
             job = args.job or os.path.join(tree, "jobs", "quickstart.yaml")
             load = os.getloadavg()[0]
-            row = run_process(tree, job, args.overrides, args.python)
+            try:
+                row = run_process(tree, job, args.overrides, args.python)
+            except RuntimeError as exc:  # Ray's start timing out on an overloaded machine
+                print(f"run {i + 1}/{args.runs} {name}: {exc}", flush=True)
+                continue
             row["loadavg_1m"] = load
             rows[name].append(row)
             print(f"run {i + 1}/{args.runs} {name}: {row['total']:5.2f}s "
                   f"(start Ray {row['start Ray (ray.init)']:.2f}s; "
                   f"load {load:.2f})", flush=True)
+    if not all(rows.values()):
+        raise SystemExit("a tree has no successful run")
     medians = {name: {k: statistics.median(r[k] for r in rs) for k in rs[0]}
                for name, rs in rows.items()}
     names = list(trees)
-    print(f"\nmedian of {args.runs} runs, seconds: "
+    print(f"\nmedian of {', '.join(f'{len(r)} {n}' for n, r in rows.items())} runs, seconds: "
           f"fedray run {os.path.basename(args.job or 'jobs/quickstart.yaml')} "
           f"{' '.join(args.overrides)}")
     print(f"{'phase':38s}" + "".join(f"{n:>12s}" for n in names))

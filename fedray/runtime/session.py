@@ -9,8 +9,11 @@ connect). Otherwise a private local Ray
 starts with ``runtime.num_cpus`` / ``runtime.num_gpus`` (a declared GPU count works on
 machines without one, which is how fractional placement is tested) and
 ``runtime.object_store_mb``, without a dashboard or job server unless ``runtime.dashboard``
-asks for them, and then listening on ``runtime.dashboard_host`` (loopback by default). A Ray
-that was already initialised by the caller is reused and left running.
+asks for them, and then listening on ``runtime.dashboard_host`` (loopback by default);
+without a dashboard it also starts without the dashboard's head process and the
+autoscaler's monitor, and with the dashboard agent's minimal mode (``_lean_start``: seconds
+of a short run's start-up). A Ray that was already initialised by the caller is reused and
+left running.
 
 A private Ray listens on loopback only: its GCS server, raylet, object manager, workers,
 dashboard agent, metrics exporter and runtime-env agent are nobody else's business, and
