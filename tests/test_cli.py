@@ -6,6 +6,7 @@ import re
 import subprocess
 import sys
 
+import pytest
 import yaml
 from conftest import tiny_job
 
@@ -270,3 +271,31 @@ def test_the_continue_hint_of_a_submitted_job_is_fedray_submit(monkeypatch):
     assert resume_command("s3://b/runs/a") == "fedray run --resume s3://b/runs/a"
     monkeypatch.setenv(SUBMITTED_ENV, "1")
     assert resume_command("s3://b/runs/a") == "fedray submit --resume s3://b/runs/a"
+
+
+_EXITS = """
+import atexit, sys, threading, time
+from fedray.cli import entry
+atexit.register(lambda: print("atexit handler ran", flush=True))
+def late():  # ends only once the main thread has: the exit must wait for it
+    while threading.main_thread().is_alive():
+        time.sleep(0.01)
+    print("thread ended", flush=True)
+threading.Thread(target=late).start()
+sys.argv = ["fedray", *sys.argv[1:]]
+print("started", end=" ")  # left in the buffer: the exit flushes it
+entry()
+"""
+
+
+@pytest.mark.parametrize("args,status", [(["jobs"], 0), (["run", "no/such/job.yaml"], 2)])
+def test_the_command_exits_as_the_interpreter_would(args, status):
+    """fedray's console script exits without the interpreter's teardown (start-up time),
+    but as the interpreter would: other threads waited for, atexit handlers run, buffered
+    output written, the command's status."""
+    env = dict(os.environ, RAY_USAGE_STATS_ENABLED="0")
+    out = subprocess.run([sys.executable, "-c", _EXITS, *args], capture_output=True,
+                         text=True, env=env, timeout=120)
+    assert out.returncode == status, out.stderr
+    assert out.stdout.startswith("started ")
+    assert out.stdout.rstrip().endswith("thread ended\natexit handler ran")

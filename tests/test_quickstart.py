@@ -161,9 +161,33 @@ def test_gpu_profile_cases_on_a_declared_gpu(ray_cluster, tmp_path):
 
 def test_startup_benchmark_times_each_run(ray_cluster, tmp_path, capsys):
     startup = _benchmark("startup")  # reuses the session's Ray
-    assert startup.main(["--runs", "1", "--json", str(tmp_path / "startup.json")]) == 0
+    assert startup.main(["--in-session", "--runs", "1", "--json",
+                         str(tmp_path / "startup.json")]) == 0
     r = json.loads((tmp_path / "startup.json").read_text())
     (run,) = r["runs"]
     assert run["workers"] == 2 and 0 < run["pool_start_s"] < run["wall_s"]
     assert 0 < run["rounds_s"] < run["wall_s"] and r["median_wall_s"] == run["wall_s"]
     assert "median of 1:" in capsys.readouterr().out
+
+
+def test_startup_phases_add_up_to_the_whole_process():
+    """benchmarks/startup.py's phases of one process: each from the mark before it, a mark
+    not reached (a fedray without a second prepare) a phase of 0, the driver's setup split
+    by its wait for the workers and the rounds by metrics.jsonl; together, exec to exit."""
+    startup = _benchmark("startup")
+    t = iter(range(100))
+    marks = {name: float(next(t)) for name in [
+        "exec", "python", "cli_imported", "prepare#0:in", "prepare#0:out", "run#0:in",
+        "ray_session:in", "init#0:in", "init#0:out", "_build_source#0:in",
+        "_build_source#0:out", "get#0:in", "get#0:out", "get#1:in", "get#1:out", "get#2:in",
+        "get#2:out", "get#3:in", "get#3:out", "get#4:in", "get#4:out", "kill_actors#0:in",
+        "kill_actors#0:out", "shutdown#0:in", "shutdown#0:out", "main_returned", "exit"]}
+    out = startup.phases(marks, {"pool_start_s": 0.25}, [{"train_s": 0.5, "wall_s": 0.75}])
+    assert out.pop("total") == marks["exit"] - marks["exec"] == sum(out.values())
+    assert out["fedray.run: prepare the job"] == 0  # prepare#1 never happened
+    assert out["imports for a Ray run"] == marks["ray_session:in"] - marks["prepare#0:out"]
+    assert out["driver waits for its workers"] == 0.25
+    assert out["driver: boot, imports, setup"] == 1 - 0.25
+    assert (out["rounds: train"], out["rounds: evaluate"]) == (0.5, 0.25)
+    assert out["rounds: the rest"] == marks["get#2:out"] - marks["get#2:in"] - 0.75
+    assert out["finish: write outputs"] == marks["get#3:out"] - marks["get#2:out"]

@@ -9,8 +9,11 @@ connect). Otherwise a private local Ray
 starts with ``runtime.num_cpus`` / ``runtime.num_gpus`` (a declared GPU count works on
 machines without one, which is how fractional placement is tested) and
 ``runtime.object_store_mb``, without a dashboard or job server unless ``runtime.dashboard``
-asks for them, and then listening on ``runtime.dashboard_host`` (loopback by default). A Ray
-that was already initialised by the caller is reused and left running.
+asks for them, and then listening on ``runtime.dashboard_host`` (loopback by default);
+without a dashboard it also starts without the dashboard's head process and the
+autoscaler's monitor, and with the dashboard agent's minimal mode (``_lean_start``: seconds
+of a short run's start-up). A Ray that was already initialised by the caller is reused and
+left running.
 
 A private Ray listens on loopback only: its GCS server, raylet, object manager, workers,
 dashboard agent, metrics exporter and runtime-env agent are nobody else's business, and
@@ -244,6 +247,44 @@ def _silent(*args: Any, **kwargs: Any) -> None:
     return None
 
 
+def _no_dashboard(*args: Any, **kwargs: Any) -> ImportError:
+    return ImportError("fedray: a private Ray without a dashboard")
+
+
+@contextlib.contextmanager
+def _lean_start() -> Iterator[None]:
+    """A private Ray without a dashboard, started without what no fedray run uses (start-up
+    time: docs/performance.md, "Start-up by phase"), while ``ray.init`` starts it:
+
+    - the dashboard head (``Node.start_api_server``). Without a dashboard it loads only the
+      usage-stats module, and usage stats are off here; yet ``ray.init`` waits for it to boot
+      (Python, aiohttp, grpc) before it starts the raylet.
+    - the autoscaler's monitor (``Node.start_monitor``): one node of fixed size has nothing
+      to scale, and ``ray.shutdown`` waits about a second for it to end.
+    - Ray's check that the dashboard's packages are installed
+      (``utils.get_dashboard_dependency_error``), answered "not installed": this process
+      then does not import aiohttp, opentelemetry, prometheus_client and pydantic only to
+      check they are there, and the raylet's dashboard agent starts in its minimal mode, with
+      no HTTP or gRPC server (nothing reads them without a dashboard) and so no fixed port
+      (52365) to wait for when another Ray on the machine holds it.
+
+    Each is put back afterwards; where Ray no longer has one of them, it is left alone."""
+    from ray._private import node, utils
+
+    patches = [(node.Node, "start_api_server", _silent), (node.Node, "start_monitor", _silent),
+               (utils, "get_dashboard_dependency_error", _no_dashboard)]
+    saved = [(owner, name, owner.__dict__[name]) for owner, name, _ in patches
+             if name in owner.__dict__]
+    for owner, name, replacement in patches:
+        if name in owner.__dict__:
+            setattr(owner, name, replacement)
+    try:
+        yield
+    finally:
+        for owner, name, original in saved:
+            setattr(owner, name, original)
+
+
 class _Health:
     """Watches the GCS server and the raylet of the private Ray this process started, from
     a daemon thread, every POLL_S. The first to die is recorded in ``failure``; from then
@@ -428,7 +469,11 @@ def ray_session(runtime: RuntimeConfig) -> Iterator[None]:
     handlers = _signal_handlers()
     try:
         try:
-            with _loopback_only() if private else contextlib.nullcontext():
+            with contextlib.ExitStack() as stack:
+                if private:
+                    stack.enter_context(_loopback_only())
+                    if not kwargs["include_dashboard"]:
+                        stack.enter_context(_lean_start())
                 ray.init(**kwargs)
         finally:
             _restore(handlers)

@@ -252,6 +252,56 @@ def test_local_dashboard_and_job_server_listen_on_loopback_only(dashboard, liste
     assert out.stdout.strip().splitlines()[-1] == f"listening on: {listening}".strip()
 
 
+_PROCESSES = """
+import json, sys, psutil
+from ray._private import node, utils
+from fedray.config import load_config
+from fedray.runtime.session import ray_session
+before = (node.Node.start_api_server, node.Node.start_monitor,
+          utils.get_dashboard_dependency_error)
+cfg = load_config({"runtime": {"num_cpus": 1, "dashboard": sys.argv[1] == "on"}})
+with ray_session(cfg.runtime):
+    for p in psutil.Process().children(recursive=True):
+        try:
+            print(json.dumps(p.cmdline()))
+        except psutil.NoSuchProcess:
+            pass
+after = (node.Node.start_api_server, node.Node.start_monitor,
+         utils.get_dashboard_dependency_error)
+print("put back:", after == before)
+"""
+
+
+@pytest.mark.parametrize("dashboard", ["off", "on"])
+def test_a_private_ray_without_a_dashboard_starts_what_runs_use(dashboard):
+    """Without runtime.dashboard a private Ray starts no dashboard head and no autoscaler
+    monitor, and its dashboard agent is the minimal one (start-up time: session._lean_start);
+    with it, Ray starts as it would. Ray's functions are put back after ray.init."""
+    import os
+    import subprocess
+    import sys
+
+    env = dict(os.environ, RAY_USAGE_STATS_ENABLED="0")
+    env.pop("RAY_ADDRESS", None)
+    out = subprocess.run([sys.executable, "-c", _PROCESSES, dashboard], capture_output=True,
+                         text=True, timeout=180, env=env)
+    assert out.returncode == 0, out.stderr[-2000:]
+    *procs, put_back = out.stdout.strip().splitlines()
+    assert put_back == "put back: True"
+    lines = [" ".join(json.loads(p)) for p in procs]
+    head = [c for c in lines if "dashboard/dashboard.py" in c]
+    monitor = [c for c in lines if "autoscaler/_private/monitor.py" in c]
+    # the dashboard agent renames itself once started; the raylet's command line has the
+    # agent's, as the raylet starts it
+    (raylet,) = [c for c in map(json.loads, procs) if c and c[0].endswith("/raylet")]
+    (agent,) = [a for a in raylet if a.startswith("--dashboard_agent_command=")]
+    assert "dashboard/agent.py" in agent, raylet
+    if dashboard == "off":
+        assert not head and not monitor and "--minimal" in agent, lines
+    else:
+        assert len(head) == 1 and len(monitor) == 1 and "--minimal" not in agent, lines
+
+
 def _listening(pid: int) -> list[tuple[str, int, str]]:
     """(address, port, process name) of every listening TCP socket and bound UDP socket of
     process ``pid`` and of its descendants."""
