@@ -380,12 +380,12 @@ def protocol_setup(name: str, overrides: list[str], work: str) -> dict:
     written to an .npz."""
     # imported when used, not at the top: the table and FLOP helpers need no fedray
     # (start-up)
+    import flower_side
+
     from fedray.config import load_config, typed
     from fedray.core.models import build_model
     from fedray.core.sampling import sample_clients
     from fedray.data.client_source import build_source
-
-    import flower_side
 
     job = typed(load_config(os.path.join(ROOT, PROTOCOLS[name].job), overrides))
     source = build_source(job.data)
