@@ -63,7 +63,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -270,6 +270,7 @@ def markdown_notes(rows: list[dict], meta: dict) -> str:
            f"{meta['load_max']} after a run, {meta['load_end']} at the end"
            f"{' (a loaded machine: preliminary numbers)' if meta['loaded'] else ''}; "
            f"repeats: {meta['repeat']} (medians)."]
+    out += [f"- {name}: FAILED: {why}" for name, why in meta.get("failed", {}).items()]
     for row in rows:
         out.append(f"- {row['title']}: `{row['model']}`, {row['clients_per_round']} of "
                    f"{row['population']:,} clients a round, batch {row['batch_size']}, "
@@ -293,11 +294,38 @@ def _env() -> dict:
     return env
 
 
-def _check(proc: subprocess.CompletedProcess, what: str) -> None:
+class ProtocolFailed(Exception):
+    """A side of a protocol failed or did other work than the other; the other protocols
+    still run."""
+
+
+def _call(cmd: list[str], what: str, timeout: float, **kw) -> float:
+    """``cmd`` in its own process, with the environment of ``_env``; returns its wall
+    seconds. A failure or a time-out is a ProtocolFailed naming ``what`` and the last lines
+    it printed."""
+    t0 = time.perf_counter()
+    try:
+        proc = subprocess.run(cmd, env=_env(), capture_output=True, text=True,
+                              timeout=timeout, **kw)
+    except subprocess.TimeoutExpired as e:
+        raise ProtocolFailed(f"{what} took over {timeout:.0f}s (--timeout)") from e
     if proc.returncode != 0:
         tail = (proc.stderr.strip() or proc.stdout.strip()).splitlines()[-3:]
-        raise SystemExit(f"protocols.py: {what} failed (exit {proc.returncode}): "
-                         + " | ".join(tail))
+        raise ProtocolFailed(f"{what} failed (exit {proc.returncode}): " + " | ".join(tail))
+    return time.perf_counter() - t0
+
+
+def retrying(fn: Callable[[int], dict], retries: int) -> dict:
+    """``fn(attempt)``, tried up to ``1 + retries`` times: a loaded machine can time out
+    Ray's start-up, which says nothing about either side's speed."""
+    for attempt in range(retries + 1):
+        try:
+            return fn(attempt)
+        except ProtocolFailed as e:
+            if attempt == retries:
+                raise
+            print(f"  {e}; trying again", file=sys.stderr, flush=True)
+    raise AssertionError("unreachable")
 
 
 def build_inputs(name: str, work: str, femnist: str, timeout: float) -> str | None:
@@ -321,10 +349,8 @@ def build_inputs(name: str, work: str, femnist: str, timeout: float) -> str | No
     else:
         path = femnist
     t0 = time.perf_counter()
-    proc = subprocess.run([sys.executable, "-m", "fedray.cli", "partition", p.recipe,
-                           f"source.path={path}", f"out={store}", "--quiet"], cwd=ROOT,
-                          env=_env(), capture_output=True, text=True, timeout=timeout)
-    _check(proc, f"fedray partition {p.recipe}")
+    _call([sys.executable, "-m", "fedray.cli", "partition", p.recipe, f"source.path={path}",
+           f"out={store}", "--quiet"], f"fedray partition {p.recipe}", timeout, cwd=ROOT)
     print(f"  store for {name}: {time.perf_counter() - t0:.1f}s", flush=True)
     return store
 
@@ -345,11 +371,7 @@ def run_fedray(name: str, overrides: list[str], out_dir: str, timeout: float) ->
     examples from metrics.jsonl, with summary.json."""
     cmd = [sys.executable, "-m", "fedray.cli", "run", PROTOCOLS[name].job, *overrides,
            f"output.dir={out_dir}"]
-    t0 = time.perf_counter()
-    proc = subprocess.run(cmd, cwd=ROOT, env=_env(), capture_output=True, text=True,
-                          timeout=timeout)
-    whole = time.perf_counter() - t0
-    _check(proc, f"fedray run {PROTOCOLS[name].job}")
+    whole = _call(cmd, f"fedray run {PROTOCOLS[name].job}", timeout, cwd=ROOT)
     with open(os.path.join(out_dir, "metrics.jsonl")) as f:
         metrics = [json.loads(line) for line in f if line.strip()]
     with open(os.path.join(out_dir, "summary.json")) as f:
@@ -362,12 +384,8 @@ def run_flower(python: str, spec_path: str, timeout: float) -> dict:
     """flower_side.py --spec under ``python``, in its own process and Ray instance: its
     wall time and its per-round seconds and examples."""
     out = spec_path + ".out.json"
-    t0 = time.perf_counter()
-    proc = subprocess.run([python, os.path.join(HERE, "flower_side.py"), "--spec", spec_path,
-                           "--json", out], env=_env(), capture_output=True, text=True,
-                          timeout=timeout)
-    whole = time.perf_counter() - t0
-    _check(proc, f"flower_side.py under {python}")
+    whole = _call([python, os.path.join(HERE, "flower_side.py"), "--spec", spec_path,
+                   "--json", out], f"flower_side.py under {python}", timeout)
     with open(out) as f:
         result = json.load(f)
     result["whole_s"] = whole
@@ -422,9 +440,10 @@ def measure(name: str, args: argparse.Namespace, work: str, loads: list[float]) 
     summary: dict = {}
     for i in range(args.repeat):
         with tempfile.TemporaryDirectory(dir=work) as tmp:
-            fed = run_fedray(name, overrides, os.path.join(tmp, "run"), args.timeout)
+            fed = retrying(lambda a: run_fedray(name, overrides, os.path.join(tmp, f"run{a}"),
+                                                args.timeout), args.retries)
         if fed["examples"] != setup["examples"]:
-            raise SystemExit(f"protocols.py: {name}: fedray trained {fed['examples']} examples "
+            raise ProtocolFailed(f"fedray trained {fed['examples']} examples "
                              f"per round, not those of its sampled clients "
                              f"{setup['examples']}: the Flower side would not do the same work")
         summary = fed["summary"]
@@ -434,9 +453,10 @@ def measure(name: str, args: argparse.Namespace, work: str, loads: list[float]) 
                 f"{runs['fedray'][-1]['steady_s_per_round']:.2f} s/round steady")
         loads.append(os.getloadavg()[0])
         if args.flower_python:
-            fl = run_flower(args.flower_python, setup["spec_path"], args.timeout)
+            fl = retrying(lambda a: run_flower(args.flower_python, setup["spec_path"],
+                                               args.timeout), args.retries)
             if fl["examples"] != setup["examples"]:
-                raise SystemExit(f"protocols.py: {name}: Flower trained {fl['examples']} "
+                raise ProtocolFailed(f"Flower trained {fl['examples']} "
                                  f"examples per round, not {setup['examples']}")
             runs["flower"].append(side_numbers(fl["round_s"], fl["examples"], fl["whole_s"],
                                                args.warmup, per_example))
@@ -490,6 +510,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         "removed after); a store already there is reused")
     p.add_argument("--timeout", type=float, default=900.0,
                    help="seconds any one subprocess may take (default 900)")
+    p.add_argument("--retries", type=int, default=1,
+                   help="runs again a side that failed (Ray's start-up can time out on a "
+                        "loaded machine), this many times (default 1)")
     p.add_argument("--json", metavar="FILE", help="also write the rows and notes as JSON")
     p.add_argument("--markdown", metavar="FILE", help="also write the table and notes")
     args = p.parse_args(argv)
@@ -499,6 +522,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         p.error("--rounds must be larger than --warmup")
     if args.repeat < 1:
         p.error("--repeat must be at least 1")
+    if args.retries < 0:
+        p.error("--retries must be >= 0")
     args.protocol = list(PROTOCOLS) if "all" in args.protocol else list(
         dict.fromkeys(args.protocol))
     if "femnist-flute" in args.protocol and not os.path.isdir(
@@ -533,10 +558,14 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory() as tmp:
         work = args.work_dir or tmp
         os.makedirs(work, exist_ok=True)
-        rows, loads = [], [load_start]
+        rows, loads, failed = [], [load_start], {}
         for name in args.protocol:
             print(f"{name}:", flush=True)
-            rows.append(measure(name, args, work, loads))
+            try:
+                rows.append(measure(name, args, work, loads))
+            except ProtocolFailed as e:
+                failed[name] = str(e)
+                print(f"protocols.py: {name}: {e}", file=sys.stderr, flush=True)
     after = gemm_peak()
     peak = max(before, after)
     for row in rows:
@@ -549,6 +578,7 @@ def main(argv: list[str] | None = None) -> int:
             "load_start": round(load_start, 2), "load_end": round(load_end, 2),
             "load_max": round(max(loads), 2), "loaded": loaded(load_start, loads),
             "repeat": args.repeat,
+            "failed": failed,
             "flower_version": next((r["flower_version"] for r in rows
                                     if r.get("flower_version")), None),
             "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
@@ -560,7 +590,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"meta": meta, "rows": rows}, f, indent=2)
-    return 0
+    return 1 if failed else 0
 
 
 if __name__ == "__main__":

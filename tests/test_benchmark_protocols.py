@@ -185,3 +185,36 @@ def test_train_local_is_sgd_on_cross_entropy(flower_side):
             p.add_(p.grad, alpha=-0.5)  # what torch.optim.SGD does on CPU tensors
     for a, b in zip(model.parameters(), ref.parameters(), strict=True):
         assert torch.equal(a, b)
+
+
+def test_a_failing_side_is_reported_not_raised_past_its_protocol(bench):
+    import sys
+
+    with pytest.raises(bench.ProtocolFailed, match=r"toy failed \(exit 3\): boom"):
+        bench._call([sys.executable, "-c", "import sys; print('boom', file=sys.stderr); "
+                                           "sys.exit(3)"], "toy", 60)
+    with pytest.raises(bench.ProtocolFailed, match="took over 1s"):
+        bench._call([sys.executable, "-c", "import time; time.sleep(30)"], "toy", 1)
+    meta = {"command": "c", "machine": "m", "torch": "t", "gemm_peak_gflops": 1.0,
+            "gemm_before_gflops": 1.0, "gemm_after_gflops": 0.5, "load_start": 0.1,
+            "load_max": 2.0, "load_end": 2.0, "loaded": False, "repeat": 1,
+            "failed": {"quickstart": "fedray run jobs/quickstart.yaml failed (exit 1): x"}}
+    notes = bench.markdown_notes([], meta)
+    assert "- quickstart: FAILED: fedray run jobs/quickstart.yaml failed (exit 1): x" in notes
+    assert "preliminary" not in notes
+
+
+def test_retrying_tries_again_then_gives_up(bench):
+    tries = []
+
+    def flaky(attempt: int) -> dict:
+        tries.append(attempt)
+        if attempt == 0:
+            raise bench.ProtocolFailed("Ray's start-up timed out")
+        return {"ok": attempt}
+
+    assert bench.retrying(flaky, 1) == {"ok": 1} and tries == [0, 1]
+    tries.clear()
+    with pytest.raises(bench.ProtocolFailed, match="start-up"):
+        bench.retrying(flaky, 0)
+    assert tries == [0]
