@@ -384,6 +384,8 @@ def run_flower(python: str, spec_path: str, timeout: float) -> dict:
     """flower_side.py --spec under ``python``, in its own process and Ray instance: its
     wall time and its per-round seconds and examples."""
     out = spec_path + ".out.json"
+    if os.path.exists(out):  # an earlier invocation's, in a kept --work-dir
+        os.remove(out)
     whole = _call([python, os.path.join(HERE, "flower_side.py"), "--spec", spec_path,
                    "--json", out], f"flower_side.py under {python}", timeout)
     with open(out) as f:
