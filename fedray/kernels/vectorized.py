@@ -392,7 +392,8 @@ def chain_sgd_step(chain: LinearChain, loss: str, ws: list[torch.Tensor], xb: to
     ``extra_grad(k, w)`` (the LocalTerms), times the client's lr, taken from its weights.
     Returns each client's mean batch loss.
 
-    ``ws``: the stacked parameters, [a, *shape] each, contiguous; ``xb``: [a, B, ...] inputs;
+    ``ws``: the stacked parameters, [a, *shape] each, contiguous (or, for a single layer's
+    weight, the [a, out, in] view of a contiguous [a, in, out] stack); ``xb``: [a, B, ...] inputs;
     ``yb``: [a, B] labels (mse: [a, B, ...] targets); ``m``: [a, B], 1 for a real example and
     0 for padding; ``lr``: [a]. A weight's gradient goes straight into the weight (one
     baddbmm, lr folded into the small output gradient) instead of being materialized and
