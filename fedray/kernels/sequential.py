@@ -17,6 +17,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
+import numpy as np
 import torch
 
 from fedray.algorithms.local_terms import (
@@ -78,6 +79,29 @@ def batch_schedule(n: int, batch_size: int, local_epochs: int, local_steps: int 
         out.append(perm[pos:pos + batch_size])
         pos += batch_size
     return out
+
+
+def batch_rows(n: int, batch_size: int, local_epochs: int, local_steps: int | None, seed: int,
+               full_batch: bool = False) -> np.ndarray:
+    """``batch_schedule`` (not ``independent``) as one [steps, batch] array: row t the
+    indices of step t, a short last batch of a pass padded with -1. The same permutations,
+    drawn from the same generator in the same order, so the same batches.
+
+    Why a second form: a vectorized group lays every client's batches out as rows of one
+    plan (fedray/kernels/vectorized.py); cut from whole permutations here, a client's rows
+    are one reshape instead of a tensor per step to gather back together."""
+    if full_batch:
+        batch_size, local_steps = max(1, n), 1
+    steps = num_local_steps(n, batch_size, local_epochs, local_steps) if n else 0
+    if not steps:
+        return np.zeros((0, batch_size), dtype=np.int64)
+    per = math.ceil(n / batch_size)  # the steps one permutation lasts
+    perms = math.ceil(steps / per)
+    order = torch.Generator().manual_seed(seed)
+    rows = np.full((perms, per * batch_size), -1, dtype=np.int64)
+    for e in range(perms):
+        rows[e, :n] = torch.randperm(n, generator=order).numpy()
+    return rows.reshape(perms * per, batch_size)[:steps]
 
 
 def local_sgd(model: FlatModel, global_weights: torch.Tensor, x: torch.Tensor, y: torch.Tensor,

@@ -58,7 +58,7 @@ from fedray.errors import key_error
 from fedray.kernels.dropout import ClientDropout, draw_masks, foreign_dropout
 from fedray.kernels.precision import forward
 from fedray.kernels.recurrent import lstm_refusal, unrolled
-from fedray.kernels.sequential import batch_schedule
+from fedray.kernels.sequential import batch_rows
 
 _MODULE_HOOKS = {"_forward_pre_hooks": "forward pre-hook", "_forward_hooks": "forward hook",
                  "_backward_pre_hooks": "backward pre-hook", "_backward_hooks": "backward hook"}
@@ -431,7 +431,8 @@ def chain_sgd_step(chain: LinearChain, loss: str, ws: list[torch.Tensor], xb: to
     ``extra_grad(k, w)`` (the LocalTerms), times the client's lr, taken from its weights.
     Returns each client's mean batch loss.
 
-    ``ws``: the stacked parameters, [a, *shape] each, contiguous; ``xb``: [a, B, ...] inputs;
+    ``ws``: the stacked parameters, [a, *shape] each, contiguous (or, for a single layer's
+    weight, the [a, out, in] view of a contiguous [a, in, out] stack); ``xb``: [a, B, ...] inputs;
     ``yb``: [a, B] labels (mse: [a, B, ...] targets); ``m``: [a, B], 1 for a real example and
     0 for padding; ``lr``: [a]. A weight's gradient goes straight into the weight (one
     baddbmm, lr folded into the small output gradient) instead of being materialized and
@@ -742,7 +743,7 @@ def vmap_local_sgd(model: FlatModel, global_weights: torch.Tensor,
     g = len(data)
     sizes = [len(y) for _, y in data]
     batches = batch_size if isinstance(batch_size, list) else [batch_size] * g
-    schedules = [batch_schedule(n, b, local_epochs, local_steps, s, full_batch)
+    schedules = [batch_rows(n, b, local_epochs, local_steps, s, full_batch)
                  for n, b, s in zip(sizes, batches, seeds, strict=True)]
     steps = [len(s) for s in schedules]
     order = sorted(range(g), key=lambda i: -steps[i])  # stable: ties keep their order
@@ -759,12 +760,11 @@ def vmap_local_sgd(model: FlatModel, global_weights: torch.Tensor,
     start = 0
     for row, i in enumerate(order):
         plan[row] = firsts[row] = start
-        if steps[i]:
-            lengths = np.fromiter((len(idx) for idx in schedules[i]), np.int64, steps[i])
-            at = np.repeat(np.arange(steps[i]), lengths)  # (step, column) of each index
-            col = np.arange(len(at)) - np.repeat(np.cumsum(lengths) - lengths, lengths)
-            plan[row, at, col] += torch.cat(schedules[i]).numpy()
-            mask[row, at, col] = 1.0
+        rows = schedules[i]
+        if len(rows):
+            real = rows >= 0
+            plan[row, :len(rows), :rows.shape[1]] += np.where(real, rows, 0)
+            mask[row, :len(rows), :rows.shape[1]] = real
         start += sizes[i]
     # each client's (pinned, on a GPU) tensors copied asynchronously, joined on the device
     xs = torch.cat([data[i][0].to(device, non_blocking=True) for i in order])
@@ -816,11 +816,24 @@ def vmap_local_sgd(model: FlatModel, global_weights: torch.Tensor,
     if starts is not None and (starts.dim() != 2 or len(starts) != g
                                or starts.shape[1] < model.num_params):
         raise ValueError(f"starts has shape {tuple(starts.shape)}, expected {(g, model.size)}")
+    # a single Linear layer's weights (logistic regression) stacked [G, in, out] in memory,
+    # as a [G, out, in] view: the forward's x W^T then reads a plain matrix, where MKL's
+    # product with a transposed operand took about 3x as long at 20 x 784 by 784 x 62 (the
+    # same bits there); the update writes the view in place. Not for deeper chains: for the
+    # MLP's 784 x 200 layer the product gained less than the transposing copies in and out
+    # cost (docs/performance.md, "Transposed stacks")
+    flip = (set() if chain is None or materialize or device.type != "cpu"
+            or len(chain.layers) != 1 else {chain.layers[0][0]})
     for k, (_, p) in enumerate(module.named_parameters()):
         span = slice(offset, offset + p.numel())
         anchors.append(anchor[span].view(p.shape))
         if k == defer:
             params.append(None)
+        elif k in flip:
+            w = torch.empty((g, p.shape[1], p.shape[0]), device=device, dtype=anchor.dtype)
+            src = (anchors[-1].expand(g, *p.shape) if rows is None else
+                   starts[:, span].index_select(0, rows).to(device).view(g, *p.shape))
+            params.append(w.transpose(1, 2).copy_(src))
         elif rows is not None:
             params.append(starts[:, span].index_select(0, rows).to(device, anchor.dtype)
                           .view(g, *p.shape))

@@ -177,6 +177,26 @@ def test_batches_are_cut_from_one_permutation_per_epoch_by_default():
     assert [len(b) for b in indep] == [3] * 8
 
 
+
+@pytest.mark.parametrize("full_batch", [False, True])
+def test_batch_rows_are_batch_schedule_as_one_array(full_batch):
+    """The vectorized kernel lays out a client's batches from batch_rows: they must be
+    batch_schedule's, index for index (padding -1 after a short last batch), for every
+    size, batch, number of epochs and step count, including cycling through permutations
+    (local_steps past an epoch), a batch larger than the client, and no examples."""
+    from fedray.kernels.sequential import batch_rows, batch_schedule
+
+    for n in (0, 1, 2, 7, 20, 23, 60):
+        for b in (1, 3, 20, 64):
+            for epochs, steps in ((1, None), (3, None), (1, 1), (1, 5), (2, 13)):
+                seed = 1000 * n + 10 * b + epochs
+                want = batch_schedule(n, b, epochs, steps, seed, full_batch)
+                got = batch_rows(n, b, epochs, steps, seed, full_batch)
+                assert len(got) == len(want), (n, b, epochs, steps)
+                for row, idx in zip(got, want, strict=True):
+                    assert row[:len(idx)].tolist() == idx.tolist()
+                    assert (row[len(idx):] == -1).all()
+
 def test_proximal_term_by_hand():
     """FedProx's term mu (y - x) joins every step's gradient, anchored at the global model
     (two full-batch steps: the first has no pull yet, the second has)."""
