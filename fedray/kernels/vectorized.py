@@ -538,6 +538,27 @@ def _frozen_chain_backward(chain: LinearChain, ws: list[torch.Tensor],
         d = d_in
 
 
+def _client_loss(module: nn.Module, names: list[str], criterion: Callable,
+                 drop: ClientDropout, loss: str, precision: str,
+                 device: torch.device | str) -> Callable:
+    """A client's masked mean batch loss (and its detached copy, the aux output), as a
+    function of its weights, batch, padding mask and dropout masks: what both batched steps
+    take ``grad`` of under ``vmap``. The mean is over the batch's real examples, or for a
+    per-position loss over their non-padding positions (``_units``)."""
+
+    def client_loss(ws: tuple[torch.Tensor, ...], xb: torch.Tensor, yb: torch.Tensor,
+                    m: torch.Tensor, masks: tuple[torch.Tensor, ...] = ()):
+        with drop.feeding(masks):
+            out = forward(precision, device, functional_call, module,
+                          dict(zip(names, ws, strict=True)), (xb,))
+        units = _units(loss, yb)
+        mean = (criterion(out, yb, reduction="none") * m).sum() / (
+            m.sum() if units is None else (units * m).sum().clamp_min(1))
+        return mean, mean.detach()
+
+    return client_loss
+
+
 def _materialized_step(module: nn.Module, names: list[str], criterion: Callable,
                        trainable: list[bool] | None, transform: GradTransform | None,
                        drop: ClientDropout | None = None,
@@ -552,15 +573,7 @@ def _materialized_step(module: nn.Module, names: list[str], criterion: Callable,
     example's rows of them under the per-example ``vmap``)."""
     drop = ClientDropout(module) if drop is None else drop
 
-    def client_loss(ws: tuple[torch.Tensor, ...], xb: torch.Tensor, yb: torch.Tensor,
-                    m: torch.Tensor, masks: tuple[torch.Tensor, ...] = ()):
-        with drop.feeding(masks):
-            out = forward(precision, device, functional_call, module,
-                          dict(zip(names, ws, strict=True)), (xb,))
-        units = _units(loss, yb)
-        mean = (criterion(out, yb, reduction="none") * m).sum() / (
-            m.sum() if units is None else (units * m).sum().clamp_min(1))
-        return mean, mean.detach()
+    client_loss = _client_loss(module, names, criterion, drop, loss, precision, device)
 
     if transform is None or not transform.per_example:
         return vmap(grad(client_loss, has_aux=True))
@@ -855,19 +868,10 @@ def vmap_local_sgd(model: FlatModel, global_weights: torch.Tensor,
 
     call = unrolled(module)  # a copy whose nn.LSTMs vmap can batch; else module itself
 
-    def client_loss(ws: tuple[torch.Tensor, ...], xb: torch.Tensor, yb: torch.Tensor,
-                    m: torch.Tensor, masks: tuple[torch.Tensor, ...] = ()):
-        with drop.feeding(masks):
-            out = forward(precision, device, functional_call, call,
-                          dict(zip(names, ws, strict=True)), (xb,))
-        units = _units(loss, yb)
-        mean = (criterion(out, yb, reduction="none") * m).sum() / (
-            m.sum() if units is None else (units * m).sum().clamp_min(1))
-        return mean, mean.detach()
-
     # dropout: each client's masks drawn from its own generator outside vmap, exactly as
     # sequential training draws them (fedray.kernels.dropout), and handed in stacked
     drop = ClientDropout(call)
+    client_loss = _client_loss(call, names, criterion, drop, loss, precision, device)
     calls = drop.calls(xs[0]) if drop and len(xs) else []
     gens = [torch.Generator(device=device).manual_seed(seeds[i]) for i in order] if calls else []
 
