@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from fedray.core.tensors import readonly_tensor
+from fedray.core.tensors import add_scaled_, readonly_tensor
 
 Vector = np.ndarray | torch.Tensor
 
@@ -67,7 +67,7 @@ class PartialSum:
     def add(self, value: torch.Tensor, weight: float, log_scale: float = 0.0) -> None:
         """Fold in one client: weight * exp(log_scale) * value."""
         f = weight * self._align(log_scale)
-        self.total.add_(value, alpha=f)
+        add_scaled_(self.total, value, f)
         self.weight += f
 
     def add_extra(self, name: str, value: torch.Tensor, weight: float = 1.0) -> None:
@@ -77,7 +77,7 @@ class PartialSum:
         except KeyError:
             raise KeyError(f"partial sum has no extra sum {name!r} (declared: "
                            f"{sorted(self.extras)}); declare it in the part's extras") from None
-        extra[: value.numel()].add_(value, alpha=weight)
+        add_scaled_(extra[: value.numel()], value, weight)
 
     def merge(self, part: PartialMessage) -> None:
         """Fold in another partial sum (a worker's ``to_message()``)."""
