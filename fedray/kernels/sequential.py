@@ -9,13 +9,15 @@ every step's gradient; one full-batch step is ``full_batch``. The
 vectorized kernel (fedray/kernels/vectorized.py) consumes the same terms. Batch order and dropout
 masks come from the client's own seed (masks from a generator of its own:
 fedray/kernels/dropout.py, as the vectorized kernel draws them), so the result is the same
-on any worker.
+on any worker. Max-pooling layers search their windows in channels-last order on the CPU,
+with torch's own values and gradients (fedray/kernels/pooling.py): its faster kernel.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from contextlib import nullcontext
 
 import numpy as np
 import torch
@@ -30,6 +32,7 @@ from fedray.algorithms.local_terms import (
 from fedray.core.flat_model import FlatModel
 from fedray.core.losses import loss_fn
 from fedray.kernels.dropout import ClientDropout, draw_masks
+from fedray.kernels.pooling import ChannelsLastPooling
 from fedray.kernels.precision import forward
 
 ClientResult = LocalUpdate  # the name before fedray.algorithms.base existed
@@ -172,10 +175,14 @@ def local_sgd(model: FlatModel, global_weights: torch.Tensor, x: torch.Tensor, y
         sums = model.split(gradient_sum)
     general = not (trainable is None and transform is None
                    and (optimizer is None or optimizer.kind == "sgd"))
+    # max-pooling searched channels-last, torch's result (fedray/kernels/pooling.py); not
+    # under a per-example transform's vmap
+    pooling = (nullcontext() if transform is not None and transform.per_example else
+               ChannelsLastPooling(module, device).active())
     if general:
         step = _PhaseStep(model, criterion, lr, terms, anchors, linears, trainable,
                           optimizer, opt_state, transform, drop, masks, precision)
-        with model.own_grads():
+        with model.own_grads(), pooling:
             for k, idx in enumerate(schedule):
                 weight = step_weights[k] if sums is not None else 0.0
                 loss_sum += step(x[idx], y[idx], sums, weight) * len(idx)
@@ -183,7 +190,7 @@ def local_sgd(model: FlatModel, global_weights: torch.Tensor, x: torch.Tensor, y
         torch.sub(model.flat, global_weights, out=delta_out)
         return LocalUpdate(delta_out, n, float(loss_sum), seen, steps,
                            opt_state=step.state())
-    with model.own_grads() as params:
+    with model.own_grads() as params, pooling:
         for k, idx in enumerate(schedule):
             for p in params:
                 p.grad = None
