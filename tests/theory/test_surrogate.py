@@ -46,7 +46,7 @@ def brute_q(A: np.ndarray, alpha: float, gamma: float, theta, power_offset: int 
 
 def client_update(x: np.ndarray, examples, alpha: float, gamma: float, theta,
                   batches=None) -> np.ndarray:
-    """Algorithm 2 (lines 127-138) in float64: K(Theta) steps on the client's examples (full
+    """Algorithm 2 (lines 128-138) in float64: K(Theta) steps on the client's examples (full
     batch, or the given example index per step), returning sum_k theta_k g_k."""
     B, c = examples
     x1, xk, msg = x.copy(), x.copy(), np.zeros_like(x)

@@ -5,12 +5,12 @@ Why: every Fed-CIFAR100 number in the reproductions (Reddi et al.'s adaptive opt
 algorithm comparisons) rests on the store that ``partitions/fed_cifar100.yaml`` builds. If that
 store is not TFF's Pachinko split as seed 000's appendix defines it (lines 38-64 of
 ../shared/seeds/000_*.txt) -- 500 train and 100 test clients (lines 39-43) of exactly 100
-examples (line 59), every example used once (line 40), coarse labels right, per-client label
-skew as Dirichlet(0.1) over the 20 coarse labels (line 47) and Dirichlet(10) over each coarse
-label's 5 fine labels (line 59), exhausted labels removed and renormalised (lines 63-64) --
-the accuracy comparisons measure something else. This script builds the store exactly as a
-user would (``fedray.data.recipe.build`` on the recipe), reads it back (the manifest and the
-Arrow shards), and checks it against the definition:
+examples (line 60), every example used once (line 40), coarse labels right, per-client label
+skew as Dirichlet(0.1) over the 20 coarse labels (lines 47-48) and Dirichlet(10) over each
+coarse label's 5 fine labels (lines 48, 60), exhausted labels removed and renormalised
+(lines 63-64) -- the accuracy comparisons measure something else. This script builds the
+store exactly as a user would (``fedray.data.recipe.build`` on the recipe), reads it back (the
+manifest and the Arrow shards), and checks it against the definition:
 
 * structure: client counts and sizes, every example assigned exactly once (by image content,
   not just by label counts), the stored ``coarse`` column, shard checksums;
