@@ -56,6 +56,7 @@ def test_last10_differences_and_spread(tau_table, tmp_path):
     assert r01["momentum"]["beyond_spread_vs_base"] is True
     assert r05["momentum"]["summary"]["boosted_mean"] == pytest.approx(0.99 - 0.001 / 12)
     assert r05["momentum"]["summary"]["boosted_min"] == pytest.approx(0.989)
+    assert r05["momentum"]["summary"]["boosted_std"] == pytest.approx(0.0)
     assert r05["average"]["summary"] is None and r05["control_summary"] is None
     assert "| 0.1 | momentum | 0.9500 ± 0.0000 | +0.0500, +0.0400, +0.0300 |" in (
         tau_table.markdown(t))

@@ -16,7 +16,8 @@ The metric is the section's "last 10": the mean test accuracy over a run's last 
 evaluations (rounds 82-100 with evaluation every 2 rounds); mean and population std
 (ddof=0) over the seeds. The boosted share (zeta > 1, the quantity of the seed's Fig. 1,
 line 52) is each run's ``elastic_boosted_share``, averaged over rounds and over seeds, with
-the lowest round of any seed. Writes ``tau.json`` and ``tau.md`` under --out.
+the std over the seeds' means and the lowest round of any seed. Writes ``tau.json`` and
+``tau.md`` under --out.
 """
 
 from __future__ import annotations
@@ -77,7 +78,9 @@ def summary(per_seed: dict[int, dict]) -> dict | None:
            "last10_std": statistics.pstdev(last),
            "last10_per_seed": [per_seed[s]["last10"] for s in sorted(per_seed)]}
     if all("boosted_mean" in r for r in per_seed.values()):
-        out["boosted_mean"] = statistics.fmean(r["boosted_mean"] for r in per_seed.values())
+        per = [per_seed[s]["boosted_mean"] for s in sorted(per_seed)]
+        out["boosted_mean"], out["boosted_std"] = statistics.fmean(per), statistics.pstdev(per)
+        out["boosted_per_seed"] = per
         out["boosted_min"] = min(r["boosted_min"] for r in per_seed.values())
     return out
 
@@ -132,13 +135,14 @@ def _d(v: list[float]) -> str:
 def _b(s: dict | None) -> str:
     if s is None or "boosted_mean" not in s:
         return "—"
-    return f"{s['boosted_mean']:.4f} ({s['boosted_min']:.4f})"
+    return f"{s['boosted_mean']:.4f} ± {s['boosted_std']:.4f} ({s['boosted_min']:.4f})"
 
 
 def markdown(t: dict) -> str:
     lines = [f"FedAvgM (base), last 10: {_ms(t['base'])}", "",
              "| τ | sensitivity | last 10 | minus FedAvgM, per seed | control (server lr 1 + τ) "
-             "| minus control, per seed | boosted share, mean over rounds (lowest) |",
+             "| minus control, per seed | boosted share: mean over rounds, ± std over seeds "
+             "(lowest round) |",
              "|---|---|---|---|---|---|---|"]
     for r in t["taus"]:
         for method in ("momentum", "average"):
