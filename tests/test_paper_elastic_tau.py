@@ -34,6 +34,9 @@ def test_group_names_match_the_section_commands(tau_table):
     assert tau_table.elastic_group(0.5, "momentum") == "elastic_fedavgm"
     assert tau_table.elastic_group(0.5, "average") == "elastic_fedavgm_average"
     assert tau_table.elastic_group(0.01, "average") == "elastic_fedavgm_average_tau0.01"
+    assert tau_table.elastic_group(0.01, "momentum", batch1=True) == (
+        "elastic_fedavgm_momentum_b1_tau0.01")
+    assert tau_table.elastic_group(0.5, "average", batch1=True) == "elastic_fedavgm_average_b1"
     assert tau_table.control_group(0.5) == "fedavgm_lr1.5"
     assert tau_table.control_group(0.1) == "fedavgm_lr1.1"
 

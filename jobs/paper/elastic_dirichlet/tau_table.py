@@ -34,10 +34,14 @@ def _tag(x: float) -> str:
     return f"{x:g}"
 
 
-def elastic_group(tau: float, method: str) -> str:
+def elastic_group(tau: float, method: str, batch1: bool = False) -> str:
     """The run-directory group of elastic FedAvgM with ``method`` at ``tau`` (0.5: the
-    section's runs, named without a tau)."""
-    base = "elastic_fedavgm" + ("" if method == "momentum" else f"_{method}")
+    section's runs, named without a tau); ``batch1``: the ablation with one example per B_k
+    batch, ``elastic_fedavgm_<method>_b1``."""
+    if batch1:
+        base = f"elastic_fedavgm_{method}_b1"
+    else:
+        base = "elastic_fedavgm" + ("" if method == "momentum" else f"_{method}")
     return base if tau == 0.5 else f"{base}_tau{_tag(tau)}"
 
 
@@ -97,24 +101,25 @@ def beyond_spread(a: dict | None, b: dict | None) -> bool | None:
     return abs(a["last10_mean"] - b["last10_mean"]) > max(a["last10_std"], b["last10_std"])
 
 
-def table(runs: pathlib.Path, taus: list[float]) -> dict:
+def table(runs: pathlib.Path, taus: list[float], batch1: bool = False) -> dict:
     base = read_group(runs, "fedavgm")
     out = {"metric": f"mean test accuracy over the last {LAST} evaluations",
-           "std": "population (ddof=0) over seeds", "base": summary(base), "taus": []}
+           "std": "population (ddof=0) over seeds", "batch1": batch1, "base": summary(base),
+           "taus": []}
     for tau in taus:
         ctrl = read_group(runs, control_group(tau))
         row = {"tau": tau, "control": control_group(tau), "control_summary": summary(ctrl)}
         for method in ("momentum", "average"):
-            el = read_group(runs, elastic_group(tau, method))
+            el = read_group(runs, elastic_group(tau, method, batch1))
             s = summary(el)
             row[method] = {
-                "group": elastic_group(tau, method), "summary": s,
+                "group": elastic_group(tau, method, batch1), "summary": s,
                 "minus_base": diffs(el, base), "minus_control": diffs(el, ctrl),
                 "beyond_spread_vs_base": beyond_spread(s, out["base"]),
                 "beyond_spread_vs_control": beyond_spread(s, row["control_summary"]),
             }
-        mom, avg = read_group(runs, elastic_group(tau, "momentum")), read_group(
-            runs, elastic_group(tau, "average"))
+        mom, avg = (read_group(runs, elastic_group(tau, m, batch1))
+                    for m in ("momentum", "average"))
         row["momentum_minus_average"] = diffs(mom, avg)
         out["taus"].append(row)
     for method in ("momentum", "average"):
@@ -168,14 +173,18 @@ def main() -> None:
                    help="the tau values, one table row pair each (default: 0.5 0.1 0.01)")
     p.add_argument("--out", type=pathlib.Path, default=None,
                    help="folder for tau.json and tau.md (default: print only)")
+    p.add_argument("--batch1", action="store_true",
+                   help="the ablation with one example per B_k batch (groups "
+                   "elastic_fedavgm_<method>_b1[_tau<tau>]); writes tau_b1.json and tau_b1.md")
     args = p.parse_args()
-    t = table(args.runs, args.taus)
+    t = table(args.runs, args.taus, args.batch1)
     text = markdown(t)
     print(text)
     if args.out:
         args.out.mkdir(parents=True, exist_ok=True)
-        (args.out / "tau.json").write_text(json.dumps(t, indent=2) + "\n")
-        (args.out / "tau.md").write_text(text)
+        stem = "tau_b1" if args.batch1 else "tau"
+        (args.out / f"{stem}.json").write_text(json.dumps(t, indent=2) + "\n")
+        (args.out / f"{stem}.md").write_text(text)
 
 
 if __name__ == "__main__":
