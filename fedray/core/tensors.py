@@ -45,9 +45,10 @@ def add_scaled_(acc: torch.Tensor, value: torch.Tensor, alpha: float = 1.0) -> t
     the float32 update of every client folded into a float64 partial sum.
 
     Why not ``acc.add_(value, alpha=alpha)``: on the CPU torch's add with inputs of two
-    dtypes converts element by element outside its vectorized loop, 3.7x slower than
-    converting ``value`` in chunks to float64 and adding like to like (49 ms against 13 ms
-    for 6.5 M values, one thread) -- 40 ms of every LEAF CNN client's ~240 ms. The result is
+    dtypes converts element by element outside its vectorized loop, 3-3.7x slower than
+    converting ``value`` in chunks to float64 and adding like to like (41-49 ms against 13 ms
+    for 6.6 M values, one thread: benchmarks/cnn_client.py) -- 40 ms of every LEAF CNN
+    client's ~240 ms in a profile of cnn-20. The result is
     the same float64 number, bit for bit: float32 -> float64 is exact, and the add then is
     the same float64 ``acc + alpha * value`` (tests/core/test_tensors.py)."""
     if value.dtype == acc.dtype or acc.device.type != "cpu" or not acc.is_contiguous():
