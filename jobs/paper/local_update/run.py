@@ -21,8 +21,9 @@ rounds. The chosen pair then runs ``--rounds`` rounds with seeds 0, 1, 2. The al
     python jobs/paper/local_update/run.py --task shakespeare --tune-rounds 10 --rounds 100 \\
         --jobs 2 --set runtime.backend=inline --out docs/figures/local_update_shakespeare
 
-For Shakespeare every gamma runs seeds 0, 1, 2, and its eta search widens the grid one
-half-decade at a time (within line 1119's range, 10^-3 to 10) until the pick is interior.
+For Shakespeare every gamma runs seeds 0, 1, 2, and its eta search starts at {0.1, 1} and
+runs the pick's missing half-decade neighbours (within line 1119's range, 10^-3 to 10) until
+both have been run and lost: every pick is interior.
 
 Writes report.md (the grid, the choices, the final accuracies per seed) and a figure of the
 selection metric per round (mean over the seeds, min-max band: test_accuracy.png for
@@ -87,8 +88,8 @@ STUDIES = {
         "tune_overrides": ["eval.every=0", "eval.central=false"],
         # the claims are about the training loss; the 12,481 test sequences take about 25 s
         "final_overrides": ["eval.every=0"],  # so one test, after the last round
-        # a pick at either end of the eta values tried: one half-decade beyond it, until
-        # the pick is interior or the next value leaves line 1119's range
+        # eta's search: the half-decade values of line 1119's range (10^-3 to 10) next to
+        # the pick, until both neighbours of the pick have been run and lost
         "widen_eta": (-3.0, 1.0),
     },
 }
@@ -141,15 +142,18 @@ def tune(study: dict, name: str, runs: str, rounds: int,
     scores = batch([(gamma0, e) for e in etas])
     eta = max(etas, key=lambda e: scores[(gamma0, e)])
     if fixed and study.get("widen_eta"):
+        # until both half-decade neighbours of the pick have been run and lost (or lie
+        # outside the seed's grid): run the missing one, pick again
         low, high = study["widen_eta"]
-        tried = sorted(etas)
-        while eta in (tried[0], tried[-1]):
-            e = round(2 * math.log10(eta)) / 2 + (0.5 if eta == tried[-1] else -0.5)
-            if not low <= e <= high:
-                break  # the pick sits at an end of the seed's own grid
-            new = grid(e)[0]
-            scores.update(batch([(gamma0, new)]))
-            tried = sorted([*tried, new])
+        tried = list(etas)
+        while True:
+            e = round(2 * math.log10(eta)) / 2
+            missing = [grid(n)[0] for n in (e - 0.5, e + 0.5)
+                       if low <= n <= high and grid(n)[0] not in tried]
+            if not missing:
+                break
+            scores.update(batch([(gamma0, missing[0])]))
+            tried.append(missing[0])
             eta = max(tried, key=lambda v: scores[(gamma0, v)])
     if fixed:
         return gamma0, eta, scores
