@@ -202,6 +202,9 @@ def main() -> None:
     p.add_argument("--jobs", type=int, default=1,
                    help="runs at a time, each in its own process: the settings are tuned "
                    "in parallel, then the final runs (default 1: one after another)")
+    p.add_argument("--report-only", action="store_true",
+                   help="run no final run: write the report and figure from the final runs "
+                   "already finished under --runs (the report names the missing ones)")
     args = p.parse_args()
     study = dict(STUDIES[args.task])
     if args.only:
@@ -229,14 +232,22 @@ def main() -> None:
                            f"client.lr={gamma}", f"server.lr={eta}", f"seed={s}",
                            f"rounds={rounds}"], d, {}),))
             finals.setdefault(name, []).append(d)
-    _starmap(_run_one, todo, args.jobs)
+    missing = []
+    if args.report_only:
+        missing = [d for ds in finals.values() for d in ds
+                   if not os.path.exists(os.path.join(d, "summary.json"))]
+        finals = {n: [d for d in ds if d not in missing] for n, ds in finals.items()}
+        study["panels"] = {t: [n for n in names if finals[n]]
+                           for t, names in study["panels"].items()}
+    else:
+        _starmap(_run_one, todo, args.jobs)
     os.makedirs(args.out, exist_ok=True)
-    write_report(args.out, study, chosen, finals, rounds, args.tune_rounds)
+    write_report(args.out, study, chosen, finals, rounds, args.tune_rounds, missing)
     plot(args.out, study, finals)
 
 
 def write_report(out: str, study: dict, chosen: dict, finals: dict, rounds: int,
-                 tune_rounds: int) -> None:
+                 tune_rounds: int, missing: list[str] = ()) -> None:
     metric = study["metric"]
     rule = ("mean test accuracy" if metric == "test_accuracy"
             else "mean training loss (smaller is better)")
@@ -244,10 +255,15 @@ def write_report(out: str, study: dict, chosen: dict, finals: dict, rounds: int,
              f"Tuned on seed 0 over {tune_rounds} rounds; final runs {rounds} rounds, "
              f"seeds {', '.join(map(str, SEEDS))}. Selection: {rule} over the last "
              "third of the rounds.", "",
+             *([f"Not finished, so left out: {', '.join(os.path.basename(d) for d in missing)}.",
+                ""] if missing else []),
              "| setting | gamma | eta | final test accuracy (mean ± std) | per seed | "
              "test accuracy, last third | training loss, last third |",
              "|---|---|---|---|---|---|---|"]
     for name, (gamma, eta, _) in chosen.items():
+        if not finals[name]:
+            lines.append(f"| {name} | {gamma:g} | {eta:g} | no finished run | — | — | — |")
+            continue
         finals_acc = [curve(d)[-1] for d in finals[name]]
         tails = [score(d) for d in finals[name]]
         losses = [-score(d, "train_loss") for d in finals[name]]
@@ -278,7 +294,7 @@ def loss_windows(chosen: dict, finals: dict, rounds: int) -> list[str]:
     lines = ["", "Training loss of the final runs, mean over each window of rounds "
              "(mean ± std over the seeds; per seed in brackets)", "",
              f"| setting | {head} |", "|---|" + "---|" * len(windows)]
-    for name in chosen:
+    for name in (n for n in chosen if finals[n]):
         cells = []
         for a, b in windows:
             per = [statistics.mean(v for r, v in rounds_and(d, "train_loss") if a <= r <= b)
