@@ -18,8 +18,12 @@ rounds. The chosen pair then runs ``--rounds`` rounds with seeds 0, 1, 2. The al
 
     python jobs/paper/local_update/run.py --tune-rounds 8 --rounds 20 \\
         --out docs/figures/local_update_femnist
-    python jobs/paper/local_update/run.py --task shakespeare --tune-rounds 15 --rounds 30 \\
-        --out docs/figures/local_update_shakespeare
+    python jobs/paper/local_update/run.py --task shakespeare --tune-rounds 10 --rounds 100 \\
+        --jobs 2 --set runtime.backend=inline --out docs/figures/local_update_shakespeare
+
+For Shakespeare every gamma runs seeds 0, 1, 2, and its eta search starts at {0.1, 1} and
+runs the pick's missing half-decade neighbours (within line 1119's range, 10^-3 to 10) until
+both have been run and lost: every pick is interior.
 
 Writes report.md (the grid, the choices, the final accuracies per seed) and a figure of the
 selection metric per round (mean over the seeds, min-max band: test_accuracy.png for
@@ -73,14 +77,20 @@ STUDIES = {
     # grid by line 1121's rule (smallest mean training loss over the last rounds)
     "shakespeare": {
         "jobs": ROOT / "jobs" / "shakespeare",
+        # the end points first, so that a sweep cut short still has them on every seed
         "settings": {f"gamma={g:g}": ("local_update.yaml", [], grid(-1.0, 0.0), g)
-                     for g in (0.0, 0.1, 1.0)},
+                     for g in (0.0, 1.0, 0.1)},
         "panels": {"Theta_{1:10}, alpha = 0, eta tuned per gamma":
                    ["gamma=0", "gamma=0.1", "gamma=1"]},
         "title": "Shakespeare (First Folio), LOCALUPDATE Theta_{1:10}, LSTM",
         "metric": "train_loss",
-        "tune_overrides": ["eval.every=0"],  # tuning reads the training loss: one test at the end
-        "more_seeds_for_best": True,  # seed 0 for every gamma, seeds 1 and 2 for the best
+        # tuning reads the training loss only: no test set evaluation
+        "tune_overrides": ["eval.every=0", "eval.central=false"],
+        # the claims are about the training loss; the 12,481 test sequences take about 25 s
+        "final_overrides": ["eval.every=0"],  # so one test, after the last round
+        # eta's search: the half-decade values of line 1119's range (10^-3 to 10) next to
+        # the pick, until both neighbours of the pick have been run and lost
+        "widen_eta": (-3.0, 1.0),
     },
 }
 
@@ -108,9 +118,12 @@ def rounds_and(run_dir: str, metric: str) -> list[tuple[int, float]]:
     return [(r["round"], r[metric]) for r in rows if metric in r]
 
 
-def tune(study: dict, name: str, runs: str, rounds: int) -> tuple[float, float, dict]:
+def tune(study: dict, name: str, runs: str, rounds: int,
+         overrides: tuple[str, ...] = ()) -> tuple[float, float, dict]:
     """Coordinate search on seed 0: eta at gamma0, then gamma one grid step either side at
-    the chosen eta; a setting that fixes gamma (a fourth entry) tunes eta only."""
+    the chosen eta; a setting that fixes gamma (a fourth entry) tunes eta only (widening
+    its values until the pick is interior where the study sets ``widen_eta``).
+    ``overrides`` go to every run (``--set``)."""
     job, extra, etas, *fixed = study["settings"][name]
     path = str(study["jobs"] / job)
     metric = study["metric"]
@@ -120,13 +133,28 @@ def tune(study: dict, name: str, runs: str, rounds: int) -> tuple[float, float, 
         return os.path.join(runs, "grid", f"{name}-g{gamma:g}-e{eta:g}")
 
     def batch(pairs):
-        run_all([(path, [*extra, *study.get("tune_overrides", []), f"client.lr={g}",
-                         f"server.lr={e}", "seed=0", f"rounds={rounds}"], out(g, e), {})
+        run_all([(path, [*extra, *study.get("tune_overrides", []), *overrides,
+                         f"client.lr={g}", f"server.lr={e}", "seed=0", f"rounds={rounds}"],
+                  out(g, e), {})
                  for g, e in pairs])
         return {(g, e): score(out(g, e), metric) for g, e in pairs}
 
     scores = batch([(gamma0, e) for e in etas])
     eta = max(etas, key=lambda e: scores[(gamma0, e)])
+    if fixed and study.get("widen_eta"):
+        # until both half-decade neighbours of the pick have been run and lost (or lie
+        # outside the seed's grid): run the missing one, pick again
+        low, high = study["widen_eta"]
+        tried = list(etas)
+        while True:
+            e = round(2 * math.log10(eta)) / 2
+            missing = [grid(n)[0] for n in (e - 0.5, e + 0.5)
+                       if low <= n <= high and grid(n)[0] not in tried]
+            if not missing:
+                break
+            scores.update(batch([(gamma0, missing[0])]))
+            tried.append(missing[0])
+            eta = max(tried, key=lambda v: scores[(gamma0, v)])
     if fixed:
         return gamma0, eta, scores
     gammas = grid(study["gamma0"] - 0.5, study["gamma0"] + 0.5)
@@ -148,11 +176,35 @@ def tune(study: dict, name: str, runs: str, rounds: int) -> tuple[float, float, 
     return gamma, eta, scores
 
 
+def _run_one(run) -> None:
+    run_all([run])
+
+
+def _starmap(fn, calls: list[tuple], jobs: int) -> list:
+    """fn(*call) for every call: one after another, or in ``jobs`` separate processes."""
+    if jobs <= 1:
+        return [fn(*call) for call in calls]
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor
+
+    with ProcessPoolExecutor(jobs, mp_context=multiprocessing.get_context("spawn")) as pool:
+        return list(pool.map(fn, *zip(*calls, strict=True)))
+
+
 def main() -> None:
     p = parser(__doc__, "runs/paper/local_update")
     p.add_argument("--task", choices=sorted(STUDIES), default="femnist")
     p.add_argument("--tune-rounds", type=int, default=10)
     p.add_argument("--only", help="comma-separated settings to run (default: all)")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                   help="an override for every run, tuning and final (repeatable; e.g. "
+                   "runtime.backend=inline, so that --jobs processes do not each start Ray)")
+    p.add_argument("--jobs", type=int, default=1,
+                   help="runs at a time, each in its own process: the settings are tuned "
+                   "in parallel, then the final runs (default 1: one after another)")
+    p.add_argument("--report-only", action="store_true",
+                   help="run no final run: write the report and figure from the final runs "
+                   "already finished under --runs (the report names the missing ones)")
     args = p.parse_args()
     study = dict(STUDIES[args.task])
     if args.only:
@@ -163,46 +215,55 @@ def main() -> None:
         study["panels"] = {t: names for t, names in study["panels"].items() if names}
     runs = os.path.join(args.runs, args.task)
     rounds = args.rounds or 30
-    chosen, finals = {}, {}
-
-    def final(name: str, seeds: tuple[int, ...]) -> None:
-        job, extra, *_ = study["settings"][name]
-        gamma, eta, _ = chosen[name]
-        dirs = [os.path.join(runs, "final", f"{name}-g{gamma:g}-e{eta:g}-s{s}") for s in seeds]
-        run_all([(str(study["jobs"] / job), [*extra, f"client.lr={gamma}", f"server.lr={eta}",
-                                              f"seed={s}", f"rounds={rounds}"], d, {})
-                 for s, d in zip(seeds, dirs, strict=True)])
-        finals.setdefault(name, []).extend(dirs)
-
-    for name in study["settings"]:
-        chosen[name] = gamma, eta, scores = tune(study, name, runs, args.tune_rounds)
+    overrides = tuple(args.set)
+    names = list(study["settings"])
+    tuned = _starmap(tune, [(study, n, runs, args.tune_rounds, overrides) for n in names],
+                     args.jobs)
+    chosen = dict(zip(names, tuned, strict=True))
+    finals, todo = {}, []
+    for name, (gamma, eta, scores) in chosen.items():
         print(f"{name}: gamma {gamma:g}, eta {eta:g} (seed-0 score "
               f"{scores[(gamma, eta)]:.4f} over {len(scores)} grid runs)", flush=True)
-        final(name, SEEDS if not study.get("more_seeds_for_best") else SEEDS[:1])
-    if study.get("more_seeds_for_best"):  # the other seeds for the best setting only
-        best = max(finals, key=lambda n: score(finals[n][0], study["metric"]))
-        print(f"best on seed 0: {best}; seeds {SEEDS[1:]} for it", flush=True)
-        final(best, SEEDS[1:])
+        job, extra, *_ = study["settings"][name]
+        for s in SEEDS:
+            d = os.path.join(runs, "final", f"{name}-g{gamma:g}-e{eta:g}-s{s}")
+            todo.append(((str(study["jobs"] / job),
+                          [*extra, *study.get("final_overrides", []), *overrides,
+                           f"client.lr={gamma}", f"server.lr={eta}", f"seed={s}",
+                           f"rounds={rounds}"], d, {}),))
+            finals.setdefault(name, []).append(d)
+    missing = []
+    if args.report_only:
+        missing = [d for ds in finals.values() for d in ds
+                   if not os.path.exists(os.path.join(d, "summary.json"))]
+        finals = {n: [d for d in ds if d not in missing] for n, ds in finals.items()}
+        study["panels"] = {t: [n for n in names if finals[n]]
+                           for t, names in study["panels"].items()}
+    else:
+        _starmap(_run_one, todo, args.jobs)
     os.makedirs(args.out, exist_ok=True)
-    write_report(args.out, study, chosen, finals, rounds, args.tune_rounds)
+    write_report(args.out, study, chosen, finals, rounds, args.tune_rounds, missing)
     plot(args.out, study, finals)
 
 
 def write_report(out: str, study: dict, chosen: dict, finals: dict, rounds: int,
-                 tune_rounds: int) -> None:
+                 tune_rounds: int, missing: list[str] = ()) -> None:
     metric = study["metric"]
     rule = ("mean test accuracy" if metric == "test_accuracy"
             else "mean training loss (smaller is better)")
-    which = (" for the best setting on seed 0 (the others: seed 0)"
-             if study.get("more_seeds_for_best") else "")
     lines = [f"# {study['title']}", "",
              f"Tuned on seed 0 over {tune_rounds} rounds; final runs {rounds} rounds, "
-             f"seeds {', '.join(map(str, SEEDS))}{which}. Selection: {rule} over the last "
+             f"seeds {', '.join(map(str, SEEDS))}. Selection: {rule} over the last "
              "third of the rounds.", "",
+             *([f"Not finished, so left out: {', '.join(os.path.basename(d) for d in missing)}.",
+                ""] if missing else []),
              "| setting | gamma | eta | final test accuracy (mean ± std) | per seed | "
              "test accuracy, last third | training loss, last third |",
              "|---|---|---|---|---|---|---|"]
     for name, (gamma, eta, _) in chosen.items():
+        if not finals[name]:
+            lines.append(f"| {name} | {gamma:g} | {eta:g} | no finished run | — | — | — |")
+            continue
         finals_acc = [curve(d)[-1] for d in finals[name]]
         tails = [score(d) for d in finals[name]]
         losses = [-score(d, "train_loss") for d in finals[name]]
@@ -212,6 +273,8 @@ def write_report(out: str, study: dict, chosen: dict, finals: dict, rounds: int,
                      f"{spread} | "
                      f"{', '.join(f'{a:.3f}' for a in finals_acc)} | "
                      f"{statistics.mean(tails):.4f} | {statistics.mean(losses):.4f} |")
+    if metric == "train_loss":
+        lines += loss_windows(chosen, finals, rounds)
     lines += ["", f"Grid (seed 0): the selection score per (gamma, eta) ({rule}; "
               "-inf: diverged)", "", "| setting | gamma | eta | score |", "|---|---|---|---|"]
     for name, (_, _, scores) in chosen.items():
@@ -220,6 +283,27 @@ def write_report(out: str, study: dict, chosen: dict, finals: dict, rounds: int,
                          f"{abs(sc) if math.isfinite(sc) else sc:.4f} |")
     Path(out, "report.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
+
+
+def loss_windows(chosen: dict, finals: dict, rounds: int) -> list[str]:
+    """The mean training loss of each final run over rounds 1-10, the first third and the
+    last third: mean ± std over the seeds, then per seed."""
+    third = max(1, rounds // 3)
+    windows = [(1, min(10, rounds)), (1, third), (rounds - third + 1, rounds)]
+    head = " | ".join(f"rounds {a}-{b}" for a, b in windows)
+    lines = ["", "Training loss of the final runs, mean over each window of rounds "
+             "(mean ± std over the seeds; per seed in brackets)", "",
+             f"| setting | {head} |", "|---|" + "---|" * len(windows)]
+    for name in (n for n in chosen if finals[n]):
+        cells = []
+        for a, b in windows:
+            per = [statistics.mean(v for r, v in rounds_and(d, "train_loss") if a <= r <= b)
+                   for d in finals[name]]
+            sd = statistics.stdev(per) if len(per) > 1 else float("nan")
+            cells.append(f"{statistics.mean(per):.3f} ± {sd:.3f} "
+                         f"({', '.join(f'{v:.3f}' for v in per)})")
+        lines.append(f"| {name} | {' | '.join(cells)} |")
+    return lines
 
 
 def plot(out: str, study: dict, finals: dict) -> None:
