@@ -61,18 +61,19 @@ def main(run_dir: str, taus: tuple[float, ...] = TAUS) -> dict:
             "per_tensor_boosted": {}}
     print(
         f"{run_dir}: {model.num_params} parameters; boosted share by tau: "
-        + ", ".join(f"{t}: {float((ratio < t).double().mean()):.4f}" for t in taus)
+        + ", ".join(f"{t}: {profile['taus'][f'{t:g}']['boosted_share']:.4f}" for t in taus)
     )
     lo = 0
     for name, p in model.module.named_parameters():
         r = ratio[lo : lo + p.numel()]
         lo += p.numel()
-        for t in taus:
-            profile["taus"][f"{t:g}"]["per_tensor_boosted"][name] = float((r < t).double().mean())
+        shares = {f"{t:g}": float((r < t).double().mean()) for t in taus}
+        for key, share in shares.items():
+            profile["taus"][key]["per_tensor_boosted"][name] = share
         print(
             f"  {name:10s} {p.numel():7d}  max {float(r.max()):.4f}  median "
             f"{float(r.median()):.2e}  below tau: "
-            + ", ".join(f"{t}: {float((r < t).double().mean()):.3f}" for t in taus)
+            + ", ".join(f"{t}: {shares[f'{t:g}']:.3f}" for t in taus)
         )
     return profile
 
