@@ -112,22 +112,36 @@ def ray_session(*a, **k):
     wrap(ray, "shutdown", "shutdown")
     return _ray_session(*a, **k)
 session.ray_session = ray_session
+_run_inline = getattr(api, "_run_inline", None)
+def run_inline(*a, **k):  # runtime.backend inline or auto: the driver in this process
+    from fedray.runtime.driver import Driver
+    for attr, label in (("setup", "isetup"), ("run_round", "iround"), ("finish", "ifinish")):
+        wrap(Driver, attr, label)
+    return _run_inline(*a, **k)
+if _run_inline is not None:
+    api._run_inline = run_inline
 sys.argv = ["fedray", "run", *sys.argv[1:]]
 fedray.cli.entry()
 """
 
 # The phases, each ending at its mark and starting where the one before it ended; a mark a
 # fedray version never reaches (a second prepare it does not make) counts as reached at the
-# previous one, so its phase is 0 and the phases always add up to the whole. ``R`` is the
-# number of rounds: session.get #0 is setup, #1 begin, #2..#R+1 the rounds, #R+2 finish.
+# previous one, so its phase is 0 and the phases always add up to the whole. A run's first
+# ``I`` rounds may run in this process (runtime.backend inline, or auto before its hand-over
+# to Ray: the Driver's own methods, isetup/iround/ifinish), the other ``R`` on Ray, where
+# session.get #0 is setup, #1 begin, #2..#R+1 the rounds, #R+2 finish.
 PHASES = [
     ("interpreter start", "python"),
     ("import fedray.cli", "cli_imported"),
     ("check the job (CLI)", "prepare#0:out"),
     ("fedray.run: prepare the job", "prepare#1:out"),
+    ("in this process: build the client source", "source@here"),
+    ("in this process: driver setup", "isetup#0:out"),
+    ("in this process: rounds", "iround#{I-1}:out"),
+    ("in this process: finish", "ifinish#0:out"),
     ("imports for a Ray run", "ray_session:in"),
     ("start Ray (ray.init)", "init#0:out"),
-    ("build the client source", "_build_source#0:out"),
+    ("build the client source", "source@ray"),
     ("submit driver and workers", "get#0:in"),
     ("driver setup", "get#0:out"),
     ("begin", "get#2:in"),
@@ -144,19 +158,37 @@ def phases(marks: dict[str, float], summary: dict, metrics: list[dict]) -> dict[
     """Seconds per phase of one process's ``marks`` (name -> time.time()), with the driver's
     setup split by summary.json's ``pool_start_s`` (its wait for the workers) and the rounds
     by metrics.jsonl (training, evaluation, the rest: metrics and checkpoint writes)."""
-    rounds = len(metrics)
+    # the client source is built by the check of the job (for the model's shapes), for
+    # the rounds in this process, and on Ray: the last build before each part's setup
+    built = sorted(t for m, t in marks.items() if m.startswith("_build_source#")
+                   and m.endswith(":out"))
+    marks = dict(marks)
+    for key, setup in (("source@here", "isetup#0:in"), ("source@ray", "get#0:in")):
+        before = [t for t in built if setup in marks and t <= marks[setup]]
+        if before:
+            marks[key] = before[-1]
+    here = sum(1 for m in marks if m.startswith("iround#") and m.endswith(":in"))
+    rounds = len(metrics) - here
+    at_count = {"{I-1}": here - 1, "{R+1}": rounds + 1, "{R+2}": rounds + 2}
     out, last = {}, marks["exec"]
     for name, mark in PHASES:
-        at = marks.get(mark.replace("{R+1}", str(rounds + 1)).replace("{R+2}",
-                                                                       str(rounds + 2)), last)
+        for k, v in at_count.items():
+            mark = mark.replace(k, str(v))
+        at = marks.get(mark, last)
         out[name], last = at - last, max(at, last)
     wait = min(summary.get("pool_start_s", 0.0), out["driver setup"])
-    train = sum(m["train_s"] for m in metrics)
-    wall = sum(m["wall_s"] for m in metrics)
+
+    def by_round(label: str, rows: list[dict], whole: float) -> dict[str, float]:
+        train = sum(m["train_s"] for m in rows)
+        wall = sum(m["wall_s"] for m in rows)
+        return {f"{label}: train": train, f"{label}: evaluate": wall - train,
+                f"{label}: the rest": whole - wall}
+
     split = {"driver setup": {"driver: boot, imports, setup": out["driver setup"] - wait,
                               "driver waits for its workers": wait},
-             "rounds": {"rounds: train": train, "rounds: evaluate": wall - train,
-                        "rounds: the rest": out["rounds"] - wall}}
+             "in this process: rounds": by_round("in this process: rounds", metrics[:here],
+                                                 out["in this process: rounds"]),
+             "rounds": by_round("rounds", metrics[here:], out["rounds"])}
     out = {k: v for name, t in out.items() for k, v in split.get(name, {name: t}).items()}
     out["total"] = marks["exit"] - marks["exec"]
     return out

@@ -191,3 +191,28 @@ def test_startup_phases_add_up_to_the_whole_process():
     assert (out["rounds: train"], out["rounds: evaluate"]) == (0.5, 0.25)
     assert out["rounds: the rest"] == marks["get#2:out"] - marks["get#2:in"] - 0.75
     assert out["finish: write outputs"] == marks["get#3:out"] - marks["get#2:out"]
+
+
+def test_startup_phases_of_a_run_handed_over_to_ray():
+    """runtime.backend auto: its first round in the CLI's process (the Driver's own
+    methods, marked isetup/iround), the second on Ray (session.get #2); each part's rounds
+    split by its own metrics lines."""
+    startup = _benchmark("startup")
+    t = iter(range(100))
+    marks = {name: float(next(t)) for name in [
+        "exec", "python", "cli_imported", "prepare#0:in", "prepare#0:out", "run#0:in",
+        "isetup#0:in", "isetup#0:out", "iround#0:in", "iround#0:out",
+        "ray_session:in", "init#0:in", "init#0:out", "_build_source#0:in",
+        "_build_source#0:out", "get#0:in", "get#0:out", "get#1:in", "get#1:out", "get#2:in",
+        "get#2:out", "get#3:in", "get#3:out", "get#4:in", "get#4:out", "kill_actors#0:in",
+        "kill_actors#0:out", "shutdown#0:in", "shutdown#0:out", "main_returned", "exit"]}
+    metrics = [{"train_s": 0.5, "wall_s": 0.75}, {"train_s": 0.25, "wall_s": 0.5}]
+    out = startup.phases(marks, {"pool_start_s": 0.25}, metrics)
+    assert out.pop("total") == marks["exit"] - marks["exec"] == sum(out.values())
+    assert out["in this process: driver setup"] == marks["isetup#0:out"] - marks["prepare#0:out"]
+    assert out["in this process: rounds: train"] == 0.5
+    assert out["in this process: rounds: the rest"] == 2 - 0.75  # iround#0 out - isetup out
+    assert out["in this process: finish"] == 0  # handed over: no finish here
+    assert out["imports for a Ray run"] == marks["ray_session:in"] - marks["iround#0:out"]
+    assert (out["rounds: train"], out["rounds: evaluate"]) == (0.25, 0.25)
+    assert out["finish: write outputs"] == marks["get#3:out"] - marks["get#2:out"]
