@@ -45,6 +45,8 @@ if TYPE_CHECKING:  # torch is imported where a run starts: a bad config fails wi
     import torch
     from torch import nn
 
+    from fedray.runtime.handover import HandOver
+
 
 @dataclass
 class RunResult:
@@ -183,7 +185,8 @@ def _check_parts_against_model(cfg: DictConfig, client_data: Mapping | None,
     def make_model() -> Any:
         from fedray.core.models import source_model_factory
 
-        source = _build_source(job, client_data, test_data, manifest)
+        source = _build_source(job, client_data, test_data, manifest,
+                               in_process=job.runtime.backend == "inline")
         return (model_fn or source_model_factory(job.model, source))()
 
     check_against_model(resolved, make_model)
@@ -429,17 +432,28 @@ def run_callbacks(cfg: DictConfig, progress: Callable[[dict], None] | Callback |
 
 
 def _drive(call: Callable[..., Any], cfg: DictConfig, url: str, callbacks: Callbacks,
-           metrics: list[dict]) -> tuple[dict, dict]:
+           metrics: list[dict], handover: HandOver | None = None,
+           carried: dict | None = None) -> tuple[dict | None, dict | None, dict | None]:
     """The rounds, once the driver is set up: ``call(method, *args)`` runs one of its
     methods (on the actor, or in this process), one round at a time, with the callbacks
-    after each. Returns the summary and the final weights; ``metrics`` gets the rounds."""
-    start = call("begin")
+    after each. Returns the summary and the final weights; ``metrics`` gets the rounds.
+
+    ``handover`` (runtime.backend auto, in this process): after a round it may decide that
+    another driver, on Ray, runs the rest; then the summary and weights are None and the
+    third value is what that driver's ``begin`` takes as ``carried`` (the run's callbacks
+    have had their start, and get their end from that driver's rounds)."""
+    import time
+
+    start = call("begin", carried)
     try:
-        callbacks.run_start(RunInfo(cfg, url, start["resumed_from"], start["past_metrics"]))
+        if carried is None:
+            callbacks.run_start(RunInfo(cfg, url, start["resumed_from"],
+                                        start["past_metrics"]))
         stopped = None
         if start.get("stopped_by"):  # resumed past a privacy budget: no round may run
             stopped = start["start_round"] - 1
         for r in range(start["start_round"], cfg.rounds + 1 if stopped is None else 0):
+            t0 = time.perf_counter()
             m, weights = call("run_round", r, callbacks.needs_weights)
             metrics.append(m)
             if m.get("diverged"):  # guard.non_finite=warn: said once, the run goes on
@@ -449,44 +463,87 @@ def _drive(call: Callable[..., Any], cfg: DictConfig, url: str, callbacks: Callb
             if (callbacks.round_end(r, m, weights) or m.get("stopped_by")) and r < cfg.rounds:
                 stopped = r  # the last round needs no stopping: the run ends normally
                 break
+            if handover is not None and handover.due(r, time.perf_counter() - t0):
+                passed = call("hand_over", r)
+                if passed is not None:
+                    return None, None, passed
+                handover = None  # no finite checkpoint to resume from: the run stays here
         summary = call("finish", stopped)
         weights = call("state_dict")
     except BaseException as exc:
         callbacks.run_failed(exc)
         raise
     callbacks.run_end(summary)
-    return summary, weights
+    return summary, weights, None
 
 
 def _run_claimed(cfg: DictConfig, url: str, model_fn: Callable | None,
                  client_data: Mapping | None, test_data: tuple | None, manifest: dict | None,
                  callbacks: Callbacks, resume: str | None, metrics: list[dict]) -> RunResult:
     """The run, once its directory is claimed: Ray, the driver and its workers, every round
-    (appended to ``metrics`` as they arrive)."""
-    from fedray.algorithms.registry import resolve
+    (appended to ``metrics`` as they arrive). ``runtime.backend: auto`` starts in this
+    process and hands the run to Ray if it is long (fedray.runtime.handover)."""
     from fedray.core.models import source_model_factory
 
     job = typed(cfg)  # the sections each part of the run is handed
-    if job.runtime.backend == "inline":
-        source = _build_source(job, client_data, test_data, manifest)
-        make_model = model_fn or source_model_factory(job.model, source)
-        summary, weights = _run_inline(cfg, url, source, make_model, callbacks, resume,
-                                       metrics)
-        return RunResult(weights=weights, metrics=metrics, summary=summary, run_dir=url,
-                         config=cfg)
+    backend = job.runtime.backend
+    carried = None
+    if backend == "auto":
+        from fedray.runtime.handover import ray_from_the_start
 
+        backend = "ray" if ray_from_the_start(job.runtime) else "auto"
+    if backend in ("inline", "auto"):
+        source = _build_source(job, client_data, test_data, manifest, in_process=True)
+        make_model = model_fn or source_model_factory(job.model, source)
+        summary, weights, carried = _run_inline(cfg, url, source, make_model, callbacks,
+                                                resume, metrics, auto=backend == "auto")
+        if carried is None:
+            return RunResult(weights=weights, metrics=metrics, summary=summary, run_dir=url,
+                             config=cfg)
+    if carried is None:
+        summary, weights = _run_ray(cfg, url, model_fn, client_data, test_data, manifest,
+                                    callbacks, resume, metrics)
+    else:
+        try:  # the run's callbacks have seen it start: they hear of a failure from here on
+            summary, weights = _run_ray(cfg, url, model_fn, client_data, test_data, manifest,
+                                        callbacks, resume, metrics, carried)
+        except BaseException as exc:
+            if not getattr(exc, "_fedray_told", False):
+                callbacks.run_failed(exc)
+            raise
+    return RunResult(weights=weights, metrics=metrics, summary=summary, run_dir=url, config=cfg)
+
+
+def _run_ray(cfg: DictConfig, url: str, model_fn: Callable | None, client_data: Mapping | None,
+             test_data: tuple | None, manifest: dict | None, callbacks: Callbacks,
+             resume: str | None, metrics: list[dict], carried: dict | None = None
+             ) -> tuple[dict, dict]:
+    """The driver actor and its workers on Ray; ``carried``: the run's first rounds ran in
+    this process (runtime.backend auto), and the driver resumes from their checkpoint with
+    the same count of workers where the cluster fits it."""
     import ray
 
+    from fedray.algorithms.registry import resolve
+    from fedray.core.models import source_model_factory
     from fedray.runtime import session
     from fedray.runtime.driver import Driver
     from fedray.runtime.pool import launch_workers, pool_size
     from fedray.runtime.session import ray_session
 
+    job = typed(cfg)
     with ray_session(job.runtime):
         source = _build_source(job, client_data, test_data, manifest)
         make_model = model_fn or source_model_factory(job.model, source)
         strategy, resources = _placement()
-        num_workers = pool_size(job.runtime, job.sampling.clients_per_round, resources)
+        cpr = job.sampling.clients_per_round
+        num_workers = pool_size(job.runtime, cpr, resources)
+        if carried is not None and carried["num_workers"] != num_workers:
+            try:
+                num_workers = pool_size(job.runtime, cpr, resources, carried["num_workers"])
+            except FedrayError:
+                _note(f"runtime.backend=auto: Ray has room for {num_workers} workers, not the "
+                      f"{carried['num_workers']} the first rounds ran with; float64 sums may "
+                      "differ in their last bits from a run on one backend")
         driver_cls = ray.remote(Driver).options(num_cpus=0, scheduling_strategy=strategy)
         driver = driver_cls.remote()
         w = job.runtime.worker  # its workers start beside it; it configures them in setup()
@@ -505,55 +562,85 @@ def _run_claimed(cfg: DictConfig, url: str, model_fn: Callable | None,
 
         try:  # from here on, the driver and the launched workers end with the run
             notes = call("setup", OmegaConf.to_container(cfg, resolve=True), source,
-                         make_model, num_workers, url, resume is not None, launched,
+                         make_model, num_workers, url,
+                         resume is not None or carried is not None, launched,
                          resolve(job.algorithm, job.server))
+            said = carried["notes"] if carried is not None else ()
             for note in notes:
-                _note(note)
-            summary, weights = _drive(call, cfg, url, callbacks, metrics)
+                if note not in said:  # the first rounds' driver said it already
+                    _note(note)
+            if carried is not None:
+                carried = {k: v for k, v in carried.items() if k not in ("notes",
+                                                                          "num_workers")}
+            try:
+                summary, weights, _ = _drive(call, cfg, url, callbacks, metrics,
+                                             carried=carried)
+            except BaseException as exc:
+                exc._fedray_told = True  # _drive has told the callbacks
+                raise
         finally:  # replacement workers go with the driver
             session.kill_actors((driver, *launched))
-    return RunResult(weights=weights, metrics=metrics, summary=summary, run_dir=url, config=cfg)
+    return summary, weights
 
 
 def _run_inline(cfg: DictConfig, url: str, source: Any, make_model: Callable,
-                callbacks: Callbacks, resume: str | None,
-                metrics: list[dict]) -> tuple[dict, dict]:
+                callbacks: Callbacks, resume: str | None, metrics: list[dict],
+                auto: bool = False) -> tuple[dict | None, dict | None, dict | None]:
     """``runtime.backend: inline``: the Driver class and ``runtime.num_workers`` (default
     1) workers as objects of this process (fedray.runtime.inline), no Ray call on the way. The
     driver and the workers set torch's thread count and global seed, as they do in their
-    own processes; this process gets both back when the run ends."""
+    own processes; this process gets both back when the run ends.
+
+    ``auto``: runtime.backend auto's first rounds, with the workers a Ray run would have
+    (``runtime.num_workers``, or as many as this machine's CPUs fit), a part's error in one
+    line as on Ray, and the hand-over rule (fedray.runtime.handover); returns what the
+    Ray driver carries on with when the rule hands the run over (summary and weights
+    then None)."""
     import torch
 
     from fedray.algorithms.registry import resolve
     from fedray.runtime.driver import Driver
 
     job = typed(cfg)
-    num_workers = job.runtime.num_workers or 1
-    if job.runtime.worker.num_gpus > 0:
-        _note("runtime.backend=inline: the workers train on this process's CPU; "
-              "runtime.worker.num_gpus is not used")
+    handover = None
+    if auto:
+        from fedray.runtime.handover import HandOver, local_resources
+        from fedray.runtime.pool import pool_size
+
+        num_workers = pool_size(job.runtime, job.sampling.clients_per_round,
+                                local_resources(job.runtime))
+        handover = HandOver(cfg.rounds, job.runtime.auto_inline_s, _note)
+    else:
+        num_workers = job.runtime.num_workers or 1
+        if job.runtime.worker.num_gpus > 0:
+            _note("runtime.backend=inline: the workers train on this process's CPU; "
+                  "runtime.worker.num_gpus is not used")
     threads = torch.get_num_threads()
     try:
         with torch.random.fork_rng(devices=[]):
             driver = Driver()
             notes = driver.setup(OmegaConf.to_container(cfg, resolve=True), source, make_model,
                                  num_workers, url, resume is not None, None,
-                                 resolve(job.algorithm, job.server))
+                                 resolve(job.algorithm, job.server), in_process=True)
             for note in notes:
                 _note(note)
-            return _drive(lambda method, *args: getattr(driver, method)(*args), cfg, url,
-                          callbacks, metrics)
+            summary, weights, carried = _drive(
+                lambda method, *args: getattr(driver, method)(*args), cfg, url, callbacks,
+                metrics, handover)
+            if carried is not None:
+                carried |= {"notes": list(notes), "num_workers": num_workers}
+            return summary, weights, carried
     finally:
         torch.set_num_threads(threads)
 
 
 def _build_source(job: FedrayConfig, client_data: Mapping | None, test_data: tuple | None,
-                  manifest: dict | None) -> Any:
-    """The run's client source, from its ``data`` section (or ``client_data``)."""
+                  manifest: dict | None, in_process: bool = False) -> Any:
+    """The run's client source, from its ``data`` section (or ``client_data``);
+    ``in_process``: for workers that are objects of this process."""
     from fedray.data.client_source import build_source
 
-    return build_source(job.data, client_data, test_data, manifest,
-                        in_process=job.runtime.backend == "inline")
+    return build_source(job.data, client_data, test_data, manifest, in_process=in_process)
 
 
 def _note(text: str) -> None:

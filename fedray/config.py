@@ -261,9 +261,14 @@ class RuntimeConfig(Section):
     # on, listening on dashboard_host -- loopback unless set to an interface on purpose
     dashboard: bool = False
     dashboard_host: str = "127.0.0.1"
-    # ray: the driver and workers are Ray actors; inline: objects of the calling process,
-    # without Ray, one task after another (debugging an algorithm with pdb, fast tests)
-    backend: str = "ray"
+    # auto: the first rounds in the calling process, the rest on Ray when they are
+    # projected to take over auto_inline_s there (fedray.runtime.handover); ray: the driver
+    # and workers are Ray actors; inline: objects of the calling process, without Ray, one
+    # task after another (debugging an algorithm with pdb, fast tests)
+    backend: str = "auto"
+    # seconds of rounds left, at the pace of those run so far, past which backend auto
+    # hands the run from the calling process to Ray
+    auto_inline_s: float = 20.0
     # local training's arithmetic (fedray/kernels/precision.py): fp32, or bf16 (each step's
     # forward pass under bfloat16 autocast; weights, gradients, losses and sums stay float32
     # or float64; evaluation stays float32)
@@ -896,7 +901,9 @@ def validate(cfg: DictConfig, population: int, *, custom_model: bool = False) ->
       "object store, in MiB) or null", rt.object_store_mb)
     r(rt.worker_timeout_s is None or rt.worker_timeout_s > 0, "runtime.worker_timeout_s",
       "must be > 0 or null (no limit)", rt.worker_timeout_s)
-    r(rt.backend in ("ray", "inline"), "runtime.backend", "must be ray or inline", rt.backend)
+    r(rt.backend in ("auto", "ray", "inline"), "runtime.backend", "must be auto, ray or inline",
+      rt.backend)
+    r(rt.auto_inline_s >= 0, "runtime.auto_inline_s", "must be >= 0", rt.auto_inline_s)
     r(rt.precision in ("fp32", "bf16"), "runtime.precision", "must be fp32 or bf16",
       rt.precision)
     r(rt.individual_updates_mb > 0, "runtime.individual_updates_mb", "must be > 0",

@@ -123,18 +123,22 @@ def _gone(procs, within_s: float) -> list:
         time.sleep(0.2)
 
 
-def _start_long_run(tmp_path, name: str):
+def _start_long_run(tmp_path, name: str, **runtime):
     """A CLI run printing a progress line every round, in its own session (as a shell runs
     a job), and its stderr file; returns once the first round is done."""
-    return _first_round(*_launch_long_run(tmp_path, name))
+    return _first_round(*_launch_long_run(tmp_path, name, **runtime))
 
 
-def _launch_long_run(tmp_path, name: str):
+def _launch_long_run(tmp_path, name: str, backend: str = "ray", **runtime):
+    """On Ray from its first round by default (what must end with the CLI is Ray's
+    processes); ``backend="auto"`` with a large ``auto_inline_s`` stays in the CLI's."""
     job = tmp_path / f"{name}.yaml"
     # one worker: a Ray of its own, its driver and a worker are what must end with the CLI;
     # a second worker would only be one more process to start
     job.write_text(yaml.safe_dump(tiny_job(tmp_path, name=name, rounds=500,
                                            eval={"every": 1}, runtime__num_workers=1,
+                                           runtime__backend=backend,
+                                           **{f"runtime__{k}": v for k, v in runtime.items()},
                                            output={"dir": str(tmp_path / name)})))
     err = open(tmp_path / f"{name}.err", "w+")
     env = dict(os.environ, RAY_USAGE_STATS_ENABLED="0")
@@ -155,15 +159,16 @@ def _first_round(proc, err):
     return proc, err
 
 
-def _stop(proc, err, signals: list, code: int, line: str | re.Pattern | None) -> None:
+def _stop(proc, err, signals: list, code: int, line: str | re.Pattern | None,
+          on_ray: bool = True) -> None:
     """Send ``signals`` to a run started by _start_long_run (a second one 0.3 s after the
     first, as a user pressing Ctrl-C twice); check how it ended, and that every Ray process
-    it had started is gone within 10 s."""
+    it had started (``on_ray``; else none) is gone within 10 s."""
     import signal
     import time
 
     ray_procs = _tree(proc.pid)
-    assert any(p.name().startswith("ray::") for p in ray_procs)
+    assert any(p.name().startswith("ray::") for p in ray_procs) == on_ray
     for i, sig in enumerate(signals):
         if sig == signal.SIGINT:
             os.killpg(proc.pid, sig)  # Ctrl-C at a terminal: the whole process group
@@ -259,6 +264,25 @@ def test_two_runs_on_one_output_dir_and_sigterm(tmp_path):
             proc.kill()
     assert (tmp_path / "first" / "metrics.jsonl").read_text().count("\n") >= 1
     assert not (tmp_path / "first" / ".fedray.lock").exists()
+
+
+def test_a_run_still_in_the_cli_process_stops_as_one_on_ray(tmp_path):
+    """runtime.backend auto before any hand-over (a large auto_inline_s): the rounds run in
+    the CLI's own process, which SIGTERM stops with the same line and exit status, its
+    rounds kept, its lock released, no process of its own left."""
+    import signal
+
+    proc, err = _start_long_run(tmp_path, "here", backend="auto", auto_inline_s=1e9)
+    try:
+        _stop(proc, err, [signal.SIGTERM], 143, re.compile(
+            r"fedray: terminated; (its checkpoint after round \d+ is intact|it has no "
+            r"checkpoint yet \(a resume starts from round 1\)); continue with: "
+            f"fedray run --resume {re.escape(str(tmp_path / 'here'))}"), on_ray=False)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert (tmp_path / "here" / "metrics.jsonl").read_text().count("\n") >= 1
+    assert not (tmp_path / "here" / ".fedray.lock").exists()
 
 
 def test_the_continue_hint_of_a_submitted_job_is_fedray_submit(monkeypatch):

@@ -38,7 +38,6 @@ from collections.abc import Callable
 from typing import Any
 
 import numpy as np
-import ray
 import torch
 from omegaconf import OmegaConf
 from torch import nn
@@ -231,13 +230,15 @@ class Driver:
     @names_part_errors(_parts)
     def setup(self, cfg: dict, source: ClientSource, make_model: Callable[[], nn.Module],
               num_workers: int, run_dir: str, resume: bool = False,
-              launched: list | None = None, algorithm: Resolved | None = None) -> list[str]:
+              launched: list | None = None, algorithm: Resolved | None = None,
+              in_process: bool | None = None) -> list[str]:
         """Build the global model and the worker pool, and open the run directory (resuming
         from its checkpoint when ``resume``). The pool configures the ``launched`` workers
         (fedray.run starts them beside this actor: pool.launch_workers), or starts its own.
         Returns the notes the user should see (fedray.run prints them). ``algorithm``: the
         job's parts, resolved by the caller (a user's module travels inside them, by value);
-        None resolves ``cfg``'s here.
+        None resolves ``cfg``'s here. ``in_process``: the workers are objects of this
+        process (fedray.runtime.inline); None: when ``runtime.backend`` is ``inline``.
 
         Not in __init__: an exception there kills the actor with an opaque error, while one
         raised here reaches fedray.run as the FedrayError it is."""
@@ -245,6 +246,7 @@ class Driver:
         # is handed its own; ``cfg``'s plain tree is what the run directory records
         self.cfg = typed(cfg)
         c = self.cfg
+        self.in_process = c.runtime.backend == "inline" if in_process is None else in_process
         self.source = source
         self.notes: list[str] = []
         torch.manual_seed(derive_seed(c.seed, TAG_INIT))
@@ -334,6 +336,8 @@ class Driver:
         self.last_checkpoint = 0
         self.start_round = 1
         self.resumed_from: int | None = None
+        # runtime.backend auto: the round after which the run left the caller's process
+        self.handed_over: int | None = None
         # the run's identity, in every checkpoint: --resume checks a checkpoint is this
         # run's and names what differs from the config it records (check_resume)
         self.run_id = new_run_id()  # a resumed run keeps its own (_restore)
@@ -402,8 +406,9 @@ class Driver:
         if resume:  # before the pool starts: a checkpoint that cannot be used fails fast
             self._restore()
         start = time.perf_counter()
-        if c.runtime.backend == "inline":  # plain objects of this process (fedray.runtime.inline)
-            self.pool = InlinePool(spec, num_workers, c.runtime.max_retries)
+        if self.in_process:  # plain objects of this process (fedray.runtime.inline)
+            self.pool = InlinePool(spec, num_workers, c.runtime.max_retries,
+                                   one_line_part_errors=self.one_line_part_errors)
         else:  # a reduction tree's groups of slots tend to share a node (node_major)
             self.pool = WorkerPool(spec, num_workers, c.runtime.worker.num_cpus,
                                    c.runtime.worker.num_gpus, c.runtime.max_retries,
@@ -690,10 +695,12 @@ class Driver:
 
     def _put(self, obj: Any) -> Any:
         """``obj`` as the workers receive it: one object-store copy that every worker on a
-        node reads zero-copy, or with runtime.backend=inline (no Ray) a read-only copy,
-        which is what a Ray worker gets out of the store."""
-        if self.cfg.runtime.backend == "inline":
+        node reads zero-copy, or with the workers in this process (no Ray) a read-only
+        copy, which is what a Ray worker gets out of the store."""
+        if self.in_process:
             return frozen_tree(obj)
+        import ray  # start-up: a run in this process never loads Ray
+
         return ray.put(obj)
 
     def _broadcast(self) -> Any:
@@ -706,8 +713,10 @@ class Driver:
         weights = (self.weights if weights is None else weights).numpy()
         server = {k: v.numpy() for part in (self.aggregator, *self.stages)
                   for k, v in part.broadcast().items()}
-        if self.cfg.runtime.backend == "inline":
+        if self.in_process:
             return Broadcast(frozen(weights), frozen_tree(server))
+        import ray
+
         return ray.put(Broadcast(weights, server))
 
     def _train_round(self, r: int) -> dict[str, Any]:
@@ -1014,10 +1023,19 @@ class Driver:
             sums["fed_test_personalized"] = pooled(rows, "personalized")
         return sums
 
-    def begin(self) -> dict[str, Any]:
+    def begin(self, carried: dict[str, Any] | None = None) -> dict[str, Any]:
         """Start the run's clock. Where the rounds start, and the rounds before that (a
-        resumed run's, from its checkpoint): what fedray.run tells its callbacks."""
+        resumed run's, from its checkpoint): what fedray.run tells its callbacks.
+
+        ``carried``: this driver takes over a run whose first rounds another driver ran
+        (``runtime.backend: auto``, fedray.api): that driver's ``hand_over`` result. The
+        run is then one run, not a resumed one: its clock and its summary go on."""
         self._run_start = self._checkpoint_t = time.perf_counter()
+        if carried is not None:
+            self._run_start -= carried["elapsed_s"]
+            self.resumed_from = None
+            self.handed_over = carried["round"]
+            self.diverged_at = carried["diverged_at"]
         self._next_round = self.start_round
         if 1 < self.start_round <= self.cfg.rounds:  # resumed where a stage had ended it
             self.stopped_by = next((why for s in self.stages
@@ -1025,6 +1043,19 @@ class Driver:
         return {"start_round": self.start_round, "resumed_from": self.resumed_from,
                 "stopped_by": self.stopped_by,
                 "past_metrics": [json.loads(line) for line in self.run_dir.metrics_lines]}
+
+    def hand_over(self, r: int) -> dict[str, Any] | None:
+        """After round ``r``, before another driver takes over the rest of the run
+        (``runtime.backend: auto``): the checkpoint after round ``r``, written now if it was
+        not due, is what that driver resumes from. Returns what its ``begin`` carries on
+        with; None when the checkpoint cannot be written (non-finite weights under
+        ``guard.non_finite: warn``), so the run stays with this driver."""
+        if self.last_checkpoint != r:
+            self._checkpoint(r)
+        if self.last_checkpoint != r:
+            return None
+        return {"round": r, "elapsed_s": time.perf_counter() - self._run_start,
+                "diverged_at": self.diverged_at}
 
     @names_part_errors(_parts)
     def run_round(self, r: int, with_weights: bool = False
@@ -1106,6 +1137,7 @@ class Driver:
             "dropped_updates": sum(h.get("dropped_updates", 0) for h in history),
             "worker_failures": sum(h.get("worker_failures", 0) for h in history),
             "resumed_from_round": self.resumed_from,
+            "handed_over_after_round": self.handed_over,
             "diverged_at_round": self.diverged_at,
             "run_id": self.run_id,
             "stopped_early_after_round": stopped_after,

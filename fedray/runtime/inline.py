@@ -69,7 +69,8 @@ class InlinePool:
     process. ``gather`` runs each task when the driver asks for its result, in slot order,
     so the driver still holds one partial sum at a time."""
 
-    def __init__(self, spec: WorkerSpec, count: int, max_retries: int = 0):
+    def __init__(self, spec: WorkerSpec, count: int, max_retries: int = 0,
+                 one_line_part_errors: bool = False):
         self.threads = max(1, int(spec.resources.num_cpus))  # a Ray worker's torch threads
         self.max_retries = max_retries  # nothing is re-run in-process: kept for the summary
         self.failures = 0
@@ -77,6 +78,9 @@ class InlinePool:
         self.merge_s = 0.0  # the last gather's group sums made here (WorkerPool.merge_s)
         with self._worker_threads():  # configure() sets this process's thread count
             self.workers = [InlineWorker(copy.deepcopy(spec)) for _ in range(count)]
+        if one_line_part_errors:  # runtime.backend auto: a part's error as on Ray
+            for w in self.workers:
+                w.one_line_part_errors = True
 
     def __len__(self) -> int:
         return len(self.workers)

@@ -21,10 +21,12 @@ if TYPE_CHECKING:  # torch, which pool_size's callers (a sweep's checks) need no
     from fedray.runtime.messages import GroupResult
 
 
-def pool_size(runtime: RuntimeConfig, clients_per_round: int, resources: dict[str, float]
-              ) -> int:
-    """How many workers the job runs: ``runtime.num_workers``, or as many as the cluster's
-    ``resources`` fit (``runtime.worker``'s share each), at most one per client of a round."""
+def pool_size(runtime: RuntimeConfig, clients_per_round: int, resources: dict[str, float],
+              num_workers: int | None = None) -> int:
+    """How many workers the job runs: ``runtime.num_workers`` (or ``num_workers``, which
+    takes its place: the count a run's first rounds had before a hand-over), or as many as
+    the cluster's ``resources`` fit (``runtime.worker``'s share each), at most one per
+    client of a round."""
     w = runtime.worker
     cpus = float(resources.get("CPU", 0.0))
     gpus = float(resources.get("GPU", 0.0))
@@ -35,7 +37,7 @@ def pool_size(runtime: RuntimeConfig, clients_per_round: int, resources: dict[st
     fit = math.floor(cpus / w.num_cpus + eps)
     if w.num_gpus > 0:
         fit = min(fit, math.floor(gpus / w.num_gpus + eps))
-    requested = runtime.num_workers
+    requested = runtime.num_workers if num_workers is None else num_workers
     if requested is not None:
         if requested > fit:
             need = f"{requested * w.num_cpus:g} CPUs"

@@ -14,8 +14,6 @@ import torch
 from conftest import blobs, fixed_linear
 
 import fedray
-from fedray.api import prepare
-from fedray.errors import ConfigError
 from fedray.state.checkpoint import read_checkpoint
 from fedray.state.client_state import ClientStateStore
 from fedray.state.run_dir import SERVER_STATE_FILE, load_tensors, read_metrics
@@ -168,13 +166,6 @@ def test_inline_resume_is_bit_identical(tmp_path, no_ray):
     assert [s for s, _ in events["train_loss"]] == [1, 2, 3, 4, 5]
     assert [v for _, v in events["train_loss"]] == pytest.approx(
         [m["train_loss"] for m in whole.metrics], rel=1e-6)  # events hold float32
-
-
-def test_a_bad_backend_is_one_line(tmp_path):
-    with pytest.raises(ConfigError) as info:
-        prepare(job(tmp_path, "x", "local"), client_data=CLIENTS)
-    assert str(info.value) == ("config key 'runtime.backend': must be ray or inline, "
-                               "got 'local'")
 
 
 def test_inline_trains_on_the_cpu_and_says_so(tmp_path, no_ray, capfd):

@@ -420,7 +420,8 @@ def test_an_environment_that_breaks_ray_ends_in_one_line(tmp_path, env, says):
 
     import yaml
 
-    (tmp_path / "job.yaml").write_text(yaml.safe_dump(tiny_job(tmp_path, rounds=1)))
+    (tmp_path / "job.yaml").write_text(yaml.safe_dump(tiny_job(tmp_path, rounds=1,
+                                                              runtime__backend="ray")))
     full = dict(os.environ, RAY_USAGE_STATS_ENABLED="0", **env)
     if "RAY_ADDRESS" not in env:
         full.pop("RAY_ADDRESS", None)
@@ -430,6 +431,32 @@ def test_an_environment_that_breaks_ray_ends_in_one_line(tmp_path, env, says):
     assert (out.returncode, out.stderr.strip()) == (2, says), out.stderr[-3000:]
     assert time.monotonic() - start < 90
     assert not (tmp_path / "run").exists()
+
+
+def test_a_hand_over_to_a_ray_that_cannot_start_ends_in_one_line(tmp_path):
+    """runtime.backend auto: round 1 in the CLI's process, then Ray refuses to start (its
+    object store capped below its minimum): the same one line as a run on Ray from the
+    start, exit 2, and round 1 kept with its checkpoint."""
+    import os
+
+    import yaml
+
+    from fedray.state.checkpoint import read_checkpoint
+
+    job = tiny_job(tmp_path, rounds=2, runtime__backend="auto", runtime__auto_inline_s=0)
+    (tmp_path / "job.yaml").write_text(yaml.safe_dump(job))
+    full = dict(os.environ, RAY_USAGE_STATS_ENABLED="0",
+                RAY_DEFAULT_OBJECT_STORE_MAX_MEMORY_BYTES="1000")
+    full.pop("RAY_ADDRESS", None)
+    out = subprocess.run([sys.executable, "-m", "fedray.cli", "run", str(tmp_path / "job.yaml"),
+                          "--quiet"], capture_output=True, text=True, env=full, timeout=180)
+    lines = out.stderr.strip().splitlines()
+    assert out.returncode == 2, out.stderr[-3000:]
+    assert lines[0].startswith("fedray: runtime.backend=auto: round 1 took "), lines
+    assert lines[1:] == ["fedray: error: cannot start a private Ray: Attempting to cap object "
+                         "store memory usage at 1000 bytes, but the minimum allowed is "
+                         "78643200 bytes."], lines
+    assert read_checkpoint(str(tmp_path / "run")).round == 1
 
 
 _FREED = """
