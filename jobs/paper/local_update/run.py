@@ -3,7 +3,8 @@ Theta_{1:50} on FEMNIST (Fig. 6/11): (left) SERVEROPT without momentum, with Nes
 with heavy-ball momentum (beta = 0.9), alpha = 0; (right) no momentum and a proximal alpha --
 each with gamma (client lr) and eta (server lr) tuned. ``--task shakespeare``: App. F's
 Fig. 13 on the First Folio store (the character LSTM, batch 4, Theta_{1:10}, alpha = 0):
-gamma varied, eta tuned per gamma by the training loss.
+gamma varied, eta tuned per gamma by the training loss; with ``--eta 0.01`` its Fig. 12
+(eta fixed at the seed's 0.01, line 1101: no tuning runs).
 
 The seed tunes gamma and eta over the full grid {10^-3, 10^-2.5, ..., 10^0.5, 10} (line 1092)
 and keeps the pair with the best mean test accuracy over the last 100 rounds (line 1094).
@@ -20,6 +21,8 @@ rounds. The chosen pair then runs ``--rounds`` rounds with seeds 0, 1, 2. The al
         --out docs/figures/local_update_femnist
     python jobs/paper/local_update/run.py --task shakespeare --tune-rounds 10 --rounds 100 \\
         --jobs 2 --set runtime.backend=inline --out docs/figures/local_update_shakespeare
+    python jobs/paper/local_update/run.py --task shakespeare --eta 0.01 --rounds 100 \\
+        --jobs 2 --set runtime.backend=inline --out docs/figures/local_update_shakespeare_eta
 
 For Shakespeare every gamma runs seeds 0, 1, 2, and its eta search starts at {0.1, 1} and
 runs the pick's missing half-decade neighbours (within line 1119's range, 10^-3 to 10) until
@@ -202,6 +205,10 @@ def main() -> None:
     p.add_argument("--jobs", type=int, default=1,
                    help="runs at a time, each in its own process: the settings are tuned "
                    "in parallel, then the final runs (default 1: one after another)")
+    p.add_argument("--eta", type=float, default=None,
+                   help="fix the server lr instead of tuning it (Fig. 12: 0.01): every "
+                   "setting runs its own gamma at this eta, with no tuning runs; for a task "
+                   "whose settings fix gamma (shakespeare)")
     p.add_argument("--report-only", action="store_true",
                    help="run no final run: write the report and figure from the final runs "
                    "already finished under --runs (the report names the missing ones)")
@@ -217,13 +224,23 @@ def main() -> None:
     rounds = args.rounds or 30
     overrides = tuple(args.set)
     names = list(study["settings"])
-    tuned = _starmap(tune, [(study, n, runs, args.tune_rounds, overrides) for n in names],
-                     args.jobs)
-    chosen = dict(zip(names, tuned, strict=True))
+    if args.eta is not None:  # Fig. 12: eta fixed, nothing to tune
+        if not all(len(study["settings"][n]) > 3 for n in names):
+            p.error(f"--eta: the {args.task} settings tune gamma; only a task whose settings "
+                    "fix gamma (shakespeare) runs at a fixed eta")
+        chosen = {n: (study["settings"][n][3], args.eta, {}) for n in names}
+        study["title"] += f", eta = {args.eta:g} fixed"
+        study["panels"] = {t.replace("eta tuned per gamma", f"eta = {args.eta:g}"): ns
+                           for t, ns in study["panels"].items()}
+    else:
+        tuned = _starmap(tune, [(study, n, runs, args.tune_rounds, overrides) for n in names],
+                         args.jobs)
+        chosen = dict(zip(names, tuned, strict=True))
     finals, todo = {}, []
     for name, (gamma, eta, scores) in chosen.items():
-        print(f"{name}: gamma {gamma:g}, eta {eta:g} (seed-0 score "
-              f"{scores[(gamma, eta)]:.4f} over {len(scores)} grid runs)", flush=True)
+        print(f"{name}: gamma {gamma:g}, eta {eta:g} " + (
+              f"(seed-0 score {scores[(gamma, eta)]:.4f} over {len(scores)} grid runs)"
+              if scores else "(fixed)"), flush=True)
         job, extra, *_ = study["settings"][name]
         for s in SEEDS:
             d = os.path.join(runs, "final", f"{name}-g{gamma:g}-e{eta:g}-s{s}")
@@ -242,19 +259,23 @@ def main() -> None:
     else:
         _starmap(_run_one, todo, args.jobs)
     os.makedirs(args.out, exist_ok=True)
-    write_report(args.out, study, chosen, finals, rounds, args.tune_rounds, missing)
+    write_report(args.out, study, chosen, finals, rounds,
+                 args.tune_rounds if args.eta is None else None, missing)
     plot(args.out, study, finals)
 
 
 def write_report(out: str, study: dict, chosen: dict, finals: dict, rounds: int,
-                 tune_rounds: int, missing: list[str] = ()) -> None:
+                 tune_rounds: int | None, missing: list[str] = ()) -> None:
+    """``tune_rounds`` None: eta was fixed (--eta), nothing was tuned."""
     metric = study["metric"]
     rule = ("mean test accuracy" if metric == "test_accuracy"
             else "mean training loss (smaller is better)")
-    lines = [f"# {study['title']}", "",
-             f"Tuned on seed 0 over {tune_rounds} rounds; final runs {rounds} rounds, "
-             f"seeds {', '.join(map(str, SEEDS))}. Selection: {rule} over the last "
-             "third of the rounds.", "",
+    how = (f"Tuned on seed 0 over {tune_rounds} rounds; final runs {rounds} rounds, "
+           f"seeds {', '.join(map(str, SEEDS))}. Selection: {rule} over the last third of "
+           "the rounds." if tune_rounds is not None else
+           f"No tuning: every gamma at the fixed eta; runs of {rounds} rounds, seeds "
+           f"{', '.join(map(str, SEEDS))}.")
+    lines = [f"# {study['title']}", "", how, "",
              *([f"Not finished, so left out: {', '.join(os.path.basename(d) for d in missing)}.",
                 ""] if missing else []),
              "| setting | gamma | eta | final test accuracy (mean ± std) | per seed | "
@@ -275,6 +296,10 @@ def write_report(out: str, study: dict, chosen: dict, finals: dict, rounds: int,
                      f"{statistics.mean(tails):.4f} | {statistics.mean(losses):.4f} |")
     if metric == "train_loss":
         lines += loss_windows(chosen, finals, rounds)
+    if tune_rounds is None:
+        Path(out, "report.md").write_text("\n".join(lines) + "\n")
+        print("\n".join(lines))
+        return
     lines += ["", f"Grid (seed 0): the selection score per (gamma, eta) ({rule}; "
               "-inf: diverged)", "", "| setting | gamma | eta | score |", "|---|---|---|---|"]
     for name, (_, _, scores) in chosen.items():
