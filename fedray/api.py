@@ -10,7 +10,8 @@ It validates the whole config before Ray starts, runs the driver actor to the en
 at a time, calling the run's callbacks in this process after each, and returns the final
 weights (a state_dict) and the per-round metrics. With ``runtime.backend: inline`` the
 driver and its workers are objects of this process instead, and Ray is not used at all
-(fedray.runtime.inline).
+(fedray.runtime.inline); ``auto``, the default, starts that way and hands a long run to a
+driver actor on Ray after a round (fedray.runtime.handover).
 
 Most imports are inside the functions that use them: a job's errors (a bad key, a missing
 file, a store that fails its checks) are reported before torch, Ray, numpy or pyarrow load
@@ -21,6 +22,7 @@ from __future__ import annotations
 
 import os
 import sys
+import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -442,8 +444,6 @@ def _drive(call: Callable[..., Any], cfg: DictConfig, url: str, callbacks: Callb
     another driver, on Ray, runs the rest; then the summary and weights are None and the
     third value is what that driver's ``begin`` takes as ``carried`` (the run's callbacks
     have had their start, and get their end from that driver's rounds)."""
-    import time
-
     start = call("begin", carried)
     try:
         if carried is None:
