@@ -500,17 +500,14 @@ def _run_claimed(cfg: DictConfig, url: str, model_fn: Callable | None,
         if carried is None:
             return RunResult(weights=weights, metrics=metrics, summary=summary, run_dir=url,
                              config=cfg)
-    if carried is None:
+    try:
         summary, weights = _run_ray(cfg, url, model_fn, client_data, test_data, manifest,
-                                    callbacks, resume, metrics)
-    else:
-        try:  # the run's callbacks have seen it start: they hear of a failure from here on
-            summary, weights = _run_ray(cfg, url, model_fn, client_data, test_data, manifest,
-                                        callbacks, resume, metrics, carried)
-        except BaseException as exc:
-            if not getattr(exc, "_fedray_told", False):
-                callbacks.run_failed(exc)
-            raise
+                                    callbacks, resume, metrics, carried)
+    except BaseException as exc:
+        # after a hand-over the callbacks have seen the run start even if Ray then fails to;
+        # run_failed tells started callbacks once, so one _drive told already hears nothing
+        callbacks.run_failed(exc)
+        raise
     return RunResult(weights=weights, metrics=metrics, summary=summary, run_dir=url, config=cfg)
 
 
@@ -572,12 +569,7 @@ def _run_ray(cfg: DictConfig, url: str, model_fn: Callable | None, client_data: 
             if carried is not None:
                 carried = {k: v for k, v in carried.items() if k not in ("notes",
                                                                           "num_workers")}
-            try:
-                summary, weights, _ = _drive(call, cfg, url, callbacks, metrics,
-                                             carried=carried)
-            except BaseException as exc:
-                exc._fedray_told = True  # _drive has told the callbacks
-                raise
+            summary, weights, _ = _drive(call, cfg, url, callbacks, metrics, carried=carried)
         finally:  # replacement workers go with the driver
             session.kill_actors((driver, *launched))
     return summary, weights

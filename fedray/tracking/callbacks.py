@@ -180,9 +180,12 @@ class Callbacks:
             cb.on_run_end(summary)
 
     def run_failed(self, error: BaseException) -> None:
-        """Tell the started callbacks; a callback failing here is reported on stderr and
-        the others are still told (the run's own error is what the caller sees)."""
-        for cb in self.started:
+        """Tell the started callbacks, once: a second call for the same run (a caller
+        further out that sees the error again) tells nobody. A callback failing here is
+        reported on stderr and the others are still told (the run's own error is what the
+        caller sees)."""
+        started, self.started = self.started, []
+        for cb in started:
             try:
                 cb.on_run_failed(error)
             except Exception as exc:

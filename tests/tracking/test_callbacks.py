@@ -19,7 +19,7 @@ from fedray.api import prepare
 from fedray.errors import ConfigError, FedrayError
 from fedray.state.checkpoint import read_checkpoint
 from fedray.state.run_dir import load_weights, read_metrics
-from fedray.tracking.callbacks import STOP, Callback, RunInfo
+from fedray.tracking.callbacks import STOP, Callback, Callbacks, RunInfo
 
 CLIENTS = blobs(10, seed=1)
 TEST = blobs(1, seed=8)[0]
@@ -160,6 +160,20 @@ def test_a_failing_callback_fails_the_run_and_the_others_are_told(tmp_path):
     assert rec.hooks()[-2:] == [("round", 2), ("failed",)]
     assert isinstance(rec.calls[-1][1], RuntimeError)
     assert len(read_metrics(str(tmp_path / "fails"))) == 2  # kept: it can be resumed
+
+
+def test_a_failure_is_told_once_and_only_to_started_callbacks():
+    """fedray.run may see a run's error at two depths (the round loop, then the code that
+    started Ray for a hand-over): the callbacks hear of it once, and only after their start."""
+    rec = Recorder()
+    hooks = Callbacks([rec])
+    hooks.run_failed(RuntimeError("before the start"))
+    assert rec.hooks() == []
+    hooks.run_start(RunInfo(None, "u", None, []))
+    error = RuntimeError("boom")
+    hooks.run_failed(error)
+    hooks.run_failed(error)
+    assert rec.hooks() == [("start",), ("failed",)] and rec.calls[-1][1] is error
 
 
 def test_progress_still_takes_a_function(tmp_path):
