@@ -81,6 +81,7 @@ def prepare(config: ConfigSource | None, overrides: list[str] | tuple = (),
             client_data: Mapping | None = None, model_fn: Callable | None = None,
             test_data: tuple | None = None) -> DictConfig:
     """Load and validate a job; nothing is started or written."""
+    _check_arguments(model_fn, client_data, test_data)
     if test_data is not None and client_data is None:
         raise FedrayError("test_data needs client_data (the synthetic source has its own test set)")
     cfg = load_config(config, overrides)
@@ -147,6 +148,30 @@ def prepare(config: ConfigSource | None, overrides: list[str] | tuple = (),
                         "'test': (x, y)}", cfg.eval.federated_clients)
     _check_parts_against_model(cfg, client_data, model_fn, test_data, manifest, population)
     return cfg
+
+
+def _check_arguments(model_fn: Any, client_data: Any, test_data: Any) -> None:
+    """fedray.run's positional arguments by type, before any of them is used: a list of
+    overrides passed where model_fn goes (``fedray.run(job, ["rounds=1"])``) would
+    otherwise fail deep in the driver's setup as "'list' object is not callable"."""
+
+    def hint(value: Any) -> str:  # strings where data or a model goes: overrides, misplaced
+        strings = isinstance(value, str) or (isinstance(value, list | tuple) and value
+                                             and all(isinstance(v, str) for v in value))
+        return " (overrides go by keyword: fedray.run(job, overrides=[...]))" if strings else ""
+
+    if model_fn is not None and not callable(model_fn):
+        raise FedrayError("model_fn must be a callable that returns a torch.nn.Module, not a "
+                          f"{type(model_fn).__name__}{hint(model_fn)}")
+    if client_data is not None and not isinstance(client_data, Mapping):
+        raise FedrayError("client_data must be a mapping of client id -> (x, y) or "
+                          "{'train': (x, y), 'test': (x, y)}, not a "
+                          f"{type(client_data).__name__}{hint(client_data)}")
+    if test_data is not None and not (isinstance(test_data, tuple | list)
+                                      and len(test_data) == 2):
+        size = f" of {len(test_data)}" if isinstance(test_data, tuple | list) else ""
+        raise FedrayError(f"test_data must be a pair (x, y), not a "
+                          f"{type(test_data).__name__}{size}{hint(test_data)}")
 
 
 def _check_parts_against_model(cfg: DictConfig, client_data: Mapping | None,
