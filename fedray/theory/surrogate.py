@@ -3,8 +3,8 @@
 Seed 002 (Charles & Konečný, "Convergence and Accuracy Trade-Offs in Federated Learning and
 Meta-Learning"); "line N" below is a line of ``shared/seeds/002_ca229c69b5271fde.txt``.
 
-Client i has the quadratic loss f_i(x) = 1/2 (x - c_i)^T A_i (x - c_i) (line 120) and the
-population loss is f = E_i f_i (line 106). LOCALUPDATE (Algorithms 1-2, lines 95-138) runs
+Client i has the quadratic loss f_i(x) = 1/2 (x - c_i)^T A_i (x - c_i) (line 72) and the
+population loss is f = E_i f_i (line 106). LOCALUPDATE (Algorithms 1-2, lines 96-138) runs
 K(Theta) steps of (mini-batch) gradient descent with client learning rate gamma on
 f_i + alpha/2 ||. - x||^2 and sends sum_k theta_k g_k. Theorem 1 (line 177) says its expected
 message is the gradient of the surrogate f~_i (eq. 7, line 169), built from the distortion
@@ -226,7 +226,7 @@ def distortion_cond(A: ArrayLike, alpha: float, gamma: float, theta: ArrayLike) 
 
 
 def cond(M: ArrayLike) -> float:
-    """lambda_max / lambda_min of a symmetric matrix (the notation of line 59); inf unless it
+    """lambda_max / lambda_min of a symmetric matrix (cond, as line 215 writes it); inf unless it
     is positive definite."""
     lam = np.linalg.eigvalsh(np.asarray(M, dtype=np.float64))
     return float(lam[-1] / lam[0]) if lam[0] > 0 else float("inf")
@@ -261,7 +261,7 @@ def client_quadratic(B: ArrayLike, c: ArrayLike,
 
 def surrogate_hessians(A: ArrayLike, alpha: float, gamma: float,
                        theta: ArrayLike) -> NDArray[np.float64]:
-    """Q_i A_i for each client: the Hessian of f~_i (line 612). Symmetric because Q_i is a
+    """Q_i A_i for each client: the Hessian of f~_i (line 611). Symmetric because Q_i is a
     polynomial in A_i; its eigenvalues are q(lam) lam (eq. 30, line 595)."""
     lam, V = _sym_eig(A)
     return _from_eig(q_eigenvalues(lam, alpha, gamma, theta) * lam, V)
@@ -303,7 +303,7 @@ def surrogate_gradient(x: ArrayLike, A: ArrayLike, c: ArrayLike, alpha: float, g
 def surrogate_minimizer(A: ArrayLike, c: ArrayLike, alpha: float, gamma: float,
                         theta: ArrayLike, p: ArrayLike | None = None) -> NDArray[np.float64]:
     """x*(alpha, gamma, Theta) = E[Q_i A_i]^{-1} E[Q_i A_i c_i] (Lemma 11, line 729): where
-    LOCALUPDATE converges (line 263), which is not x* unless gamma = 0 or K(Theta) = 1."""
+    LOCALUPDATE converges, which is not x* unless gamma = 0 or K(Theta) = 1 (line 308)."""
     A, c, p = _population(A, c, p)
     H = surrogate_hessians(A, alpha, gamma, theta)
     return np.linalg.solve(np.einsum("n,nij->ij", p, H), np.einsum("n,nij,nj->i", p, H, c))
@@ -454,7 +454,7 @@ def lemma5_bound(A: ArrayLike, c: ArrayLike, alpha: float, gamma: float, theta: 
 
 
 # ------------------------------------------------------------------------------------------
-# Pareto frontiers (Section 5, lines 306-357; App. D, lines 1026-1060)
+# Pareto frontiers (Section 5, lines 306-357; App. D, lines 1026-1059)
 
 
 @dataclass(frozen=True)
