@@ -92,3 +92,36 @@ def test_stop_at_target_cap_and_divergence(sm):
     assert s.on_round_end(3, {}, None) is None  # Table 5 runs the whole horizon
     s.on_evaluation(4, {"test_accuracy": 0.1, "test_loss": math.nan})
     assert s.on_round_end(4, {}, None) is sm.STOP
+
+
+def test_femnist_cells_keep_the_seed_targets_and_read_the_femnist_stores(sm):
+    rounds = {3: 300, 4: 300, 5: 100}
+    cells = sm.cells(rounds, "femnist")
+    # the same cells as MNIST's, on other stores, with the seed's own targets (lines 328, 352)
+    assert [(c.table, c.alg, c.epochs, c.sim, c.clients) for c in cells] == [
+        (c.table, c.alg, c.epochs, c.sim, c.clients) for c in sm.cells(rounds)]
+    assert {c.target for c in cells if c.table == 3} == {0.5}
+    assert {c.target for c in cells if c.table == 4} == {0.45}
+    assert all(f"data.partition=stores/femnist_sim{c.sim}" in c.overrides(0.1, 0)
+               for c in cells)
+    # MNIST's targets and run directories are what they were
+    assert (sm.TARGET3, sm.TARGET4) == (0.80, 0.75)
+    assert sm.Cell(3, "fedavg", 5, "0", 20, 200, 0.8).name == "t3/sim0/p20/fedavg-e5"
+
+
+def test_femnist_tunes_once_per_algorithm_and_similarity(sm):
+    rounds = {3: 300, 4: 300, 5: 100}
+    by = {(c.table, c.alg, c.epochs, c.sim, c.clients): c for c in sm.cells(rounds, "femnist")}
+    e5 = by[(3, "scaffold", 5, "0.1", 20)]
+    # every E of Table 3, and Table 4's cells, take the lr of Table 3's E = 5 cell
+    for key in [(3, "scaffold", 1, "0.1", 20), (3, "scaffold", 20, "0.1", 20),
+                (4, "scaffold", 5, "0.1", 1), (4, "scaffold", 5, "0.1", 20)]:
+        assert sm.tuned_on(by[key], rounds) == e5
+    assert sm.tuned_on(e5, rounds) == e5
+    sgd = by[(3, "fedsgd", 1, "0", 20)]
+    assert sm.tuned_on(sgd, rounds) == sgd
+    # Table 5 (another model) and every MNIST cell are tuned on themselves
+    t5 = by[(5, "fedavg", 5, "0", 20)]
+    assert sm.tuned_on(t5, rounds) == t5
+    mnist = sm.Cell(4, "fedavg", 5, "0", 5, 1000, 0.75)
+    assert sm.tuned_on(mnist, rounds) == mnist
