@@ -221,3 +221,47 @@ def test_every_cited_seed_line_exists_and_is_not_blank(number, seeds):
     bad = [(cite, n) for cite, n in cited_lines(text)
            if not 1 <= n <= len(lines) or not lines[n - 1].strip()]
     assert not bad, f"seed {named.group(1)}: blank or missing lines cited {bad}"
+
+
+# "seed 004 line 308", "Seed 002's lines 1094 and 1121", "seed 004 (SCAFFOLD), lines 328-329"
+CODE_CITATION = re.compile(rf"[Ss]eed (\d{{3}})(?:'s)?,? [^.\n]{{0,25}}?\blines? ({NUMBERS})")
+# a file that says which seed its bare "line N"s are: "shared/seeds/002_ca229c69b5271fde.txt"
+SEED_FILE = re.compile(r"seeds/(\d{3})_[0-9a-f]+\.txt")
+CITING = ("fedray/**/*.py", "jobs/**/*.py", "jobs/**/*.yaml", "partitions/*.yaml",
+          "benchmarks/**/*.py", "docs/*.md", "README.md")
+
+
+def code_citations(text: str, bare: bool = True) -> list[tuple[str, str, int]]:
+    """(seed, citation, line) for every seed line the text of a module, job or doc cites:
+    "seed N ... line(s) K" anywhere, and, with ``bare`` (code and jobs, not the docs, whose
+    sections cite several seeds), every bare "line(s) K" in a file that names exactly one
+    seed file (its lines are that seed's)."""
+    out = []
+    for m in CODE_CITATION.finditer(text):
+        out += [(m.group(1), m.group(0), n) for _, n in cited_lines(f"line {m.group(2)}")]
+    named = set(SEED_FILE.findall(text))
+    if bare and len(named) == 1:
+        seed = named.pop()
+        out += [(seed, cite, n) for cite, n in cited_lines(text.replace("\n", " "))]
+    return out
+
+
+def test_seed_lines_cited_in_code_jobs_and_docs_are_not_blank(seeds):
+    bad = []
+    for pattern in CITING:
+        for path in sorted(ROOT.glob(pattern)):
+            for seed, cite, n in code_citations(path.read_text(), path.suffix != ".md"):
+                lines = seeds.get(seed)
+                if lines is not None and not (1 <= n <= len(lines) and lines[n - 1].strip()):
+                    bad.append(f"{path.relative_to(ROOT)}: seed {seed} {cite!r} -> line {n}")
+    assert not bad, "blank or missing seed lines cited:\n" + "\n".join(bad)
+
+
+def test_code_citations_are_found():
+    """The scan is not vacuous: each form of citation is read, with its seed."""
+    assert [(s, n) for s, _, n in code_citations("seed 004 line 308; Seed 002's lines "
+                                                 "1094 and 1121")] == [
+        ("004", 308), ("002", 1094), ("002", 1121)]
+    assert [(s, n) for s, _, n in code_citations(
+        "a line of shared/seeds/002_ca229c69b5271fde.txt\n(eq. 7, lines 169-\n170)")] == [
+        ("002", 169), ("002", 170)]
