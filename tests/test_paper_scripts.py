@@ -110,3 +110,25 @@ def test_toy_through_the_runtime(toy, ray_cluster, tmp_path):
     assert np.array_equal(weights["slope"].numpy(), toy.SLOPE.astype(np.float32))
     trace = json.loads((tmp_path / "toy" / "bias.json").read_text())
     assert len(trace) == 4 and trace[-1] == weights["bias"].item() != toy.B0
+
+
+def test_toy_separators_are_the_last_biases_against_the_optimum(toy, tmp_path):
+    """separators() reads each run's last global bias and its distance to b* of the data
+    that run trained on (the iid baseline's own shuffle for its row); the figure is drawn."""
+    seeds = [0, 1]
+    for i, (_, sub, _, _) in enumerate(toy.ROWS):
+        for s in seeds:
+            d = tmp_path / f"{sub}-s{s}"
+            d.mkdir(parents=True)
+            (d / "bias.json").write_text(json.dumps([toy.B0, -0.5 - 0.1 * i - s]))
+    table, data = toy.separators(str(tmp_path), seeds)
+    assert list(data) == [label for label, *_ in toy.ROWS]
+    for i, (label, _, _, iid) in enumerate(toy.ROWS):
+        for s in seeds:
+            cl = toy.iid_clients(toy.make_clients(s), s) if iid else toy.make_clients(s)
+            b_star = toy.bias_optimum(*toy.pooled(cl))[0]
+            assert data[label]["final_bias"][s] == -0.5 - 0.1 * i - s
+            assert data[label]["distance_to_optimum"][s] == abs(-0.5 - 0.1 * i - s - b_star)
+    assert table.count("\n") == len(toy.ROWS) + 1
+    toy.plot_separators(str(tmp_path), 0, str(tmp_path))
+    assert (tmp_path / "separators.png").stat().st_size > 10_000

@@ -28,8 +28,9 @@ from the data, for the bias, the only trained parameter.
 
 Why a script: the data and the frozen slope are built here and passed to fedray.run as in-memory
 clients and a model factory; the FL part is the ordinary fedray runtime. A callback records the
-global bias after every round (bias.json in the run directory), from which the global objective
-and the gradient divergence of the seed's Fig. 2 (right) are computed exactly.
+global bias after every round (bias.json in the run directory), from which the final separators
+(the seed's Fig. 2 center), the global objective and the gradient divergence of its Fig. 2
+(right) are computed exactly.
 
     python jobs/paper/toy/run.py --out docs/figures/toy
 """
@@ -341,13 +342,77 @@ def summarize(runs_dir: str, seeds: list[int]) -> tuple[str, dict]:
     return "\n".join(lines), data
 
 
-def plot(runs_dir: str, seeds: list[int], out: str) -> None:
-    """divergence.png (the seed's Fig. 2 right: the gradient divergence after each round, by
-    tau) and bound.png (Fig. 5: measured gap against eq. 2's bound, by tau)."""
+def separators(runs_dir: str, seeds: list[int]) -> tuple[str, dict]:
+    """The separator each run ends with (the seed's Fig. 2 center, line 88): with the slope
+    frozen, the line SLOPE . x + b = 0 of its last global bias, against the optimum's b*.
+    Per row, mean ± std over seeds of the final bias and of its distance |b - b*|."""
+    data: dict = {}
+    lines = ["| run | final bias b | distance \\|b - b*\\| to the optimum |", "|---|---|---|"]
+    for label, sub, _, iid in ROWS:
+        final, dist = [], []
+        for s in seeds:
+            cl = iid_clients(make_clients(s), s) if iid else make_clients(s)
+            b_star = bias_optimum(*pooled(cl))[0]
+            final.append(float(_biases(f"{runs_dir}/{sub}-s{s}")[-1]))
+            dist.append(abs(final[-1] - b_star))
+        data[label] = {"final_bias": final, "distance_to_optimum": dist}
+        lines.append(f"| {label} | {np.mean(final):.4g} ± {np.std(final):.2g} | "
+                     f"{np.mean(dist):.4g} ± {np.std(dist):.2g} |")
+    return "\n".join(lines), data
+
+
+def plot_separators(runs_dir: str, seed: int, out: str) -> None:
+    """separators.png: seed ``seed``'s training points (the outlier client's apart) and the
+    final separator of each non-iid FedAvg run and of the iid baseline, with b*'s."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+
+    clients = make_clients(seed)
+    fig, ax = plt.subplots(figsize=(5.5, 5))
+    for c, (x, y) in clients.items():
+        for cls, color in ((0, "tab:blue"), (1, "tab:red")):
+            pts = x[y == cls]
+            ax.scatter(pts[:, 0], pts[:, 1], s=6, color=color, alpha=0.35,
+                       marker="x" if c == OUTLIER else "o",
+                       label=(f"class {cls}" + (", outlier client" if c == OUTLIER else ""))
+                       if c in (0, OUTLIER) else None)
+    u = np.linspace(-1.5, 5.5, 2)
+
+    def line(b: float, **kw) -> None:  # SLOPE . x + b = 0, solved for x2
+        ax.plot(u, -(b + SLOPE[0] * u) / SLOPE[1], **kw)
+
+    line(bias_optimum(*pooled(clients))[0], color="k", lw=2, label="optimum b*")
+    cmap = plt.get_cmap("viridis")
+    for i, tau in enumerate(TAUS):
+        line(float(_biases(f"{runs_dir}/tau{tau}/fedavg-s{seed}")[-1]), color=cmap(i / len(TAUS)),
+             lw=1.2, label=f"FedAvg, tau {tau}")
+    line(float(_biases(f"{runs_dir}/iid/fedavg-s{seed}")[-1]), color="tab:orange", ls="--",
+         lw=1.2, label=f"FedAvg iid, tau {IID_TAU}")
+    ax.set_xlim(-1.5, 5.5)
+    ax.set_ylim(-1.5, 5.5)
+    ax.set_aspect("equal")
+    ax.set_xlabel("x1")
+    ax.set_ylabel("x2")
+    ax.set_title(f"Toy: final separators, seed {seed} (slope frozen, bias trained)",
+                 fontsize=9)
+    ax.legend(fontsize=7, loc="upper left")
+    fig.tight_layout()
+    fig.savefig(os.path.join(out, "separators.png"), dpi=120)
+    plt.close(fig)
+
+
+def plot(runs_dir: str, seeds: list[int], out: str) -> None:
+    """divergence.png (the seed's Fig. 2 right: the gradient divergence after each round, by
+    tau), bound.png (Fig. 5: measured gap against eq. 2's bound, by tau) and separators.png
+    (Fig. 2 center: the final separators, first seed)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    plot_separators(runs_dir, seeds[0], out)
 
     fig, ax = plt.subplots(figsize=(6, 4))
     for label, sub, _, iid in ROWS:
@@ -434,7 +499,14 @@ def main(argv: list[str] | None = None) -> int:
         f.write(f"# Toy: plateaus and eq. 2's bound\n\n{table}\n")
     with open(os.path.join(args.out, "plateau.json"), "w") as f:
         json.dump(data, f, indent=1)
+    sep_table, sep_data = separators(runs_dir, args.seeds)
+    with open(os.path.join(args.out, "separators.md"), "w") as f:
+        f.write(f"# Toy: the final separators (slope frozen; the last round's bias)\n\n"
+                f"{sep_table}\n")
+    with open(os.path.join(args.out, "separators.json"), "w") as f:
+        json.dump(sep_data, f, indent=1)
     print(table)
+    print(sep_table)
     return 0
 
 
