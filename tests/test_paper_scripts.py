@@ -132,3 +132,29 @@ def test_toy_separators_are_the_last_biases_against_the_optimum(toy, tmp_path):
     assert table.count("\n") == len(toy.ROWS) + 1
     toy.plot_separators(str(tmp_path), 0, str(tmp_path))
     assert (tmp_path / "separators.png").stat().st_size > 10_000
+
+
+def test_a_finished_run_is_reused_only_with_the_settings_asked_for(toy, tmp_path, monkeypatch):
+    """jobs/paper/common.run_all reuses a run by its directory: one made with other
+    overrides (a new horizon, another store) is refused in one line, never reported as if
+    it were the new setting; one made with them is reused without running anything."""
+    import common
+
+    out = tmp_path / "run"
+    out.mkdir()
+    (out / "config.yaml").write_text(
+        "# fedray run 0\nseed: 0\nrounds: 300\nclient:\n  lr: 0.0316\n"
+        f"data:\n  partition: {tmp_path / 'stores' / 's0'}\n")
+    (out / "summary.json").write_text("{}")
+    monkeypatch.chdir(tmp_path)
+    job = str(ROOT / "jobs" / "paper" / "scaffold_mnist" / "fedavg.yaml")
+    same = ["rounds=300", "client.lr=0.0316", "seed=0", "data.partition=stores/s0"]
+    assert common.made_with(str(out), same) is None
+    monkeypatch.setattr(common.fedray, "run", lambda *a, **k: pytest.fail("re-ran a run"))
+    common.run_all([(job, same, str(out), {})])  # reused: nothing runs
+    for changed, said in (("rounds=1000", "rounds=300, asked for 1000"),
+                          ("client.lr=0.1", "client.lr=0.0316, asked for 0.1"),
+                          ("data.partition=stores/s1", "data.partition=")):
+        with pytest.raises(common.StaleRun, match="remove it, or pass another --runs") as e:
+            common.run_all([(job, [*same[:-1], changed], str(out), {})])
+        assert said in str(e.value) and str(out) in str(e.value)

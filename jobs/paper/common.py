@@ -7,13 +7,18 @@ import argparse
 import contextlib
 import os
 import shutil
+import sys
 import time
 from collections.abc import Callable, Iterable
 from typing import Any
 
+from omegaconf import OmegaConf
+
 import fedray
 from fedray.config import load_config
+from fedray.errors import FedrayError
 from fedray.runtime.session import ray_session
+from fedray.state.storage import absolute_url
 
 # (job file, overrides, run directory, extra keyword arguments of fedray.run)
 Run = tuple[str, list[str], str, dict[str, Any]]
@@ -23,9 +28,38 @@ def _log(line: str) -> None:
     print(line, flush=True)
 
 
+class StaleRun(FedrayError):
+    """A finished run that was made with other settings than those asked for now."""
+
+
+def made_with(out: str, overrides: list[str]) -> str | None:
+    """None when the finished run in ``out`` was made with every ``key=value`` of
+    ``overrides``, else the first that differs, as "key=old, asked for new". Why: a run is
+    reused by its directory, so changing a script's horizon, grid or data without a new
+    --runs would otherwise report the old runs under the new settings."""
+    saved = OmegaConf.load(os.path.join(out, "config.yaml"))
+    for item in overrides:
+        key, _, value = item.partition("=")
+        want = OmegaConf.select(OmegaConf.from_dotlist([item]), key)
+        have = OmegaConf.select(saved, key, default=None)
+        if key == "data.partition":  # the run records the store's absolute URL
+            want = absolute_url(value)
+        if want != have:
+            return f"{key}={have}, asked for {want}"
+    return None
+
+
 def run_all(runs: Iterable[Run], log: Callable[[str], None] = _log) -> None:
+    """Run each job not yet finished in its directory; a finished one is reused, unless it
+    was made with other overrides (StaleRun: remove it, or give the script another --runs)."""
     runs = list(runs)
-    if all(os.path.exists(os.path.join(out, "summary.json")) for _, _, out, _ in runs):
+    finished = [(out, o) for _, o, out, _ in runs
+                if os.path.exists(os.path.join(out, "summary.json"))]
+    for out, overrides in finished:
+        differs = made_with(out, overrides)
+        if differs:
+            raise StaleRun(f"{out}: finished with {differs}; remove it, or pass another --runs")
+    if len(finished) == len(runs):
         return  # everything already finished: no Ray session to start
     cfg = load_config(runs[0][0], runs[0][1])
     # runtime.backend=inline runs need no Ray: starting a session would only cost time
@@ -42,8 +76,18 @@ def run_all(runs: Iterable[Run], log: Callable[[str], None] = _log) -> None:
             log(f"[{i}/{len(runs)}] {out} ({time.perf_counter() - t0:.0f}s)")
 
 
+def _one_line(kind: type, error: BaseException, tb: Any) -> None:
+    if isinstance(error, FedrayError):
+        print(f"error: {error}", file=sys.stderr)
+        sys.exit(2)
+    sys.__excepthook__(kind, error, tb)
+
+
 def parser(doc: str, runs_default: str) -> argparse.ArgumentParser:
-    """The options every scripted reproduction takes: --out, --runs and --rounds."""
+    """The options every scripted reproduction takes: --out, --runs and --rounds. A script
+    that builds its command line this way also ends on a FedrayError (a bad store, a stale
+    run) with its one line and exit status 2, as the fedray CLI does, not a traceback."""
+    sys.excepthook = _one_line
     p = argparse.ArgumentParser(description=doc.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--out", required=True, help="directory for the tables and figures")
