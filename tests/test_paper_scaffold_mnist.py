@@ -125,3 +125,11 @@ def test_femnist_tunes_once_per_algorithm_and_similarity(sm):
     assert sm.tuned_on(t5, rounds) == t5
     mnist = sm.Cell(4, "fedavg", 5, "0", 5, 1000, 0.75)
     assert sm.tuned_on(mnist, rounds) == mnist
+
+
+def test_femnist_searches_below_mnist_lower_limit(sm):
+    # an lr chosen at 10^-3 is extended to 10^-3.5 on FEMNIST, and the search stops there on
+    # MNIST (its results regenerate as they were)
+    tried = {-3.0: (3,), -2.5: (2,), -2.0: (1,)}
+    assert sm.next_exponent(tried, sm.DATA["femnist"].limits) == -3.5
+    assert sm.next_exponent(tried) is None and sm.DATA["mnist"].limits == sm.LIMITS == (-3.0, 1.5)
