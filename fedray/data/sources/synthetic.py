@@ -50,9 +50,10 @@ def glyphs(seed: int) -> torch.Tensor:
     centers = (np.arange(SIDE) + 0.5) / SIDE
     grid = np.stack(np.meshgrid(centers, centers, indexing="xy"), -1).reshape(-1, 2)
     # a pixel's ink is its nearest stroke point's Gaussian, max_k exp(-d2_k / c), taken
-    # as exp(-min_k d2_k / c): the same floats wherever exp is monotone (every libm and
-    # numpy's SIMD exp measured: tests/data/test_synthetic_glyphs.py), one exp per pixel
-    # instead of one per stroke point, which cut a run's start-up by about 0.3 s
+    # as exp(-min_k d2_k / c): the same floats wherever exp is monotone (bit-identical on
+    # the development machine; tests/data/test_synthetic_glyphs.py allows one float32 ulp
+    # elsewhere), one exp per pixel instead of one per stroke point, which cut a run's
+    # start-up by about 0.3 s
     dx = pts[:, :, None, 0] - grid[None, None, :, 0]
     dy = pts[:, :, None, 1] - grid[None, None, :, 1]
     d2 = (dx * dx + dy * dy).min(axis=1) * SIDE**2
