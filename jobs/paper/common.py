@@ -16,8 +16,9 @@ from omegaconf import OmegaConf
 
 import fedray
 from fedray.config import load_config
-from fedray.errors import FedrayError
+from fedray.errors import FedrayError, printable_line
 from fedray.runtime.session import ray_session
+from fedray.state.redact import mask
 from fedray.state.storage import absolute_url
 
 # (job file, overrides, run directory, extra keyword arguments of fedray.run)
@@ -77,8 +78,9 @@ def run_all(runs: Iterable[Run], log: Callable[[str], None] = _log) -> None:
 
 
 def _one_line(kind: type, error: BaseException, tb: Any) -> None:
+    """A FedrayError as the fedray CLI prints one (secrets masked, one printable line)."""
     if isinstance(error, FedrayError):
-        print(f"error: {error}", file=sys.stderr)
+        print(f"error: {printable_line(mask(str(error)))}", file=sys.stderr)
         sys.exit(2)
     sys.__excepthook__(kind, error, tb)
 

@@ -296,16 +296,14 @@ def write_report(out: str, study: dict, chosen: dict, finals: dict, rounds: int,
                      f"{statistics.mean(tails):.4f} | {statistics.mean(losses):.4f} |")
     if metric == "train_loss":
         lines += loss_windows(chosen, finals, rounds)
-    if tune_rounds is None:
-        Path(out, "report.md").write_text("\n".join(lines) + "\n")
-        print("\n".join(lines))
-        return
-    lines += ["", f"Grid (seed 0): the selection score per (gamma, eta) ({rule}; "
-              "-inf: diverged)", "", "| setting | gamma | eta | score |", "|---|---|---|---|"]
-    for name, (_, _, scores) in chosen.items():
-        for (g, e), sc in sorted(scores.items()):
-            lines.append(f"| {name} | {g:g} | {e:g} | "
-                         f"{abs(sc) if math.isfinite(sc) else sc:.4f} |")
+    if tune_rounds is not None:  # the tuning grid behind each pick
+        lines += ["", f"Grid (seed 0): the selection score per (gamma, eta) ({rule}; "
+                  "-inf: diverged)", "", "| setting | gamma | eta | score |",
+                  "|---|---|---|---|"]
+        for name, (_, _, scores) in chosen.items():
+            for (g, e), sc in sorted(scores.items()):
+                lines.append(f"| {name} | {g:g} | {e:g} | "
+                             f"{abs(sc) if math.isfinite(sc) else sc:.4f} |")
     Path(out, "report.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
 

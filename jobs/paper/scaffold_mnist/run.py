@@ -91,7 +91,6 @@ DATA = {
     "femnist": Data("femnist", "the LEAF FEMNIST sample", "the FEMNIST sample",
                        "stores/femnist_sim{s}", 0.5, 0.45, False, (-4.0, 1.5)),
 }
-STORE = DATA["mnist"].store
 TARGET3, TARGET4 = DATA["mnist"].target3, DATA["mnist"].target4
 GRID = (-2.0, -1.5, -1.0, -0.5, 0.0)  # log10 eta_l, fedray's choice
 GRID5 = (-1.5, -1.0, -0.5)
@@ -269,10 +268,10 @@ def tune(cell: Cell, runs: str, grid: tuple[float, ...]) -> tuple[float, dict[fl
     return choose(tried), tried
 
 
-def run_cell(cell: Cell, runs: str, rounds: dict[int, int] | None = None) -> dict:
+def run_cell(cell: Cell, runs: str, rounds: dict[int, int]) -> dict:
     """Tune (on ``tuned_on``'s cell), then run the seeds that search did not run at the
     chosen lr; the per-seed results."""
-    base = tuned_on(cell, rounds) if rounds else cell
+    base = tuned_on(cell, rounds)
     e, tried = tune(base, runs, GRID5 if cell.table == 5 else GRID)
     lr = lr_of(e)
     job = str(HERE / f"{cell.alg}.yaml")
@@ -594,8 +593,8 @@ def main() -> None:
         runs = str(ROOT / "runs" / "paper" / f"scaffold_{args.data}")
     out = os.path.abspath(args.out)
     os.chdir(ROOT)  # the jobs' store paths are relative to the repository
-    missing = [DATA[args.data].store.format(s=s) for s in sorted(sims)
-               if not os.path.exists(DATA[args.data].store.format(s=s))]
+    stores = [DATA[args.data].store.format(s=s) for s in sorted(sims)]
+    missing = [path for path in stores if not os.path.exists(path)]
     if missing:
         p.error(f"{missing[0]} not found: build it first (fedray partition "
                 "partitions/similarity.yaml ..., as docs/reproductions.md shows)")

@@ -273,6 +273,12 @@ ROWS = [(f"FedAvg, tau {t}", f"tau{t}/fedavg", t, False) for t in TAUS] + [
 ]
 
 
+def ms(v) -> str:
+    """Mean ± population std over seeds, as the toy's tables print it."""
+    v = np.asarray(v, dtype=float)
+    return f"{v.mean():.4g} ± {v.std():.2g}"
+
+
 def summarize(runs_dir: str, seeds: list[int]) -> tuple[str, dict]:
     """Per row, mean ± std over seeds of: the test-loss plateau, the gap F(b) - F(b*) of the
     global (training) objective over the same window, the largest gradient divergence seen
@@ -287,10 +293,6 @@ def summarize(runs_dir: str, seeds: list[int]) -> tuple[str, dict]:
             "zeta_iid": iid_consts[s]["zeta"],
             "test_loss_at_b_star": float(objective(*make_test(s), consts[s]["b_star"])[0]),
         }
-
-    def ms(v) -> str:
-        v = np.asarray(v, dtype=float)
-        return f"{v.mean():.4g} ± {v.std():.2g}"
 
     lines = [
         f"| run | test loss, plateau (last {PLATEAU_ROUNDS} rounds) | gap F - F* (train "
@@ -356,8 +358,7 @@ def separators(runs_dir: str, seeds: list[int]) -> tuple[str, dict]:
             final.append(float(_biases(f"{runs_dir}/{sub}-s{s}")[-1]))
             dist.append(abs(final[-1] - b_star))
         data[label] = {"final_bias": final, "distance_to_optimum": dist}
-        lines.append(f"| {label} | {np.mean(final):.4g} ± {np.std(final):.2g} | "
-                     f"{np.mean(dist):.4g} ± {np.std(dist):.2g} |")
+        lines.append(f"| {label} | {ms(final)} | {ms(dist)} |")
     return "\n".join(lines), data
 
 
