@@ -59,6 +59,9 @@ class ImbalanceRoundConfig(Section):
     # class-balanced draws
     size: int | None = None  # examples per client and round; None: the client's own count
     pool: str = "client"  # client: its own examples; all: every client's (the training set)
+    # a fixed composition instead of drawn ratios: one ratio per client of the round, dealt
+    # to the round's clients at random (exactly these ratios every round)
+    composition: list[float] = field(default_factory=list)
 
 
 @dataclass
@@ -68,6 +71,7 @@ class LabelFlipRoundConfig(Section):
 
     corruption: float = 0.0
     flip_ratio: float = 1.0
+    corrupted: int | None = None  # exactly this many of each round's clients, not a chance
 
 
 @dataclass
@@ -815,6 +819,26 @@ def _validate_clock(cfg: DictConfig) -> None:
       list(cfg.sampling.always))
 
 
+def _check_fixed_composition(cfg: DictConfig, per_round: Any, population: int) -> None:
+    """A fixed composition (``data.per_round.imbalance.composition`` or
+    ``label_flip.corrupted``) deals its conditions over the round's invited clients: every
+    round must invite the same number, which Poisson sampling and buffered training do not."""
+    key = ("data.per_round.imbalance.composition" if per_round.composition
+           else "data.per_round.label_flip.corrupted")
+    sm = cfg.sampling
+    for other, on, value in (("sampling.mode", sm.mode == "poisson", sm.mode),
+                             ("sampling.concurrency", sm.concurrency, sm.concurrency)):
+        if on:
+            raise key_error(other, f"cannot be combined with {key} (a fixed composition "
+                            "needs the same number of clients invited every round)", value)
+    from fedray.core.sampling import over_selected
+
+    k = sm.clients_per_round
+    n = over_selected(k, sm.over_selection, population) if 1 <= k <= population else k
+    per_round.check_cohort(n, "sampling invites" if n == k else
+                           "sampling (with over_selection) invites")
+
+
 def validate(cfg: DictConfig, population: int, *, custom_model: bool = False) -> None:
     """Reject impossible values with one line naming the key and what is allowed."""
     r = _require
@@ -836,7 +860,8 @@ def validate(cfg: DictConfig, population: int, *, custom_model: bool = False) ->
     from fedray.data.transforms.per_round import parse_per_round
 
     # one line naming the key of an impossible value
-    parse_per_client(cfg.data.per_client, parse_per_round(cfg.data.per_round))
+    per_round = parse_per_round(cfg.data.per_round)
+    parse_per_client(cfg.data.per_client, per_round)
     syn = cfg.data.synthetic
     if cfg.data.partition == "synthetic":
         r(1 <= syn.num_clients <= MAX_SYNTHETIC_CLIENTS, "data.synthetic.num_clients",
@@ -878,6 +903,8 @@ def validate(cfg: DictConfig, population: int, *, custom_model: bool = False) ->
                         ("clock.enabled", cfg.clock.enabled)):
             r(not on, key, "cannot be combined with sampling.mode=poisson", on if
               key != "sampling.always" else list(sm.always))
+    if per_round is not None and per_round.ranked:
+        _check_fixed_composition(cfg, per_round, population)
     bound = cfg.guard.max_update_norm
     r(bound is None or bound > 0, "guard.max_update_norm", "must be > 0 or null", bound)
     r(cfg.guard.non_finite in ("stop", "warn"), "guard.non_finite", "must be stop or warn",

@@ -431,6 +431,10 @@ class Aggregator(ServerState, Part):
     # per-client values a client part must record (ClientWork.columns) for it to read in
     # ``accumulate`` (IFCA's cluster), checked when the job is resolved
     requires_columns: ClassVar[tuple[str, ...]] = ()
+    # per-client values it records in ``ctx.columns`` in ``accumulate`` (Exp-alpha's log
+    # weight): columns of the round's participants table when the run writes one
+    # (output.participants), so what it decided per client can be looked at afterwards
+    columns: ClassVar[tuple[str, ...]] = ()
     provides: ClassVar[tuple[str, ...]] = ()  # the keys of its broadcast
     # it moves models of its own by the plain average (IFCA's K models): the global one
     # must move the same way, so the job's server optimizer must be sgd at server.lr 1

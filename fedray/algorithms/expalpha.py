@@ -39,6 +39,9 @@ class ExpAlphaAggregator(Aggregator):
     name = "expalpha"
     section = "expalpha"
     Params = ExpAlphaParams
+    # log rho_k before the round's normaliser: with output.participants, a client's weight
+    # is exp(log_weight) over the sum of the round's arrived clients' (seed 003's Fig. 2)
+    columns = ("expalpha_log_weight",)
 
     def check(self, params: ExpAlphaParams) -> None:
         require(params.alpha > 0, "alpha", "must be > 0", params.alpha)
@@ -51,7 +54,9 @@ class ExpAlphaAggregator(Aggregator):
     ) -> None:
         after = env.risk(env.trained_weights(update), ctx.x, ctx.y)
         before = env.risk(env.global_weights, ctx.x, ctx.y)
-        acc.add(update.delta, 1.0, expalpha_log_weight(before, after, self.params.alpha))
+        log_weight = expalpha_log_weight(before, after, self.params.alpha)
+        ctx.columns["expalpha_log_weight"] = log_weight
+        acc.add(update.delta, 1.0, log_weight)
 
 
 register_preset("expalpha", "local_sgd", "expalpha", "sgd")

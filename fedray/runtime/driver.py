@@ -80,6 +80,7 @@ from fedray.runtime.participation import (
     check_selector,
     merge_arrived,
     participants_name,
+    row_columns,
 )
 from fedray.runtime.pool import WorkerPool
 from fedray.runtime.reduction_tree import slot_groups
@@ -369,9 +370,19 @@ class Driver:
             self.version_weights[0] = self.weights.clone()
         selector_name = self.algorithm.names.get("selector") or "uniform"
         check_selector(selector_name, self.selector, c.sampling)
+        per_round = parse_per_round(c.data.per_round)
+        # a fixed composition's places are dealt over each round's invitees (RoundTask.ranks)
+        self.per_round = per_round
+        self.ranked = per_round is not None and per_round.ranked
+        if self.ranked and type(self.selector) is not UniformSelector:
+            raise key_error("algorithm.selector", f"{selector_name} probes candidates outside "
+                            "the round, which a fixed composition of the round "
+                            "(data.per_round) cannot place: only uniform allows it",
+                            selector_name)
         self.participation = None if self.schedule is not None else Participation(
             self.selector, selector_name, c.sampling, c.seed, source.population, self.sizes_of,
-            self.clock, columns=client.columns, participants=c.output.participants)
+            self.clock, columns=client.columns, participants=c.output.participants,
+            recorded=row_columns(client, self.aggregator, per_round))
         # each aggregated client's report (loss, examples, a part's columns)
         self.client_rows = self.participation is not None and self.participation.reports
         spec = WorkerSpec(
@@ -388,7 +399,7 @@ class Driver:
                                       state_half=state_half,
                                       vectorize=self._vectorize_plan(client)),
             client=worker_parts[0], aggregator=worker_parts[1], state_url=state_url,
-            per_round=parse_per_round(c.data.per_round), per_client=per_client,
+            per_round=per_round, per_client=per_client,
             stages=worker_parts[2],
             labels=(self.algorithm.names["client"], self.algorithm.names["aggregator"],
                     *self.algorithm.stage_names),
@@ -753,6 +764,10 @@ class Driver:
                 self.sim_time_s = sel.outcome.end_s
             ids, dropped_out, late = sel.participants, sel.dropped_out, sel.late
             shares = [(broadcast, 0, ids)]
+            if self.ranked:  # a fixed composition deals its places over the invitees
+                invited = np.sort(np.asarray(invites.invited, dtype=np.int64))
+                self.per_round.check_cohort(len(invited), f"round {r} invited")
+                rank_of = {c: k for k, c in enumerate(invited.tolist())}
         v = self.versions
         tasks = []
         # a secure sum's partials must each hold enough clients: fewer, fuller workers
@@ -764,9 +779,11 @@ class Driver:
                 if not g:
                     continue
                 at = (None, None) if v is None else [a.tolist() for a in v.locate(g)]
+                ranked = ({"ranks": [rank_of[c] for c in g], "invited": len(rank_of)}
+                          if self.ranked else {})
                 # the task's number names its packs of client state (begin_packs)
                 tasks.append((slot, (broadcast, RoundTask(r, g, at[0], staleness, at[1],
-                                                          len(tasks))),
+                                                          len(tasks), **ranked)),
                               f"round {r}: clients {g}"))
         acc = PartialSum(self.weights.numel(), extras=extra_sizes(
             self.algorithm.parts, self.template.num_params))

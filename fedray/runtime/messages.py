@@ -35,6 +35,10 @@ class RoundTask:
     staleness: int = 0
     packs: list[int] | None = None  # the pack of each client's current state (-1: none)
     task: int = 0  # the task's number in its round: what its packs of client state are named by
+    # a fixed composition (data.per_round): each client's rank among the round's ``invited``
+    # clients sorted by id, the place its condition is dealt by
+    ranks: list[int] | None = None
+    invited: int = 0
 
 
 @dataclass

@@ -42,7 +42,8 @@ from fedray.state.run_dir import PARTICIPANTS_DIR
 from fedray.timing.availability import AlwaysOnline
 from fedray.timing.online_sampling import sample_online
 
-__all__ = ["Participation", "RoundInvites", "check_selector", "participants_name"]
+__all__ = ["Participation", "RoundInvites", "check_selector", "participants_name",
+           "row_columns"]
 
 
 def participants_name(r: int) -> str:
@@ -83,16 +84,19 @@ class Participation:
     def __init__(self, selector: Selector, name: str, sampling: SamplingConfig, seed: int,
                  population: int, sizes_of: Callable[[np.ndarray], np.ndarray],
                  clock: Any = None, columns: tuple[str, ...] = (), *,
-                 participants: bool = False):
+                 participants: bool = False, recorded: tuple[str, ...] = ()):
         """``sampling``: the job's section; ``columns``: the client part's per-client values
-        (``ClientWork.columns``); ``participants``: output.participants."""
+        (``ClientWork.columns``), which make the table; ``participants``:
+        output.participants; ``recorded``: other per-client values the workers record (the
+        aggregator's, data.per_round's draws: ``row_columns``), tabled when a table is
+        made."""
         self.selector, self.name, self.clock = selector, name, clock
         self.sampling, self.seed = sampling, seed
         self.population, self.sizes_of = population, sizes_of
-        self.columns = tuple(columns)
+        self.columns = tuple(dict.fromkeys((*columns, *recorded)))
         # the workers report each aggregated client (loss, examples, the part's columns):
         # for a selector that learns from them, a part's own values, or output.participants
-        self.reports = bool(selector.wants_feedback or self.columns or participants)
+        self.reports = bool(selector.wants_feedback or columns or participants)
         sm = sampling
         self.k, self.n = sm.clients_per_round, over_selected(sm.clients_per_round,
                                                              sm.over_selection, population)
@@ -210,6 +214,17 @@ class Participation:
                 col[pos] = values
                 cols[name] = col
         return pa.table(cols)
+
+
+def row_columns(client: Any, aggregator: Any, per_round: Any) -> tuple[str, ...]:
+    """The per-client values a round's participants table holds beyond its fixed columns,
+    in this order: the client part's (``columns``: IFCA's cluster), the aggregator's
+    (Exp-alpha's log weight) and what ``data.per_round`` drew for the client (its ratio,
+    whether it is flipped). The worker records them in ``ClientContext.columns``."""
+    from fedray.data.transforms.per_round import drawn_columns
+
+    return tuple(dict.fromkeys((*client.columns, *aggregator.columns,
+                                *drawn_columns(per_round))))
 
 
 def merge_arrived(parts: list[dict[str, np.ndarray] | None]) -> dict[str, np.ndarray] | None:

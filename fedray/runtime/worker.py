@@ -42,6 +42,7 @@ from fedray.core.seeding import TAG_ADAPT, TAG_PHASE, client_seed, derive_seed, 
 from fedray.core.tensors import readonly_tensor, reused_rows
 from fedray.data.client_source import ClientCache, ClientSource, sizes_of
 from fedray.data.transforms.per_client import PerClient, shift_inputs
+from fedray.data.transforms.per_round import COLUMNS as PER_ROUND_COLUMNS
 from fedray.data.transforms.per_round import PerRound, apply_per_round
 from fedray.errors import PartError
 from fedray.kernels.sequential import client_batch_size, local_sgd
@@ -60,6 +61,7 @@ from fedray.runtime.part_errors import (
     check_local_update,
     names_part_errors,
 )
+from fedray.runtime.participation import row_columns
 from fedray.runtime.reduction_tree import reduce_results
 from fedray.runtime.session import keep_freed_memory, private_mb
 from fedray.state.client_state import ClientStateStore
@@ -281,6 +283,9 @@ class ClientWorker:
         self._stored: list[int] = []  # clients whose state this round's train() wrote
         self._pack_of: dict[int, int] = {}  # the pack of each task client's current state
         self._staleness = 0  # the current task's (buffered asynchronous training)
+        self._ranks: dict[int, tuple[int, int]] = {}  # the current task's (RoundTask.ranks)
+        # the per-client values a client's report carries (the participants table's)
+        self.row_columns = row_columns(self.client, self.aggregator, spec.per_round)
         self._nonfinite = 0  # this round's updates the guard dropped for NaN or Inf
         self._flagged: list[int] = []  # this round's clients the guard or a stage defended
         # against (dropped, clipped): the run's defense metrics, with an adversary
@@ -326,18 +331,26 @@ class ClientWorker:
         transformed by ``data.per_round`` when the job sets it
         (fedray.data.transforms.per_round: a pure function of (seed, round, client_id), so the
         same on any worker and in any order)."""
+        return self._round_data(round_idx, cid)[:2]
+
+    def _round_data(self, round_idx: int, cid: int
+                    ) -> tuple[torch.Tensor, torch.Tensor, dict[str, float]]:
+        """``client_data`` and what ``data.per_round`` drew for the client (its ratio, whether
+        it is flipped), as the round's participants table records it."""
         pr = self.spec.per_round
         if pr is None:
-            return self.client_split(cid)
+            return (*self.client_split(cid), {})
         x = y = own = None
         if self._pool is None:
             x, y = (a.numpy() for a in self.client_split(cid))
         elif pr.size is None:  # pool: all draws from the pool: only the client's size is read
             own = int(sizes_of(self.spec.source, [cid])[0])
-        nx, ny, _ = apply_per_round(pr, self.spec.seed, round_idx, cid, x, y,
-                                    self.spec.source.num_classes, self._pool, own)
+        rank = self._ranks.get(cid) if pr.ranked else None
+        nx, ny, info = apply_per_round(pr, self.spec.seed, round_idx, cid, x, y,
+                                       self.spec.source.num_classes, self._pool, own, rank)
         return (readonly_tensor(np.ascontiguousarray(nx)),
-                readonly_tensor(np.ascontiguousarray(ny)))
+                readonly_tensor(np.ascontiguousarray(ny)),
+                {PER_ROUND_COLUMNS[k]: float(v) for k, v in info.items()})
 
     def assigned_gpus(self) -> list:
         """The GPUs Ray gave this worker; outside Ray, none: the CPU."""
@@ -368,9 +381,10 @@ class ClientWorker:
         whatever the aggregator prepares (examples it holds out, say). Runs on the prefetch
         thread: it must not touch the replica."""
         seed = client_seed(self.spec.seed, round_idx, cid)
-        x, y = self.client_data(round_idx, cid)
+        x, y, drawn = self._round_data(round_idx, cid)
         ctx = ClientContext(cid, round_idx, seed, x, y, self.env.batch_size_for(len(y)),
                             version, staleness=self._staleness)
+        ctx.columns.update(drawn)  # data.per_round's draws, for the participants table
         if self._data_attacks and len(y) and self.spec.adversary.is_malicious(cid):
             for attack in self._data_attacks:  # a malicious client's data, as it trains on it
                 attack.poison_data(self.env, ctx)
@@ -809,6 +823,9 @@ class ClientWorker:
         else:
             self._rows = None
         self._staleness = task.staleness
+        # a fixed composition (data.per_round): each client's (rank, invited) in the round
+        self._ranks = ({c: (k, task.invited) for c, k in zip(ids, task.ranks, strict=True)}
+                       if task.ranks is not None else {})
         if self.state is not None and self.spec.resources.state_pack_mb:
             # the round's clients' state goes into packs of state_pack_mb each
             self.state.begin_packs(task.round, task.task, self.spec.resources.state_pack_mb)
@@ -839,14 +856,14 @@ class ClientWorker:
 
     def _arrived_message(self) -> dict[str, np.ndarray] | None:
         """This round's aggregated clients as columns: ``id``, ``loss``, ``examples`` and
-        the client part's own (``ClientWork.columns``; NaN where a client recorded none)."""
+        the recorded values (``row_columns``; NaN where a client recorded none)."""
         rows, self._arrived = self._arrived, None
         if rows is None:
             return None
         out = {"id": np.array([r[0] for r in rows], dtype=np.int64),
                "loss": np.array([r[1] for r in rows], dtype=np.float64),
                "examples": np.array([r[2] for r in rows], dtype=np.int64)}
-        for name in self.client.columns:
+        for name in self.row_columns:
             out[name] = np.array([float(r[3].get(name, np.nan)) for r in rows],
                                  dtype=np.float64)
         return out

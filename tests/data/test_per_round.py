@@ -175,3 +175,113 @@ def test_sequential_and_vectorized_train_on_the_same_round_data():
     assert plain.examples == 9 * 40  # without per_round: the store's clients
     c = plain.partial.sum / plain.partial.weight
     assert np.abs(c - a).max() > 1e-3  # the transform changed what was trained
+
+
+# -- fixed compositions: exactly these conditions in every round ---------------------------
+
+COMPOSED = PerRound(composition=(1.0,) * 4 + (0.01,) * 3 + (0.1,) * 3, size=120, pool="all")
+COUNTED = PerRound(ratios=(1.0,), size=120, pool="all", corrupted=4, flip_ratio=0.1)
+
+
+def test_a_composition_is_exact_in_every_round_and_dealt_at_random():
+    """Ten invitees, {1.0 x 4, 0.01 x 3, 0.1 x 3} (seed 003 line 138): every round holds
+    exactly that multiset, whichever ids were invited; the deal (who gets which) changes
+    from round to round and depends on the rank alone, never on the id or the worker."""
+    pool = _pool()
+    deals = []
+    for r in range(1, 7):
+        ids = np.sort(np.random.default_rng(r).choice(1000, 10, replace=False))
+        got = [apply_per_round(COMPOSED, 3, r, int(c), None, None, C, pool, None, (k, 10))[2]
+               ["ratio"] for k, c in enumerate(ids)]
+        assert sorted(got) == sorted(COMPOSED.composition)
+        deals.append(tuple(got))
+        # the same rank in the same round gets the same ratio whatever the client's id
+        other = apply_per_round(COMPOSED, 3, r, 999_999, None, None, C, pool, None, (0, 10))
+        assert other[2]["ratio"] == got[0]
+    assert len(set(deals)) > 1
+    with pytest.raises(ConfigError, match=r"composition': has 10 ratios, one per client of "
+                       r"a round; this round invited 9"):
+        apply_per_round(COMPOSED, 3, 1, 0, None, None, C, pool, None, (0, 9))
+    with pytest.raises(ValueError, match="needs the client's rank"):
+        apply_per_round(COMPOSED, 3, 1, 0, None, None, C, pool)
+
+
+def test_a_corrupted_count_is_exact_and_keeps_the_clients_own_flip():
+    """``corrupted: 4`` of 6 (seed 003 line 177): exactly four flipped in every round; a
+    flipped client's label map is the one its own stream gives (the chance's draw is taken
+    either way), with round(0.1 * 10) = 1 class relabelled."""
+    pool = _pool()
+    for r in range(1, 9):
+        flipped = []
+        for k in range(6):
+            _, y, info = apply_per_round(COUNTED, 5, r, 10 + k, None, None, C, pool, None, (k, 6))
+            flipped.append(info["flipped"])
+            if info["flipped"]:
+                m = flip_map(5, r, 10 + k, C, 1.0, 0.1)  # the client's map, were it chosen
+                assert (m != np.arange(C)).sum() == 1
+                clean, yc, _ = apply_per_round(PerRound(ratios=(1.0,), size=120, pool="all"),
+                                               5, r, 10 + k, None, None, C, pool)
+                np.testing.assert_array_equal(y, m[yc])
+        assert sum(flipped) == 4
+
+
+def test_fixed_compositions_are_checked_against_the_sampling():
+    base = ["data.per_round.imbalance.size=20", "data.per_round.imbalance.pool=all"]
+    comp = "data.per_round.imbalance.composition=[1.0,1.0,0.1]"
+    for overrides, msg in [
+        ([comp, "sampling.clients_per_round=4"],
+         r"composition': has 3 ratios, one per client of a round; sampling invites 4"),
+        ([comp, "sampling.clients_per_round=3", "sampling.over_selection=0.5"],
+         r"composition': .*; sampling \(with over_selection\) invites 5"),
+        ([comp, "sampling.clients_per_round=3", "sampling.mode=poisson"],
+         r"sampling\.mode': cannot be combined with data\.per_round\.imbalance\.composition"),
+        ([comp, "data.per_round.imbalance.ratios=[1.0]", "sampling.clients_per_round=3"],
+         r"composition': cannot be combined with data\.per_round\.imbalance\.ratios"),
+        (["data.per_round.label_flip.corrupted=5", "sampling.clients_per_round=4"],
+         r"corrupted': must be <= the clients of a round: sampling invites 4"),
+        (["data.per_round.label_flip.corrupted=2", "data.per_round.label_flip.corruption=0.5"],
+         r"corrupted': cannot be combined with data\.per_round\.label_flip\.corruption"),
+        (["data.per_round.label_flip.corrupted=-1"], r"corrupted': must be a whole number >= 0"),
+    ]:
+        with pytest.raises(ConfigError, match=msg):
+            validate(load_config(None, [*base, *overrides]), 10)
+    validate(load_config(None, [*base, comp, "sampling.clients_per_round=3"]), 10)
+
+
+def test_a_run_with_fixed_compositions_records_and_keeps_them(tmp_path):
+    """In process (inline), 2 rounds of Exp-alpha: each round's participants table holds
+    the composition's ratios exactly, the corrupted count, and Exp-alpha's log weights,
+    and the run is the same bit for bit with one worker or three (ranks, not placement)."""
+    import pyarrow.ipc as ipc
+    from conftest import blobs, fixed_linear
+
+    import fedray
+
+    clients, test = blobs(12, seed=4), blobs(1, seed=9)[0]
+    runs = {}
+    for workers in (1, 3):
+        out = tmp_path / f"w{workers}"
+        job = {"name": "composed", "seed": 2, "rounds": 2,
+               "algorithm": {"name": "expalpha"},
+               "client": {"lr": 0.1, "batch_size": 4, "local_steps": 3},
+               "sampling": {"clients_per_round": 5},
+               "data": {"per_round": {
+                   "imbalance": {"composition": [1.0, 1.0, 0.5, 0.2, 0.2], "size": 12,
+                                 "pool": "all"},
+                   "label_flip": {"corrupted": 2}}},
+               "output": {"dir": str(out), "participants": True},
+               "runtime": {"backend": "inline", "num_workers": workers,
+                           "worker": {"num_cpus": 0.5}}}
+        fedray.run(job, model_fn=fixed_linear()[0], client_data=clients, test_data=test)
+        tables = [ipc.open_file(str(out / "participants" / f"round_{r:06d}.arrow")).read_all()
+                  for r in (1, 2)]
+        for t in tables:
+            assert sorted(t["imbalance_ratio"].to_pylist()) == [0.2, 0.2, 0.5, 1.0, 1.0]
+            assert sum(t["label_flipped"].to_pylist()) == 2
+            assert np.isfinite(t["expalpha_log_weight"].to_numpy()).all()
+        runs[workers] = (tables, (out / "model.safetensors").read_bytes())
+    for a, b in zip(runs[1][0], runs[3][0], strict=True):  # duration_s is NaN off the clock
+        assert a.column_names == b.column_names
+        for name in a.column_names:
+            np.testing.assert_array_equal(a[name].to_numpy(), b[name].to_numpy(), err_msg=name)
+    assert runs[1][1] == runs[3][1]

@@ -206,13 +206,13 @@ def test_clients_are_read_ahead_on_one_thread_for_the_workers_life(tmp_path, mon
     w = _worker(tmp_path, "reader", "logreg", client, aggregator, extra, False)
     w._prefetch = True
     readers: list[tuple[int, int]] = []  # (thread, client) of every read
-    read = w.client_data
+    read = w._round_data  # what client_data and a client's preparation read through
 
     def spy(round_idx, cid):
         readers.append((threading.get_native_id(), cid))
         return read(round_idx, cid)
 
-    monkeypatch.setattr(w, "client_data", spy)
+    monkeypatch.setattr(w, "_round_data", spy)
     _rounds(w, w.model.flat.numpy().copy())
     assert len(readers) == 18 and len({t for t, _ in readers}) == 1
     assert readers[0][0] != threading.get_native_id()
