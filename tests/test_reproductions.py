@@ -225,8 +225,9 @@ def test_every_cited_seed_line_exists_and_is_not_blank(number, seeds):
 
 # "seed 004 line 308", "Seed 002's lines 1094 and 1121", "seed 004 (SCAFFOLD), lines 328-329"
 CODE_CITATION = re.compile(rf"[Ss]eed (\d{{3}})(?:'s)?,? [^.\n]{{0,25}}?\blines? ({NUMBERS})")
-# a file that says which seed its bare "line N"s are: "shared/seeds/002_ca229c69b5271fde.txt"
-SEED_FILE = re.compile(r"seeds/(\d{3})_[0-9a-f]+\.txt")
+# a file that says which seed its bare "line N"s are: "shared/seeds/002_ca229c69b5271fde.txt",
+# or by the glob the jobs write, "seeds/003_*.txt"
+SEED_FILE = re.compile(r"seeds/(\d{3})_(?:[0-9a-f]+|\*)\.txt")
 CITING = ("fedray/**/*.py", "jobs/**/*.py", "jobs/**/*.yaml", "partitions/*.yaml",
           "benchmarks/**/*.py", "docs/*.md", "README.md")
 
