@@ -285,3 +285,23 @@ def test_a_run_with_fixed_compositions_records_and_keeps_them(tmp_path):
         for name in a.column_names:
             np.testing.assert_array_equal(a[name].to_numpy(), b[name].to_numpy(), err_msg=name)
     assert runs[1][1] == runs[3][1]
+
+
+def test_a_probing_selector_is_refused_with_a_fixed_composition(tmp_path):
+    """power_of_choice probes candidates outside the round, which have no place in its
+    composition: refused in one line before anything is written."""
+    from conftest import blobs, fixed_linear
+
+    import fedray
+
+    out = tmp_path / "run"
+    job = {"name": "probe", "rounds": 1, "algorithm": {"name": "fedavg",
+                                                       "selector": "power_of_choice"},
+           "sampling": {"clients_per_round": 3},
+           "data": {"per_round": {"label_flip": {"corrupted": 1}}},
+           "output": {"dir": str(out)}, "runtime": {"backend": "inline"}}
+    with pytest.raises(ConfigError, match=r"^config key 'algorithm\.selector': "
+                       r"power_of_choice probes candidates outside the round"):
+        fedray.run(job, model_fn=fixed_linear()[0], client_data=blobs(8, seed=1),
+                   test_data=blobs(1, seed=2)[0])
+    assert not out.exists()
