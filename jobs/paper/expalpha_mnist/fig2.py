@@ -187,25 +187,32 @@ def plot(res: dict, path: Path) -> None:
     groups = [g for g in groups if g]
     fig, axes = plt.subplots(1, len(groups), figsize=(6.5 * len(groups), 4.2), squeeze=False)
     for ax, group in zip(axes[0], groups, strict=True):
+        # one colour per kind of client across the panel, the most shifted first
+        every = {k for r in group for k in r["weights"]}
+        order = sorted(every, key=lambda k: (k != "flipped", k != "clean",
+                                             float(k.split()[-1]) if k[0] == "r" else 0))
+        colour = {k: f"C{i}" for i, k in enumerate(order)}
         x = 0.0
-        ticks, names = [], []
+        ticks, named = [], set()
         for r in group:
-            kinds = list(r["weights"])
+            kinds = sorted(r["weights"], key=order.index)
             for i, k in enumerate(kinds):
                 v = r["weights"][k]
                 sd = statistics.stdev(v) if len(v) > 1 else 0.0
                 ax.bar(x + i * 0.8 / len(kinds), statistics.fmean(v), 0.8 / len(kinds),
-                       yerr=sd, color=f"C{i}", label=k if k not in names else None)
-                names.append(k)
+                       yerr=sd, color=colour[k], label=None if k in named else k)
+                named.add(k)
             n = 10 if r["setting"] == "imbalance" else 6
             ax.hlines(1 / n, x - 0.1, x + 0.8, colors="k", linestyles=":")
             acc = r["accuracy"]
-            ticks.append((x + 0.35, f"{r['label']}\nacc {statistics.fmean(acc['expalpha']):.3f}"
-                          f" vs {statistics.fmean(acc['proportional']):.3f}"))
+            label = r["label"].replace(", flip", ",\nflip")
+            ticks.append((x + 0.35, f"{label}\nacc {statistics.fmean(acc['expalpha']):.3f} vs "
+                          f"{statistics.fmean(acc['proportional']):.3f}"))
             x += 1.3
         ax.set_xticks([t for t, _ in ticks], [s for _, s in ticks], fontsize=7)
         ax.set_ylabel("Exp-alpha weight of a client (mean over rounds)")
-        ax.set_title(f"{group[0]['setting'].replace('_', ' ')}: dotted = proportional 1/n")
+        ax.set_title(f"{group[0]['setting'].replace('_', ' ')}: dotted = proportional 1/n; "
+                     "acc: Exp-alpha vs proportional", fontsize=9)
         ax.legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
