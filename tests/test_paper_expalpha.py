@@ -93,5 +93,7 @@ def test_tables_8_9_cells_keep_the_budget_and_share_one_row(tables89, tmp_path):
     assert sorted(pr.composition) == [0.3] * 6 + [1.0] * 4 and pr.ratios == ()
     assert (c.client.local_steps, c.rounds, c.seed) == (160, 13, 2)
     assert c.algorithm.expalpha.alpha == 25.0
+    # a tie is reported as a tie, never broken towards the grid's first alpha
+    assert tables89.best({0.2: 0.8945, 1.0: 0.8945, 5.0: 0.894}) == [0.2, 1.0]
     only = list(tables89.runs(str(tmp_path), (0,), ["E20_r0.1"], 3))
     assert len(only) == 5 and all("rounds=3" in o for _, o, _, _ in only)

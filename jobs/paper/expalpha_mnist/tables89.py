@@ -77,18 +77,30 @@ def row(root: Path, steps: int, ratio: float, seeds: tuple[int, ...]) -> dict:
     acc = {a: [final_accuracy(Path(cell_dir(str(root), steps, ratio, a, s))) for s in seeds]
            for a in ALPHAS}
     means = {a: statistics.fmean(v) for a, v in acc.items()}
-    per_seed = [max(ALPHAS, key=lambda a, i=i: acc[a][i]) for i in range(len(seeds))]
+    per_seed = [best({a: acc[a][i] for a in ALPHAS}) for i in range(len(seeds))]
     return {"steps": steps, "ratio": ratio, "accuracy": {f"{a:g}": v for a, v in acc.items()},
-            "best_alpha": max(means, key=means.get), "best_alpha_per_seed": per_seed}
+            "best_alpha": best(means), "best_alpha_per_seed": per_seed}
+
+
+def best(score: dict[float, float]) -> list[float]:
+    """Every alpha with the highest score: ties are kept, not broken towards the first
+    (on 2,000 test examples several alphas often end at the same accuracy)."""
+    top = max(score.values())
+    return [a for a, v in score.items() if v == top]
+
+
+def _alphas(values: list[float]) -> str:
+    return "all" if len(values) == len(ALPHAS) else " = ".join(f"{a:g}" for a in values)
 
 
 def table(rows: list[dict], key: str, label: str) -> list[str]:
-    head = [label, *[f"α = {a:g}" for a in ALPHAS], "best α (mean)", "best α per seed"]
+    head = [label, *[f"α = {a:g}" for a in ALPHAS], "best α (mean)",
+            "best α per seed (ties: every best one)"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in rows:
         cells_ = [mean_sd(r["accuracy"][f"{a:g}"]) for a in ALPHAS]
-        lines.append(f"| {r[key]:g} | " + " | ".join(cells_) + f" | {r['best_alpha']:g} | "
-                     + ", ".join(f"{a:g}" for a in r["best_alpha_per_seed"]) + " |")
+        lines.append(f"| {r[key]:g} | " + " | ".join(cells_) + f" | {_alphas(r['best_alpha'])} | "
+                     + "; ".join(_alphas(b) for b in r["best_alpha_per_seed"]) + " |")
     return lines
 
 
