@@ -831,6 +831,8 @@ def _check_fixed_composition(cfg: DictConfig, per_round: Any, population: int) -
         if on:
             raise key_error(other, f"cannot be combined with {key} (a fixed composition "
                             "needs the same number of clients invited every round)", value)
+    # imported when used, not at the top: numpy, which a job's first errors need not wait
+    # for (start-up time)
     from fedray.core.sampling import over_selected
 
     k = sm.clients_per_round

@@ -37,6 +37,7 @@ from fedray.core.sampling import (
     survivors,
 )
 from fedray.core.seeding import TAG_SELECT, rng
+from fedray.data.transforms.per_round import drawn_columns
 from fedray.errors import PartError, key_error
 from fedray.state.run_dir import PARTICIPANTS_DIR
 from fedray.timing.availability import AlwaysOnline
@@ -221,8 +222,6 @@ def row_columns(client: Any, aggregator: Any, per_round: Any) -> tuple[str, ...]
     in this order: the client part's (``columns``: IFCA's cluster), the aggregator's
     (Exp-alpha's log weight) and what ``data.per_round`` drew for the client (its ratio,
     whether it is flipped). The worker records them in ``ClientContext.columns``."""
-    from fedray.data.transforms.per_round import drawn_columns
-
     return tuple(dict.fromkeys((*client.columns, *aggregator.columns,
                                 *drawn_columns(per_round))))
 

@@ -246,6 +246,9 @@ def test_fixed_compositions_are_checked_against_the_sampling():
         with pytest.raises(ConfigError, match=msg):
             validate(load_config(None, [*base, *overrides]), 10)
     validate(load_config(None, [*base, comp, "sampling.clients_per_round=3"]), 10)
+    for bad in ("two", 2.5, True, [1]):  # untyped, as a dict reaches parse_per_round
+        with pytest.raises(ConfigError, match=r"corrupted': must be a whole number >= 0"):
+            parse_per_round({"label_flip": {"corrupted": bad}})
 
 
 def test_a_run_with_fixed_compositions_records_and_keeps_them(tmp_path):

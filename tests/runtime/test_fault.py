@@ -242,8 +242,10 @@ def test_private_ray_dying_under_a_run_ends_it_in_one_line(tmp_path, part):
     a quarter of a minute later as a raw ActorDiedError after pages of its log, and a dead
     GCS left the run going until the raylet gave up on it."""
     program, says = RAY_PARTS[part]
+    # backend ray: the private Ray whose part is killed must exist; under auto a fast
+    # machine could finish these tiny rounds in the CLI's process without ever starting it
     job = tiny_job(tmp_path, name=part, rounds=400, eval__every=0, checkpoint__every=1,
-                   runtime__num_cpus=1, runtime__num_workers=1)
+                   runtime__num_cpus=1, runtime__num_workers=1, runtime__backend="ray")
     path, run = tmp_path / "job.yaml", tmp_path / "run"
     path.write_text(yaml.safe_dump(job))
     env = dict(os.environ, RAY_USAGE_STATS_ENABLED="0")

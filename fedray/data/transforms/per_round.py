@@ -152,7 +152,12 @@ def parse_per_round(section: Any) -> PerRound | None:
         raise key_error(base + "label_flip.flip_ratio", "must be in (0, 1]", flip_ratio)
     corrupted = flip.get("corrupted")
     if corrupted is not None:
-        if isinstance(corrupted, bool) or int(corrupted) != corrupted or corrupted < 0:
+        try:  # a dict passed to fedray.run is not typed by the config schema
+            whole = (not isinstance(corrupted, bool) and int(corrupted) == corrupted
+                     and corrupted >= 0)
+        except (TypeError, ValueError):
+            whole = False
+        if not whole:
             raise key_error(base + "label_flip.corrupted",
                             "must be a whole number >= 0 or null", corrupted)
         if corruption > 0:
