@@ -14,11 +14,14 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 
 
 def load_paper_script(experiment: str, script: str = "run.py") -> ModuleType:
-    """``jobs/paper/<experiment>/<script>`` as the module ``paper_<experiment>``."""
+    """``jobs/paper/<experiment>/<script>`` as the module ``paper_<experiment>`` (run.py) or
+    ``paper_<experiment>_<script stem>``: two scripts of one experiment (expalpha_mnist's
+    fig2.py and tables89.py) must not replace each other in ``sys.modules``."""
     path = ROOT / "jobs" / "paper" / experiment / script
     if str(path.parent.parent) not in sys.path:
         sys.path.insert(0, str(path.parent.parent))  # jobs/paper/common.py
-    spec = importlib.util.spec_from_file_location(f"paper_{experiment}", path)
+    name = f"paper_{experiment}" + ("" if script == "run.py" else f"_{path.stem}")
+    spec = importlib.util.spec_from_file_location(name, path)
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module
     spec.loader.exec_module(module)

@@ -43,8 +43,10 @@ import numpy as np
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
+sys.path.insert(0, str(HERE))
 
 from common import parser, run_all  # noqa: E402
+from table import curve, fmt  # noqa: E402
 
 from fedray.tracking.client_eval import read_table  # noqa: E402
 
@@ -107,9 +109,9 @@ def runs(root: str, configs: list[Config], seeds: tuple[int, ...], rounds: int |
 
 
 def final_accuracy(run: Path) -> float:
-    acc = [json.loads(line).get("test_accuracy") for line in
-           (run / "metrics.jsonl").read_text().splitlines()]
-    return float([a for a in acc if a is not None][-1])
+    """The last evaluated round's test accuracy (the seed's final test accuracy)."""
+    acc = curve(run)
+    return acc[max(acc)]
 
 
 def kind_weights(run: Path, kinds: str) -> tuple[dict[float, float], float]:
@@ -128,11 +130,6 @@ def kind_weights(run: Path, kinds: str) -> tuple[dict[float, float], float]:
         for k in np.unique(kind):
             per_kind.setdefault(float(k), []).append(float(w[kind == k].mean()))
     return {k: statistics.fmean(v) for k, v in sorted(per_kind.items())}, statistics.fmean(cvs)
-
-
-def mean_sd(values: list[float], digits: int = 4) -> str:
-    sd = statistics.stdev(values) if len(values) > 1 else 0.0
-    return f"{statistics.fmean(values):.{digits}f} ± {sd:.{digits}f}"
 
 
 def _kind_name(cfg: Config, k: float) -> str:
@@ -170,10 +167,10 @@ def report(res: dict, rounds: int) -> str:
              "|---|---|---|---|---|---|"]
     for r in res.values():
         gains = ", ".join(f"{g:+.4f}" for g in r["gain"])
-        kinds = "; ".join(f"{k}: {mean_sd(v)}" for k, v in r["weights"].items())
-        lines.append(f"| {r['label']} | {mean_sd(r['accuracy']['proportional'])} | "
-                     f"{mean_sd(r['accuracy']['expalpha'])} | {gains} | {kinds} | "
-                     f"{mean_sd(r['weight_cv'], 3)} |")
+        kinds = "; ".join(f"{k}: {fmt(v, 4)}" for k, v in r["weights"].items())
+        lines.append(f"| {r['label']} | {fmt(r['accuracy']['proportional'], 4)} | "
+                     f"{fmt(r['accuracy']['expalpha'], 4)} | {gains} | {kinds} | "
+                     f"{fmt(r['weight_cv'], 3)} |")
     return "\n".join(lines) + "\n"
 
 

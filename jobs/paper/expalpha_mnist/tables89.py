@@ -36,7 +36,8 @@ sys.path.insert(0, str(HERE.parent))
 sys.path.insert(0, str(HERE))
 
 from common import parser, run_all  # noqa: E402
-from fig2 import SEEDS, composition_override, final_accuracy, mean_sd  # noqa: E402
+from fig2 import SEEDS, composition_override, final_accuracy  # noqa: E402
+from table import fmt  # noqa: E402
 
 ALPHAS = (0.2, 1.0, 5.0, 25.0, 125.0)
 STEPS = (20, 40, 80, 160)
@@ -98,7 +99,7 @@ def table(rows: list[dict], key: str, label: str) -> list[str]:
             "best α per seed (ties: every best one)"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in rows:
-        cells_ = [mean_sd(r["accuracy"][f"{a:g}"]) for a in ALPHAS]
+        cells_ = [fmt(r["accuracy"][f"{a:g}"], 4) for a in ALPHAS]
         lines.append(f"| {r[key]:g} | " + " | ".join(cells_) + f" | {_alphas(r['best_alpha'])} | "
                      + "; ".join(_alphas(b) for b in r["best_alpha_per_seed"]) + " |")
     return lines
