@@ -371,10 +371,10 @@ class Driver:
         selector_name = self.algorithm.names.get("selector") or "uniform"
         check_selector(selector_name, self.selector, c.sampling)
         per_round = parse_per_round(c.data.per_round)
-        # a fixed composition's places are dealt over each round's invitees (RoundTask.ranks)
-        self.per_round = per_round
-        self.ranked = per_round is not None and per_round.ranked
-        if self.ranked and type(self.selector) is not UniformSelector:
+        # a fixed composition (None without one): its places are dealt over each round's
+        # invitees (RoundTask.ranks)
+        self.composed = per_round if per_round is not None and per_round.ranked else None
+        if self.composed is not None and type(self.selector) is not UniformSelector:
             raise key_error("algorithm.selector", f"{selector_name} probes candidates outside "
                             "the round, which a fixed composition of the round "
                             "(data.per_round) cannot place: only uniform allows it",
@@ -764,9 +764,9 @@ class Driver:
                 self.sim_time_s = sel.outcome.end_s
             ids, dropped_out, late = sel.participants, sel.dropped_out, sel.late
             shares = [(broadcast, 0, ids)]
-            if self.ranked:  # a fixed composition deals its places over the invitees
+            if self.composed is not None:  # its places are dealt over the invitees
                 invited = np.sort(np.asarray(invites.invited, dtype=np.int64))
-                self.per_round.check_cohort(len(invited), f"round {r} invited")
+                self.composed.check_cohort(len(invited), f"round {r} invited")
                 rank_of = {c: k for k, c in enumerate(invited.tolist())}
         v = self.versions
         tasks = []
@@ -780,7 +780,7 @@ class Driver:
                     continue
                 at = (None, None) if v is None else [a.tolist() for a in v.locate(g)]
                 ranked = ({"ranks": [rank_of[c] for c in g], "invited": len(rank_of)}
-                          if self.ranked else {})
+                          if self.composed is not None else {})
                 # the task's number names its packs of client state (begin_packs)
                 tasks.append((slot, (broadcast, RoundTask(r, g, at[0], staleness, at[1],
                                                           len(tasks), **ranked)),

@@ -48,6 +48,7 @@ on placement or on training order; the driver sends each client's rank with its 
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -183,11 +184,16 @@ def drawn_columns(spec: PerRound | None) -> tuple[str, ...]:
                  if on)
 
 
+@functools.lru_cache(maxsize=4)
 def cohort_places(seed: int, round_idx: int, n: int, k: int) -> np.ndarray:
     """The deal of a fixed composition: ``places[rank]`` is the place (index into the
     composition; for label flips, corrupted while < ``corrupted``) of the round's client of
-    that rank among the ``n`` invited. One permutation per (seed, round, transform k)."""
-    return rng(seed, TAG_PER_ROUND_COHORT, round_idx, k).permutation(n)
+    that rank among the ``n`` invited. One permutation per (seed, round, transform k),
+    cached: every client of a round asks for the same one, and a permutation of n for each
+    of n clients would be quadratic in the round's size (read-only, as it is shared)."""
+    places = rng(seed, TAG_PER_ROUND_COHORT, round_idx, k).permutation(n)
+    places.flags.writeable = False
+    return places
 
 
 def class_profile(rho: float, rank: np.ndarray, total: int) -> np.ndarray:
