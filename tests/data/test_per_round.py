@@ -21,6 +21,7 @@ from fedray.data.transforms.per_round import (
 from fedray.errors import ConfigError
 from fedray.runtime.messages import Broadcast, RoundTask
 from fedray.runtime.worker import ClientWorker, LocalTraining, WorkerResources, WorkerSpec
+from fedray.tracking.callbacks import Callback
 
 C = 10
 SHAPE = (1, 4, 4)
@@ -308,3 +309,53 @@ def test_a_probing_selector_is_refused_with_a_fixed_composition(tmp_path):
         fedray.run(job, model_fn=fixed_linear()[0], client_data=blobs(8, seed=1),
                    test_data=blobs(1, seed=2)[0])
     assert not out.exists()
+
+
+class _Crash(Callback):
+    """Stops a run at the end of round ``at``, after its checkpoint of an earlier round."""
+
+    def __init__(self, at: int):
+        self.at = at
+
+    def on_round_end(self, round, metrics, weights):
+        if round == self.at:
+            raise KeyboardInterrupt
+
+
+def test_a_fixed_composition_resumes_bit_for_bit(tmp_path):
+    """The deal depends on (seed, round) and the round's invitees only: a run stopped after
+    round 3 and resumed from its round-2 checkpoint ends with the weights, and round 4's
+    participants table, of the run that never stopped."""
+    import pyarrow.ipc as ipc
+    from conftest import blobs, fixed_linear
+
+    import fedray
+
+    clients, test = blobs(12, seed=4), blobs(1, seed=9)[0]
+
+    def job(name: str) -> dict:
+        return {"name": name, "seed": 5, "rounds": 4, "algorithm": {"name": "expalpha"},
+                "client": {"lr": 0.1, "batch_size": 4, "local_steps": 3},
+                "sampling": {"clients_per_round": 4}, "checkpoint": {"every": 2},
+                "data": {"per_round": {
+                    "imbalance": {"composition": [1.0, 1.0, 0.5, 0.2], "size": 12,
+                                  "pool": "all"},
+                    "label_flip": {"corrupted": 1}}},
+                "output": {"dir": str(tmp_path / name), "participants": True},
+                "runtime": {"backend": "inline", "num_workers": 2,
+                            "worker": {"num_cpus": 0.5}}}
+
+    whole = fedray.run(job("whole"), model_fn=fixed_linear()[0], client_data=clients,
+                       test_data=test)
+    with pytest.raises(KeyboardInterrupt):
+        fedray.run(job("cut"), model_fn=fixed_linear()[0], client_data=clients,
+                   test_data=test, callbacks=[_Crash(3)])
+    resumed = fedray.run(resume=str(tmp_path / "cut"), model_fn=fixed_linear()[0],
+                         client_data=clients, test_data=test)
+    assert resumed.summary["resumed_from_round"] == 2
+    for k in whole.weights:
+        assert torch.equal(resumed.weights[k], whole.weights[k]), k
+    last = [ipc.open_file(str(tmp_path / n / "participants" / "round_000004.arrow")).read_all()
+            for n in ("whole", "cut")]
+    for name in ("client_id", "imbalance_ratio", "label_flipped", "expalpha_log_weight"):
+        np.testing.assert_array_equal(last[0][name].to_numpy(), last[1][name].to_numpy())
